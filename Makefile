@@ -1,0 +1,39 @@
+# Quick start: `make demo`, then `make test`. Both create .venv on first use.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+# torch first, pinned: a CPU wheel of 2.13.0 is on these machines' disk, and any unpinned
+# resolution would pull a multi-gigabyte CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test test-slow lint conformance theory clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet -e ".[dev]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/quickdraft demo
+
+test: $(VENV)/.installed
+	$(VENV)/bin/ruff check quickdraft tests benchmarks
+	$(PY) -m pytest -q -n 2
+
+test-slow: $(VENV)/.installed
+	$(PY) -m pytest -q -m slow
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check quickdraft tests benchmarks
+	$(VENV)/bin/ruff format --check quickdraft tests benchmarks
+
+conformance: $(VENV)/.installed
+	$(VENV)/bin/quickdraft conformance
+
+theory: $(VENV)/.installed
+	$(VENV)/bin/quickdraft theory --out build/theory
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .ruff_cache
