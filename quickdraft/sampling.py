@@ -1,0 +1,66 @@
+"""Logits to probabilities, and probabilities to tokens: the one place either happens.
+
+Drafts and targets both go through :func:`probs_from_logits`, so "the target's distribution" has a
+single definition that the acceptance rules, the conformance test and plain decoding all share.
+Order of operations, as in Hugging Face transformers: temperature, then top-k, then top-p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.config import SamplingParams
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn logits into the distribution that sampling draws from.
+
+    logits: [..., V] any float dtype. Returns float32 probabilities [..., V], each row summing to 1.
+
+    - temperature 0: a one-hot row at the argmax; ties go to the lowest token id.
+    - top_k > 0: tokens whose logit is below the k-th largest get probability 0 (tokens tied
+      with the k-th are all kept, so the rule never depends on sort order).
+    - top_p < 1: after top-k, sort by probability (stable: ties keep id order) and keep each token
+      whose preceding mass is below top_p; the most likely token is always kept.
+    """
+    logits = logits.float()
+    if params.temperature == 0:
+        # torch.argmax returns the first maximal index: the lowest token id among ties.
+        best = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(logits).scatter_(-1, best, 1.0)
+
+    logits = logits / params.temperature
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p
+        drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row. probs: [..., V] rows summing to 1. Returns long [...].
+
+    A one-hot row always yields its token, so greedy decoding goes through here unchanged.
+    """
+    flat = probs.reshape(-1, probs.shape[-1])
+    tokens = torch.multinomial(flat, 1, generator=generator)
+    return tokens.reshape(probs.shape[:-1])
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded from ``seed``, or from fresh entropy when it is None."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
