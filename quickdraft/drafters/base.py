@@ -1,0 +1,83 @@
+"""The Drafter protocol: one fixed signature for every way of proposing tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from quickdraft.accept import Verdict
+from quickdraft.config import SamplingParams
+
+
+@dataclass(slots=True)
+class DecodeState:
+    """What the engine knows between steps; drafters read it and never write it.
+
+    tokens:   [B, capacity] long, prompt then generated tokens; row b is valid up to lengths[b].
+    lengths:  [B] long. The last valid token of each row is "pending": known (the last prompt
+              token, or sampled) but not yet fed to the target, whose cache holds lengths - 1
+              entries.
+    prompt_length: tokens of the prompt (equal for all rows).
+    sampling: the target's sampling parameters.
+    generator: the one source of randomness of the run.
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    prompt_length: int
+    sampling: SamplingParams
+    generator: torch.Generator
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A proposal, batched over rows (the DESIGN contract with a leading batch dimension).
+
+    tokens:  [B, N] long.
+    parents: [N] long, the parent node of each node, -1 for children of the pending token;
+             a chain has parents -1, 0, 1, .., N-2. The tree shape is shared by the batch.
+    probs:   [B, N, V] float, the distribution each token was drawn from, or None when the
+             drafter is deterministic (the acceptance rules then treat it as a point mass).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    probs: torch.Tensor | None
+
+    @staticmethod
+    def chain(tokens: torch.Tensor, probs: torch.Tensor | None) -> Draft:
+        parents = torch.arange(-1, tokens.shape[1] - 1, device=tokens.device)
+        return Draft(tokens, parents, probs)
+
+    @property
+    def is_chain(self) -> bool:
+        expected = torch.arange(-1, self.tokens.shape[1] - 1, device=self.parents.device)
+        return bool(torch.equal(self.parents, expected))
+
+
+class Drafter(Protocol):
+    """Proposes tokens for the target to verify.
+
+    begin(state):          once, after the target's prefill, before the first propose().
+    propose(state):        a Draft of this step's candidates.
+    observe(state, verdict): after verification; drafters that learn online update here.
+    """
+
+    vocab_size: int
+    num_tokens: int
+
+    def begin(self, state: DecodeState) -> None: ...
+
+    def propose(self, state: DecodeState) -> Draft: ...
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None: ...

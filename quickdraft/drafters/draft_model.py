@@ -1,0 +1,77 @@
+"""Classic speculative decoding: a smaller model drafts k tokens autoregressively."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from quickdraft.accept import Verdict
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import DecodeState, Draft
+from quickdraft.models.base import Cache, Model
+from quickdraft.sampling import probs_from_logits, sample
+
+
+class DraftModelDrafter:
+    """Drafts a chain of ``num_tokens`` tokens with its own model and cache.
+
+    Cache bookkeeping: the draft cache lags the sequence by at most its last two tokens. Each step
+    rolls it back to ``lengths - 2`` and feeds [second-to-last, pending] (rewriting one entry with
+    identical values when it was already there), then one token per further draft. Every row of
+    a batch thus runs the same shapes, whatever each row accepted in the last step.
+    """
+
+    def __init__(self, model: Model, num_tokens: int, temperature: float | None = None):
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        self.model = model
+        self.vocab_size = model.vocab_size
+        self.num_tokens = num_tokens
+        self.temperature = temperature
+        self._cache: Cache | None = None
+
+    def begin(self, state: DecodeState) -> None:
+        self._cache = self.model.new_cache(state.batch_size, state.capacity)
+        head = state.prompt_length - 2  # propose() feeds the last two prompt tokens itself
+        if head > 0:
+            positions = torch.arange(head).expand(state.batch_size, -1)
+            self.model.forward(state.tokens[:, :head], positions, self._cache)
+            self._cache.commit(head)
+
+    def propose(self, state: DecodeState) -> Draft:
+        if self._cache is None:
+            raise RuntimeError("propose() called before begin()")
+        cache, params = self._cache, self._params(state.sampling)
+        # Two tokens a step keep the batch on one shape; one only for a 1-token prompt's start.
+        width = 2 if int(state.lengths.min()) >= 2 else 1
+        cache.rollback(state.lengths - width)
+        positions = (state.lengths - width).unsqueeze(1) + torch.arange(width)  # [B, width]
+        logits = self.model.forward(state.tokens.gather(1, positions), positions, cache).logits
+        cache.commit(width)
+        tokens, probs = [], []
+        for i in range(self.num_tokens):
+            token, prob = self._choose(logits[:, -1], params, state.generator)
+            tokens.append(token)
+            probs.append(prob)
+            if i + 1 < self.num_tokens:
+                position = (state.lengths + i).unsqueeze(1)
+                logits = self.model.forward(token.unsqueeze(1), position, cache).logits
+                cache.commit(1)
+        stacked = None if probs[0] is None else torch.stack(probs, dim=1)
+        return Draft.chain(torch.stack(tokens, dim=1), stacked)
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        """Nothing to learn: the next propose() rolls the cache back to what was accepted."""
+
+    def _params(self, target: SamplingParams) -> SamplingParams:
+        if self.temperature is None:
+            return target
+        return dataclasses.replace(target, temperature=self.temperature)
+
+    def _choose(
+        self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draft token per row from logits [B, V]: (tokens [B], probs [B, V])."""
+        probs = probs_from_logits(logits, params)
+        return sample(probs, generator), probs

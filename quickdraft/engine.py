@@ -1,0 +1,318 @@
+"""The decoding loop: draft, verify, accept, commit; plain decoding is the same loop with k = 0.
+
+The loop knows neither which drafter nor which model family it runs: drafters implement
+``Drafter``, models implement ``Model``, acceptance rules are pure functions from ``accept.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft.accept import ACCEPT_RULES, AcceptFn, rejection_sampling
+from quickdraft.config import Method, SamplingParams, SpecConfig
+from quickdraft.drafters import Drafter, build_drafter
+from quickdraft.drafters.base import DecodeState, Draft
+from quickdraft.models.base import Model, Tokenizer
+from quickdraft.sampling import make_generator, probs_from_logits
+from quickdraft.stats import Stats
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One prompt's output. from_draft[i] says whether token i was a draft token the target
+    accepted (True) or the target's own corrected, bonus or plain token (False)."""
+
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str  # "stop" (stop token or string) or "length" (max_new_tokens)
+    from_draft: list[bool]
+    stats: Stats
+
+
+@dataclass(frozen=True, slots=True)
+class BatchGeneration:
+    """A batch's outputs, row by row, with the statistics of the whole batch."""
+
+    token_ids: list[list[int]]
+    texts: list[str] | None
+    finish_reasons: list[str]
+    from_draft: list[list[bool]]
+    stats: Stats
+
+
+class SpeculativeDecoder:
+    """Runs one batch of equal-length prompts to completion.
+
+    target: the model whose distribution the output follows.
+    drafter: proposes tokens; None decodes autoregressively through the same loop.
+    accept_fn: the acceptance rule (see ``accept.ACCEPT_RULES``).
+    tokenizer: optional; needed for text output and stop strings.
+    """
+
+    def __init__(
+        self,
+        target: Model,
+        drafter: Drafter | None = None,
+        accept_fn: AcceptFn = rejection_sampling,
+        tokenizer: Tokenizer | None = None,
+    ):
+        if drafter is not None and drafter.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"drafter: its vocabulary ({drafter.vocab_size}) differs from the target's "
+                f"({target.vocab_size})"
+            )
+        self.target = target
+        self.drafter = drafter
+        self.accept_fn = accept_fn
+        self.tokenizer = tokenizer
+
+    @property
+    def k(self) -> int:
+        return 0 if self.drafter is None else self.drafter.num_tokens
+
+    def run(self, prompts: torch.Tensor, sampling: SamplingParams) -> BatchGeneration:
+        """prompts: [B, L] long. Returns every row's new tokens and the run's statistics."""
+        self._validate(prompts, sampling)
+        start = time.perf_counter()
+        batch, prompt_len = prompts.shape
+        k, target = self.k, self.target
+        capacity = prompt_len + sampling.max_new_tokens + k + 1
+        generator = make_generator(sampling.seed)
+        stats = Stats(k=k, batch_size=batch)
+
+        # 1. Prefill: the target caches all prompt tokens but the last, which stays pending.
+        #    The first verify step then reads [last prompt token, d_1 .. d_k], exactly like
+        #    every later step, so even the first generated token can come from the draft.
+        cache = target.new_cache(batch, capacity)
+        if prompt_len > 1:
+            positions = torch.arange(prompt_len - 1).expand(batch, -1)
+            target.forward(prompts[:, :-1], positions, cache)
+            cache.commit(prompt_len - 1)
+        tokens = torch.zeros(batch, capacity, dtype=torch.long)
+        tokens[:, :prompt_len] = prompts
+        state = DecodeState(
+            tokens, torch.full((batch,), prompt_len), prompt_len, sampling, generator
+        )
+        output = _Output(state, sampling, self.tokenizer)
+        stats.time_prefill = time.perf_counter() - start
+
+        if self.drafter is not None:
+            tick = time.perf_counter()
+            self.drafter.begin(state)
+            stats.time_draft += time.perf_counter() - tick
+
+        while output.active.any():
+            # 2. Draft: k candidate tokens after the pending one.
+            tick = time.perf_counter()
+            draft = self._propose(state)
+            tock = time.perf_counter()
+            stats.time_draft += tock - tick
+
+            # 3. Verify: one target forward over [pending, d_1 .. d_k].
+            lengths = state.lengths
+            inputs = torch.cat([tokens.gather(1, (lengths - 1).unsqueeze(1)), draft.tokens], 1)
+            positions = (lengths - 1).unsqueeze(1) + torch.arange(k + 1)
+            logits = target.forward(inputs, positions, cache).logits
+            stats.target_forwards += 1
+
+            # 4. Accept: how many drafts survive, and the corrected or bonus token.
+            target_probs = probs_from_logits(logits, sampling)
+            verdict = self.accept_fn(draft.tokens, draft.probs, target_probs, generator)
+            stats.time_verify += time.perf_counter() - tock
+
+            # 5. Commit: the output gains the accepted drafts and the next token; the target's
+            #    cache keeps the pending token and the accepted drafts of rows still going.
+            num_accepted = verdict.num_accepted
+            stats.record(num_accepted[output.active])
+            chunk = torch.cat([draft.tokens, verdict.next_token.unsqueeze(1)], 1)
+            chunk.scatter_(1, num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
+            output.append(chunk, num_accepted + 1, num_accepted)
+            cache.commit(torch.where(output.active, num_accepted + 1, 0))
+            if self.drafter is not None:
+                self.drafter.observe(state, verdict)
+
+        stats.time_total = time.perf_counter() - start
+        return output.result(stats)
+
+    def _propose(self, state: DecodeState) -> Draft:
+        if self.drafter is None:
+            empty = torch.zeros(state.batch_size, 0, dtype=torch.long)
+            return Draft.chain(empty, None)
+        draft = self.drafter.propose(state)
+        if not draft.is_chain:
+            raise ValueError("drafter: tree drafts need a tree-capable verifier; got a tree")
+        return draft
+
+    def _validate(self, prompts: torch.Tensor, sampling: SamplingParams) -> None:
+        if prompts.dim() != 2 or prompts.dtype != torch.long:
+            raise ValueError(
+                f"prompts must be a [B, L] long tensor, got {tuple(prompts.shape)} {prompts.dtype}"
+            )
+        if prompts.shape[1] == 0:
+            raise ValueError("prompt: empty prompt; give at least one token")
+        if bool((prompts < 0).any()) or bool((prompts >= self.target.vocab_size).any()):
+            raise ValueError(f"prompt: token ids must lie in [0, {self.target.vocab_size})")
+        needed = prompts.shape[1] + sampling.max_new_tokens
+        if needed > self.target.max_positions:
+            raise ValueError(
+                f"prompt: {prompts.shape[1]} prompt tokens + max_new_tokens "
+                f"{sampling.max_new_tokens} exceed the model's context of "
+                f"{self.target.max_positions} positions"
+            )
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError("stop: stop strings need a tokenizer")
+
+
+class _Output:
+    """Appends accepted chunks to the state and decides when each row is finished."""
+
+    def __init__(self, state: DecodeState, sampling: SamplingParams, tokenizer: Tokenizer | None):
+        self.state, self.sampling, self.tokenizer = state, sampling, tokenizer
+        batch = state.batch_size
+        self.active = torch.ones(batch, dtype=torch.bool)
+        self.generated = torch.zeros(batch, dtype=torch.long)
+        self.from_draft = torch.zeros_like(state.tokens, dtype=torch.bool)
+        self.reasons = ["length"] * batch
+        self.texts: list[str] | None = None
+        self._stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long)
+
+    def append(self, chunk: torch.Tensor, count: torch.Tensor, drafted: torch.Tensor) -> None:
+        """chunk: [B, C] new tokens, of which the first count[b] are real; the first drafted[b]
+        of them came from the draft. Rows that are no longer active are left alone."""
+        width = chunk.shape[1]
+        offsets = torch.arange(width)
+        real = offsets < count.unsqueeze(1)
+        is_stop = torch.isin(chunk, self._stop_ids) & real
+        first_stop = torch.where(is_stop.any(1), is_stop.long().argmax(1), width)
+        room = self.sampling.max_new_tokens - self.generated
+        keep = torch.minimum(torch.minimum(count, first_stop + 1), room)
+        keep = torch.where(self.active, keep, 0)
+        stopped = self.active & (first_stop < keep)  # the stop token itself was kept
+
+        state = self.state
+        slots = (state.lengths.unsqueeze(1) + offsets).clamp_max(state.capacity - 1)
+        write = offsets < keep.unsqueeze(1)
+        state.tokens.scatter_(1, slots, torch.where(write, chunk, state.tokens.gather(1, slots)))
+        marks = write & (offsets < drafted.unsqueeze(1))
+        self.from_draft.scatter_(1, slots, marks | self.from_draft.gather(1, slots))
+        state.lengths += keep
+        self.generated += keep
+
+        for row in torch.nonzero(stopped).flatten().tolist():
+            self.reasons[row] = "stop"
+        self.active &= ~stopped & (self.generated < self.sampling.max_new_tokens)
+        if self.sampling.stop:
+            self._check_stop_strings()
+
+    def _check_stop_strings(self) -> None:
+        """Cut rows whose text contains a stop string: tokens up to the one completing it."""
+        assert self.tokenizer is not None
+        for row in torch.nonzero(self.active).flatten().tolist():
+            ids = self._row_ids(row)
+            text = self.tokenizer.decode(ids)
+            if not any(stop in text for stop in self.sampling.stop):
+                continue
+            keep = next(
+                n
+                for n in range(1, len(ids) + 1)
+                if any(s in self.tokenizer.decode(ids[:n]) for s in self.sampling.stop)
+            )
+            self.state.lengths[row] -= len(ids) - keep
+            self.generated[row] = keep
+            self.active[row] = False
+            self.reasons[row] = "stop"
+
+    def _row_ids(self, row: int) -> list[int]:
+        start = self.state.prompt_length
+        return self.state.tokens[row, start : start + int(self.generated[row])].tolist()
+
+    def _text(self, ids: list[int]) -> str:
+        assert self.tokenizer is not None
+        text = self.tokenizer.decode(ids)
+        cut = min((text.find(s) for s in self.sampling.stop if s in text), default=len(text))
+        return text[:cut]
+
+    def result(self, stats: Stats) -> BatchGeneration:
+        rows = range(self.state.batch_size)
+        token_ids = [self._row_ids(row) for row in rows]
+        start = self.state.prompt_length
+        from_draft = [
+            self.from_draft[row, start : start + len(token_ids[row])].tolist() for row in rows
+        ]
+        texts = None if self.tokenizer is None else [self._text(ids) for ids in token_ids]
+        stats.new_tokens = int(self.generated.sum())
+        return BatchGeneration(token_ids, texts, list(self.reasons), from_draft, stats)
+
+
+def _as_batch(
+    prompt: str | Sequence[int] | torch.Tensor, tokenizer: Tokenizer | None
+) -> torch.Tensor:
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("prompt: a text prompt needs a tokenizer")
+        prompt = tokenizer.encode(prompt)
+    ids = torch.as_tensor(prompt, dtype=torch.long)
+    if ids.dim() != 1:
+        raise ValueError(f"prompt must be a text or a list of token ids, got shape {ids.shape}")
+    return ids.unsqueeze(0)
+
+
+def _decoder(
+    target: Model,
+    spec: SpecConfig | None,
+    draft: Model | Drafter | None,
+    tokenizer: Tokenizer | None,
+) -> SpeculativeDecoder:
+    if spec is None:
+        spec = SpecConfig(method=Method.AR if draft is None else Method.DRAFT_MODEL)
+    if draft is not None and hasattr(draft, "propose"):
+        drafter: Drafter | None = draft  # type: ignore[assignment]
+    else:
+        drafter = build_drafter(spec, target, draft)  # type: ignore[arg-type]
+    return SpeculativeDecoder(target, drafter, ACCEPT_RULES[spec.acceptance], tokenizer)
+
+
+def generate(
+    target: Model,
+    prompt: str | Sequence[int],
+    *,
+    sampling: SamplingParams | None = None,
+    spec: SpecConfig | None = None,
+    draft: Model | Drafter | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> Generation:
+    """Generate a continuation of one prompt.
+
+    With neither ``spec`` nor ``draft`` this is plain autoregressive decoding; with a draft model
+    and no spec it is draft-model speculation at k = 4 with rejection sampling.
+    """
+    sampling = sampling or SamplingParams()
+    decoder = _decoder(target, spec, draft, tokenizer)
+    out = decoder.run(_as_batch(prompt, tokenizer), sampling)
+    return Generation(
+        out.token_ids[0],
+        None if out.texts is None else out.texts[0],
+        out.finish_reasons[0],
+        out.from_draft[0],
+        out.stats,
+    )
+
+
+def generate_batch(
+    target: Model,
+    prompts: torch.Tensor | Sequence[Sequence[int]],
+    *,
+    sampling: SamplingParams | None = None,
+    spec: SpecConfig | None = None,
+    draft: Model | Drafter | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> BatchGeneration:
+    """Generate for a batch of equal-length prompts ([B, L] token ids), all rows at once."""
+    batch = torch.as_tensor(prompts, dtype=torch.long)
+    if batch.dim() != 2:
+        raise ValueError(f"prompts must be [B, L] token ids of equal length, got {batch.shape}")
+    return _decoder(target, spec, draft, tokenizer).run(batch, sampling or SamplingParams())

@@ -1,0 +1,93 @@
+"""The Model protocol every target and draft model implements, and the cache it writes into.
+
+A forward pass writes the entries of its T new tokens into the cache slots right after each row's
+committed length, but does not advance that length: the engine decides afterwards how many of them
+to keep (``commit``). Rejected tokens are then simply never committed, and ``rollback`` moves the
+pointer back when a caller wants to recompute entries it had kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOutput:
+    """logits: [B, T, V] float; hidden: [B, T, D] final hidden states."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class Cache:
+    """A preallocated per-row cache with a length pointer.
+
+    lengths: [B] long, the committed entries of each row; slots at and past it hold scratch that a
+    forward pass may have written and nobody has kept. Subclasses hold the actual buffers.
+    """
+
+    def __init__(self, batch_size: int, capacity: int, device: torch.device | str = "cpu"):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    def slots_for(self, num_new: int) -> torch.Tensor:
+        """The slots a forward of num_new tokens writes: [B, T] = lengths + 0..T-1."""
+        if int(self.lengths.max()) + num_new > self.capacity:
+            raise ValueError(
+                f"cache capacity {self.capacity} exceeded: a row holds "
+                f"{int(self.lengths.max())} entries and {num_new} more were written"
+            )
+        return self.lengths.unsqueeze(1) + torch.arange(num_new, device=self.lengths.device)
+
+    def commit(self, num_kept: torch.Tensor | int) -> None:
+        """Keep the first num_kept ([B] or scalar) entries the last forward wrote."""
+        self.lengths += num_kept
+
+    def rollback(self, lengths: torch.Tensor | int) -> None:
+        """Move each row's pointer back to ``lengths`` ([B] or scalar); never forward."""
+        target = torch.as_tensor(lengths, device=self.lengths.device).expand_as(self.lengths)
+        if bool((target > self.lengths).any()) or bool((target < 0).any()):
+            raise ValueError("rollback: lengths must lie between 0 and the committed length")
+        self.lengths.copy_(target)
+
+
+@runtime_checkable
+class Model(Protocol):
+    """What the engine needs from a language model, whatever its family or backend."""
+
+    vocab_size: int
+    max_positions: int
+
+    def new_cache(self, batch_size: int, capacity: int) -> Cache:
+        """An empty cache for ``batch_size`` rows of at most ``capacity`` tokens."""
+        ...
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Cache,
+        tree_mask: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """tokens, positions: [B, T] long; tree_mask: [T, L+T] bool or None for causal."""
+        ...
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text to token ids and back; Hugging Face tokenizers satisfy it."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...

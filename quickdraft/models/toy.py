@@ -1,0 +1,133 @@
+"""Toy language models whose next-token distribution is known exactly.
+
+An :class:`NGramLM` of order n looks up its logits in a table indexed by the previous n-1 tokens
+(positions before the start read as a beginning-of-sequence symbol). It implements the
+:class:`~quickdraft.models.base.Model` protocol, so the engine, the drafters and the acceptance
+rules run on it exactly as on a transformer, batched; and because the table is the whole model,
+the distribution of any continuation can be enumerated and compared with what the engine samples.
+
+``perturbed(distance)`` makes a draft model for it: the logits move linearly towards an
+independent random table, from identical (0.0) to unrelated (1.0). KL(target || draft) grows
+monotonically with the distance (it is convex in it with its minimum at 0).
+"""
+
+from __future__ import annotations
+
+import string
+
+import torch
+
+from quickdraft.models.base import Cache, ModelOutput
+
+
+class TokenCache(Cache):
+    """The cache of a toy model: the tokens themselves, which is all an n-gram needs."""
+
+    def __init__(self, batch_size: int, capacity: int):
+        super().__init__(batch_size, capacity)
+        self.tokens = torch.zeros(batch_size, capacity, dtype=torch.long)
+
+
+class NGramLM:
+    """An n-gram language model with a logit table [(V+1)^(n-1), V]; id V is the BOS symbol."""
+
+    def __init__(
+        self,
+        table: torch.Tensor,
+        order: int,
+        *,
+        max_positions: int = 1 << 16,
+        hidden_size: int = 16,
+        seed: int = 0,
+    ):
+        if order < 1:
+            raise ValueError(f"order must be >= 1, got {order}")
+        vocab = table.shape[-1]
+        if table.shape != ((vocab + 1) ** (order - 1), vocab):
+            raise ValueError(
+                f"table must have shape [(V+1)^(order-1), V] = "
+                f"[{(vocab + 1) ** (order - 1)}, {vocab}], got {list(table.shape)}"
+            )
+        self.table = table.float()
+        self.order = order
+        self.vocab_size = vocab
+        self.max_positions = max_positions
+        self.seed = seed
+        generator = torch.Generator().manual_seed(seed + 1)
+        # Fixed random features per context: the "hidden state" drafters may read.
+        self.features = torch.randn(table.shape[0], hidden_size, generator=generator)
+        self._powers = (vocab + 1) ** torch.arange(order - 2, -1, -1)  # [n-1], most recent last
+
+    @classmethod
+    def random(
+        cls, vocab_size: int, order: int, seed: int, sharpness: float = 2.0, **kwargs
+    ) -> NGramLM:
+        """A table of N(0, sharpness^2) logits drawn from ``seed``: larger is more peaked."""
+        if vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+        generator = torch.Generator().manual_seed(seed)
+        table = sharpness * torch.randn(
+            (vocab_size + 1) ** (order - 1), vocab_size, generator=generator
+        )
+        return cls(table, order, seed=seed, **kwargs)
+
+    def perturbed(self, distance: float, seed: int = 1) -> NGramLM:
+        """A draft model at ``distance`` in [0, 1] from this one (0 = identical)."""
+        if not 0.0 <= distance <= 1.0:
+            raise ValueError(f"distance must be in [0, 1], got {distance}")
+        other = NGramLM.random(
+            self.vocab_size,
+            self.order,
+            seed=self.seed + 1000 + seed,
+            sharpness=float(self.table.std()),
+        )
+        table = (1.0 - distance) * self.table + distance * other.table
+        return NGramLM(table, self.order, max_positions=self.max_positions, seed=self.seed)
+
+    def new_cache(self, batch_size: int, capacity: int) -> TokenCache:
+        return TokenCache(batch_size, capacity)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Cache,
+        tree_mask: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """tokens, positions: [B, T]. Writes tokens at the slots after each row's length."""
+        if tree_mask is not None:
+            raise ValueError("tree_mask: toy n-gram models verify chains only")
+        if not isinstance(cache, TokenCache):
+            raise ValueError(f"cache must be a TokenCache, got {type(cache).__name__}")
+        batch, num_new = tokens.shape
+        slots = cache.slots_for(num_new)  # [B, T]
+        cache.tokens.scatter_(1, slots, tokens)
+        context_slots = slots.unsqueeze(-1) + torch.arange(2 - self.order, 1)  # [B, T, n-1]
+        context = cache.tokens.gather(1, context_slots.clamp_min(0).view(batch, -1))
+        context = context.view(context_slots.shape)
+        context = torch.where(context_slots < 0, self.vocab_size, context)
+        index = (context * self._powers).sum(-1)  # [B, T]
+        return ModelOutput(logits=self.table[index], hidden=self.features[index])
+
+
+class ToyTokenizer:
+    """Maps token i to the i-th character of a fixed alphabet, so toy runs have readable text."""
+
+    alphabet = string.ascii_lowercase + string.ascii_uppercase + string.digits
+
+    def __init__(self, vocab_size: int):
+        if not 1 <= vocab_size <= len(self.alphabet):
+            raise ValueError(f"vocab_size must be in 1..{len(self.alphabet)}, got {vocab_size}")
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            ids = [self.alphabet.index(ch) for ch in text]
+        except ValueError:
+            raise ValueError(f"text: characters outside the toy alphabet in {text!r}") from None
+        if any(i >= self.vocab_size for i in ids):
+            raise ValueError(f"text: {text!r} uses characters past the vocabulary")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.alphabet[i] for i in ids)
