@@ -1,0 +1,168 @@
+"""Statistical proof of exactness: does speculative decoding sample the target's distribution?
+
+For each case, a toy target with an exactly computable distribution and a perturbed draft of it
+generate k+1 tokens from one prompt, ``samples`` times in one batch, through the real engine.
+The empirical joint distribution of those k+1 tokens (so corrected and bonus tokens are both
+covered) is compared with the exact one by a chi-square test, bins of expected count below 5
+pooled together. A sequence the target cannot produce that shows up fails the case outright.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+from scipy import stats as scipy_stats
+
+from quickdraft.accept import ACCEPT_RULES, AcceptFn
+from quickdraft.config import AcceptRule, SamplingParams
+from quickdraft.drafters.base import Drafter
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.engine import SpeculativeDecoder
+from quickdraft.models.base import Model
+from quickdraft.models.toy import NGramLM
+from quickdraft.sampling import probs_from_logits
+
+# The toy pair every case runs on: small enough to enumerate V^(k+1) sequences, peaked enough
+# that top-k and top-p change the distribution, and a draft far enough from the target that a
+# wrong rule shows (the tests check that each deliberately broken rule is caught).
+TOY_VOCAB = 8
+TOY_ORDER = 3
+TOY_SHARPNESS = 1.5
+TOY_DRAFT_DISTANCE = 0.6
+PROMPT = (3, 1)
+MIN_EXPECTED = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    rule: AcceptRule
+    temperature: float
+    top_k: int
+    top_p: float
+    k: int
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            max_new_tokens=self.k + 1,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CaseResult:
+    case: Case
+    p_value: float
+    total_variation: float
+    bins: int
+    samples: int
+    mean_accepted_length: float
+    seconds: float
+
+
+def default_cases() -> list[Case]:
+    """Every lossless rule over temperature x top-k x top-p x k."""
+    grid = itertools.product(AcceptRule, (0.6, 1.0), (0, 5), (1.0, 0.9), (1, 4))
+    return [Case(rule, t, top_k, top_p, k) for rule, t, top_k, top_p, k in grid]
+
+
+def toy_pair(seed: int = 0) -> tuple[NGramLM, NGramLM]:
+    target = NGramLM.random(TOY_VOCAB, TOY_ORDER, seed=seed, sharpness=TOY_SHARPNESS)
+    return target, target.perturbed(TOY_DRAFT_DISTANCE)
+
+
+def exact_distribution(
+    model: Model, prompt: tuple[int, ...], params: SamplingParams, length: int
+) -> torch.Tensor:
+    """P(first ``length`` tokens) for every sequence: [V^length], index base V, first token
+    most significant. Computed with the same ``probs_from_logits`` the engine samples with."""
+    vocab = model.vocab_size
+    sequences = torch.tensor([prompt], dtype=torch.long)
+    joint = torch.ones(1, dtype=torch.float64)
+    for _ in range(length):
+        rows, width = sequences.shape
+        cache = model.new_cache(rows, width)
+        logits = model.forward(sequences, torch.arange(width).expand(rows, -1), cache).logits
+        step = probs_from_logits(logits[:, -1], params).double()  # [rows, V]
+        joint = (joint.unsqueeze(1) * step).reshape(-1)
+        sequences = torch.cat(
+            [sequences.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(rows).unsqueeze(1)],
+            dim=1,
+        )
+    return joint
+
+
+def chi_square(observed: torch.Tensor, probs: torch.Tensor) -> tuple[float, float, int]:
+    """(p-value, total variation, bins used) of observed counts [M] against probs [M]."""
+    samples = int(observed.sum())
+    observed, probs = observed.double(), probs.double()
+    total_variation = 0.5 * float((observed / samples - probs).abs().sum())
+    if bool((observed[probs <= 0] > 0).any()):
+        return 0.0, total_variation, int(observed.numel())  # an impossible sequence appeared
+    expected = probs * samples
+    possible = probs > 0
+    observed, expected = observed[possible], expected[possible]
+    order = torch.argsort(expected)
+    observed, expected = observed[order], expected[order]
+    small = int((expected < MIN_EXPECTED).sum())
+    if small:
+        # Pool the small bins into one; if even that is too small, add the next bin to it.
+        pooled = max(small, 2)
+        while pooled < expected.numel() and float(expected[:pooled].sum()) < MIN_EXPECTED:
+            pooled += 1
+        observed = torch.cat([observed[:pooled].sum().view(1), observed[pooled:]])
+        expected = torch.cat([expected[:pooled].sum().view(1), expected[pooled:]])
+    if expected.numel() < 2:
+        return 1.0, total_variation, int(expected.numel())
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    p_value = float(scipy_stats.chi2.sf(statistic, df=expected.numel() - 1))
+    return p_value, total_variation, int(expected.numel())
+
+
+def run_case(
+    case: Case,
+    *,
+    samples: int = 50_000,
+    seed: int = 0,
+    drafter: Drafter | None = None,
+    accept_fn: AcceptFn | None = None,
+) -> CaseResult:
+    """Sample ``samples`` continuations of k+1 tokens and test them against the exact joint.
+
+    drafter and accept_fn default to the draft-model drafter and the case's rule; the tests pass
+    deliberately broken ones to check that the test has the power to catch them.
+    """
+    start = time.perf_counter()
+    target, draft = toy_pair(seed)
+    drafter = drafter or DraftModelDrafter(draft, case.k)
+    if drafter.num_tokens != case.k:
+        raise ValueError(f"drafter: drafts {drafter.num_tokens} tokens, the case needs {case.k}")
+    decoder = SpeculativeDecoder(target, drafter, accept_fn or ACCEPT_RULES[case.rule])
+    prompts = torch.tensor([PROMPT], dtype=torch.long).expand(samples, -1)
+    sampling = SamplingParams(
+        temperature=case.temperature,
+        top_k=case.top_k,
+        top_p=case.top_p,
+        max_new_tokens=case.k + 1,
+        seed=seed,
+    )
+    out = decoder.run(prompts.contiguous(), sampling)
+    sequences = torch.tensor(out.token_ids, dtype=torch.long)  # [samples, k+1]
+    index = (sequences * TOY_VOCAB ** torch.arange(case.k, -1, -1)).sum(1)
+    observed = torch.bincount(index, minlength=TOY_VOCAB ** (case.k + 1))
+    probs = exact_distribution(target, PROMPT, case.sampling, case.k + 1)
+    p_value, tv, bins = chi_square(observed, probs)
+    return CaseResult(
+        case,
+        p_value,
+        tv,
+        bins,
+        samples,
+        out.stats.mean_accepted_length,
+        time.perf_counter() - start,
+    )

@@ -1,0 +1,147 @@
+"""Statistical exactness: every lossless row passes, and every broken rule is caught."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from quickdraft.accept import (
+    Verdict,
+    accepted_count,
+    point_mass,
+    residual_distribution,
+    sample_next,
+)
+from quickdraft.cli import main
+from quickdraft.config import AcceptRule
+from quickdraft.conformance import (
+    Case,
+    chi_square,
+    default_cases,
+    exact_distribution,
+    run_case,
+    toy_pair,
+)
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.sampling import probs_from_logits, sample
+
+CASES = default_cases()
+
+
+def test_grid_covers_both_rules_and_every_setting():
+    assert len(CASES) == 32
+    assert {case.rule for case in CASES} == set(AcceptRule)
+
+
+@pytest.mark.parametrize(
+    "case",
+    CASES,
+    ids=lambda c: f"{c.rule.value}-T{c.temperature}-topk{c.top_k}-topp{c.top_p}-k{c.k}",
+)
+def test_lossless_rule_matches_the_target_distribution(case):
+    result = run_case(case, samples=50_000, seed=0)
+    assert result.p_value >= 1e-3, result
+    assert result.mean_accepted_length > 1.1  # the draft is accepted often enough to matter
+
+
+def test_exact_distribution_sums_to_one_and_respects_top_k():
+    target, _ = toy_pair()
+    case = Case(AcceptRule.GREEDY, 1.0, 5, 0.9, 4)
+    probs = exact_distribution(target, (3, 1), case.sampling, 3)
+    assert probs.shape == (8**3,)
+    assert abs(float(probs.sum()) - 1.0) < 1e-6  # float32 probabilities, float64 products
+    assert int((probs > 0).sum()) <= 5**3
+
+
+def test_chi_square_known_answers():
+    probs = torch.tensor([0.5, 0.25, 0.25, 0.0])
+    p_value, tv, bins = chi_square(torch.tensor([500, 250, 250, 0]), probs)
+    assert p_value == pytest.approx(1.0) and tv == 0.0 and bins == 3
+    # statistic = 100^2/500 + 100^2/250 = 60 with 2 degrees of freedom
+    p_value, tv, _ = chi_square(torch.tensor([600, 150, 250, 0]), probs)
+    assert p_value == pytest.approx(9.357623e-14, rel=1e-4) and tv == pytest.approx(0.1)
+    # a sequence of probability zero fails outright
+    assert chi_square(torch.tensor([500, 250, 249, 1]), probs)[0] == 0.0
+
+
+def test_chi_square_pools_bins_with_small_expected_counts():
+    probs = torch.tensor([0.9, 0.06, 0.02, 0.01, 0.01])
+    _, _, bins = chi_square(torch.tensor([90, 6, 2, 1, 1]), probs)
+    assert bins == 2  # 6, 2, 1, 1 expected: pooled into one bin of 10
+
+
+# Deliberately broken variants: each must be caught with p < 1e-6.
+
+
+class GreedyDraftAtTemperature(DraftModelDrafter):
+    """Proposes the draft's argmax but reports its sampling distribution."""
+
+    def _choose(self, logits, params, generator):
+        probs = probs_from_logits(logits, params)
+        return probs.argmax(-1), probs
+
+
+class ProbsBeforeTopK(DraftModelDrafter):
+    """Samples from the filtered draft distribution but reports the unfiltered one."""
+
+    def _choose(self, logits, params, generator):
+        probs = probs_from_logits(logits, params)
+        unfiltered = probs_from_logits(logits, dataclasses.replace(params, top_k=0))
+        return sample(probs, generator), unfiltered
+
+
+def _accept(draft_tokens, draft_probs, target_probs, generator):
+    k = draft_tokens.shape[1]
+    if draft_probs is None:
+        draft_probs = point_mass(draft_tokens, target_probs.shape[-1])
+    index = draft_tokens.unsqueeze(-1)
+    p = draft_probs.gather(-1, index).squeeze(-1)
+    q = target_probs[:, :k].gather(-1, index).squeeze(-1)
+    u = torch.rand(*draft_tokens.shape, generator=generator)
+    return draft_probs, accepted_count(u * p < q)
+
+
+def residual_replaced_by_target(draft_tokens, draft_probs, target_probs, generator):
+    _, num_accepted = _accept(draft_tokens, draft_probs, target_probs, generator)
+    return Verdict(num_accepted, sample_next(target_probs, num_accepted, generator))
+
+
+def bonus_from_wrong_position(draft_tokens, draft_probs, target_probs, generator):
+    draft_probs, num_accepted = _accept(draft_tokens, draft_probs, target_probs, generator)
+    k = draft_tokens.shape[1]
+    candidates = torch.cat(
+        [residual_distribution(target_probs[:, :k], draft_probs), target_probs[:, k - 1 : k]], dim=1
+    )
+    return Verdict(num_accepted, sample_next(candidates, num_accepted, generator))
+
+
+BROKEN = {
+    "greedy draft at T > 0": dict(drafter=GreedyDraftAtTemperature),
+    "draft probabilities before top-k": dict(drafter=ProbsBeforeTopK),
+    "residual replaced by the target": dict(accept_fn=residual_replaced_by_target),
+    "bonus token from the wrong position": dict(accept_fn=bonus_from_wrong_position),
+}
+BROKEN_CASES = [
+    Case(AcceptRule.REJECTION_SAMPLING, 1.0, 5, 1.0, 4),
+    Case(AcceptRule.REJECTION_SAMPLING, 0.6, 5, 0.9, 1),
+]
+
+
+@pytest.mark.parametrize("case", BROKEN_CASES, ids=lambda c: f"T{c.temperature}-k{c.k}")
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_broken_rules_are_caught(name, case):
+    variant = BROKEN[name]
+    kwargs = {}
+    if "drafter" in variant:
+        _, draft = toy_pair(0)
+        kwargs["drafter"] = variant["drafter"](draft, case.k)
+    else:
+        kwargs["accept_fn"] = variant["accept_fn"]
+    result = run_case(case, samples=50_000, seed=0, **kwargs)
+    assert result.p_value < 1e-6, (name, result)
+
+
+def test_conformance_command_passes_and_prints_the_table(capsys):
+    assert main(["conformance", "--samples", "4000"]) == 0
+    out = capsys.readouterr().out
+    assert "32/32 rows pass" in out and "rejection_sampling" in out and "greedy" in out
