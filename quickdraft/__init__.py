@@ -1,0 +1,16 @@
+"""quickdraft: exact speculative decoding for language models."""
+
+from quickdraft.config import AcceptRule, Method, SamplingParams, SpecConfig
+from quickdraft.engine import BatchGeneration, Generation, generate, generate_batch
+
+__all__ = [
+    "AcceptRule",
+    "BatchGeneration",
+    "Generation",
+    "Method",
+    "SamplingParams",
+    "SpecConfig",
+    "generate",
+    "generate_batch",
+]
+__version__ = "0.1.0"
