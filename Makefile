@@ -19,15 +19,15 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/quickdraft demo
 
 test: $(VENV)/.installed
-	$(VENV)/bin/ruff check quickdraft tests benchmarks
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2
 
 test-slow: $(VENV)/.installed
 	$(PY) -m pytest -q -m slow
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check quickdraft tests benchmarks
-	$(VENV)/bin/ruff format --check quickdraft tests benchmarks
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 conformance: $(VENV)/.installed
 	$(VENV)/bin/quickdraft conformance
