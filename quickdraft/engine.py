@@ -7,7 +7,7 @@ The loop knows neither which drafter nor which model family it runs: drafters im
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -74,8 +74,16 @@ class SpeculativeDecoder:
     def k(self) -> int:
         return 0 if self.drafter is None else self.drafter.num_tokens
 
-    def run(self, prompts: torch.Tensor, sampling: SamplingParams) -> BatchGeneration:
-        """prompts: [B, L] long. Returns every row's new tokens and the run's statistics."""
+    def run(
+        self,
+        prompts: torch.Tensor,
+        sampling: SamplingParams,
+        on_step: Callable[[StepOutput], None] | None = None,
+    ) -> BatchGeneration:
+        """prompts: [B, L] long. Returns every row's new tokens and the run's statistics.
+
+        on_step: called after every verify step with the output so far (for streaming).
+        """
         self._validate(prompts, sampling)
         start = time.perf_counter()
         batch, prompt_len = prompts.shape
@@ -97,7 +105,7 @@ class SpeculativeDecoder:
         state = DecodeState(
             tokens, torch.full((batch,), prompt_len), prompt_len, sampling, generator
         )
-        output = _Output(state, sampling, self.tokenizer)
+        output = StepOutput(state, sampling, self.tokenizer)
         stats.time_prefill = time.perf_counter() - start
 
         if self.drafter is not None:
@@ -115,8 +123,8 @@ class SpeculativeDecoder:
             # 3. Verify: one target forward over [pending, d_1 .. d_k].
             lengths = state.lengths
             inputs = torch.cat([tokens.gather(1, (lengths - 1).unsqueeze(1)), draft.tokens], 1)
-            positions = (lengths - 1).unsqueeze(1) + torch.arange(k + 1)
-            logits = target.forward(inputs, positions, cache).logits
+            positions = (lengths - 1).unsqueeze(1) + torch.arange(inputs.shape[1])
+            logits = target.forward(inputs, positions, cache).logits.cpu()
             stats.target_forwards += 1
 
             # 4. Accept: how many drafts survive, and the corrected or bonus token.
@@ -131,6 +139,8 @@ class SpeculativeDecoder:
             chunk = torch.cat([draft.tokens, verdict.next_token.unsqueeze(1)], 1)
             chunk.scatter_(1, num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
             output.append(chunk, num_accepted + 1, num_accepted)
+            if on_step is not None:
+                on_step(output)
             cache.commit(torch.where(output.active, num_accepted + 1, 0))
             if self.drafter is not None:
                 self.drafter.observe(state, verdict)
@@ -167,8 +177,9 @@ class SpeculativeDecoder:
             raise ValueError("stop: stop strings need a tokenizer")
 
 
-class _Output:
-    """Appends accepted chunks to the state and decides when each row is finished."""
+class StepOutput:
+    """The output so far: appends accepted chunks to the state and decides when each row is
+    finished. ``row_ids(b)`` and ``row_from_draft(b)`` read a row's tokens at any step."""
 
     def __init__(self, state: DecodeState, sampling: SamplingParams, tokenizer: Tokenizer | None):
         self.state, self.sampling, self.tokenizer = state, sampling, tokenizer
@@ -212,7 +223,7 @@ class _Output:
         """Cut rows whose text contains a stop string: tokens up to the one completing it."""
         assert self.tokenizer is not None
         for row in torch.nonzero(self.active).flatten().tolist():
-            ids = self._row_ids(row)
+            ids = self.row_ids(row)
             text = self.tokenizer.decode(ids)
             if not any(stop in text for stop in self.sampling.stop):
                 continue
@@ -226,9 +237,13 @@ class _Output:
             self.active[row] = False
             self.reasons[row] = "stop"
 
-    def _row_ids(self, row: int) -> list[int]:
+    def row_ids(self, row: int) -> list[int]:
         start = self.state.prompt_length
         return self.state.tokens[row, start : start + int(self.generated[row])].tolist()
+
+    def row_from_draft(self, row: int) -> list[bool]:
+        start = self.state.prompt_length
+        return self.from_draft[row, start : start + int(self.generated[row])].tolist()
 
     def _text(self, ids: list[int]) -> str:
         assert self.tokenizer is not None
@@ -238,11 +253,8 @@ class _Output:
 
     def result(self, stats: Stats) -> BatchGeneration:
         rows = range(self.state.batch_size)
-        token_ids = [self._row_ids(row) for row in rows]
-        start = self.state.prompt_length
-        from_draft = [
-            self.from_draft[row, start : start + len(token_ids[row])].tolist() for row in rows
-        ]
+        token_ids = [self.row_ids(row) for row in rows]
+        from_draft = [self.row_from_draft(row) for row in rows]
         texts = None if self.tokenizer is None else [self._text(ids) for ids in token_ids]
         stats.new_tokens = int(self.generated.sum())
         return BatchGeneration(token_ids, texts, list(self.reasons), from_draft, stats)
@@ -266,14 +278,25 @@ def _decoder(
     spec: SpecConfig | None,
     draft: Model | Drafter | None,
     tokenizer: Tokenizer | None,
+    draft_tokenizer: Tokenizer | None,
 ) -> SpeculativeDecoder:
     if spec is None:
         spec = SpecConfig(method=Method.AR if draft is None else Method.DRAFT_MODEL)
     if draft is not None and hasattr(draft, "propose"):
         drafter: Drafter | None = draft  # type: ignore[assignment]
     else:
-        drafter = build_drafter(spec, target, draft)  # type: ignore[arg-type]
+        same = None
+        if tokenizer is not None and draft_tokenizer is not None:
+            same = _same_vocabulary(tokenizer, draft_tokenizer)
+        drafter = build_drafter(spec, target, draft, same_tokenizer=same)  # type: ignore
     return SpeculativeDecoder(target, drafter, ACCEPT_RULES[spec.acceptance], tokenizer)
+
+
+def _same_vocabulary(a: Tokenizer, b: Tokenizer) -> bool:
+    if a is b:
+        return True
+    compare = getattr(a, "same_vocabulary", None)
+    return bool(compare(b)) if compare is not None else False
 
 
 def generate(
@@ -284,15 +307,19 @@ def generate(
     spec: SpecConfig | None = None,
     draft: Model | Drafter | None = None,
     tokenizer: Tokenizer | None = None,
+    draft_tokenizer: Tokenizer | None = None,
+    on_step: Callable[[StepOutput], None] | None = None,
 ) -> Generation:
     """Generate a continuation of one prompt.
 
     With neither ``spec`` nor ``draft`` this is plain autoregressive decoding; with a draft model
-    and no spec it is draft-model speculation at k = 4 with rejection sampling.
+    and no spec it is draft-model speculation at k = 4 with rejection sampling. Give
+    ``draft_tokenizer`` too when the draft's vocabulary size differs (padding) from the
+    target's. ``on_step`` sees the output after every verify step, for streaming.
     """
     sampling = sampling or SamplingParams()
-    decoder = _decoder(target, spec, draft, tokenizer)
-    out = decoder.run(_as_batch(prompt, tokenizer), sampling)
+    decoder = _decoder(target, spec, draft, tokenizer, draft_tokenizer)
+    out = decoder.run(_as_batch(prompt, tokenizer), sampling, on_step)
     return Generation(
         out.token_ids[0],
         None if out.texts is None else out.texts[0],
@@ -310,9 +337,11 @@ def generate_batch(
     spec: SpecConfig | None = None,
     draft: Model | Drafter | None = None,
     tokenizer: Tokenizer | None = None,
+    draft_tokenizer: Tokenizer | None = None,
 ) -> BatchGeneration:
     """Generate for a batch of equal-length prompts ([B, L] token ids), all rows at once."""
     batch = torch.as_tensor(prompts, dtype=torch.long)
     if batch.dim() != 2:
         raise ValueError(f"prompts must be [B, L] token ids of equal length, got {batch.shape}")
-    return _decoder(target, spec, draft, tokenizer).run(batch, sampling or SamplingParams())
+    decoder = _decoder(target, spec, draft, tokenizer, draft_tokenizer)
+    return decoder.run(batch, sampling or SamplingParams())

@@ -5,30 +5,71 @@ from __future__ import annotations
 from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.base import DecodeState, Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import Model
 
 
-def _draft_model(spec: SpecConfig, target: Model, draft: Model | None) -> Drafter:
+def _draft_model(
+    spec: SpecConfig, target: Model, draft: Model | None, same_tokenizer: bool | None
+) -> Drafter:
     if draft is None:
         raise ValueError("draft: method draft_model needs a draft model")
-    if draft.vocab_size != target.vocab_size:
+    if same_tokenizer is False:
+        raise ValueError(
+            "draft: the draft model's tokenizer differs from the target's; "
+            "draft and target must share one vocabulary"
+        )
+    if draft.vocab_size != target.vocab_size and not same_tokenizer:
         raise ValueError(
             f"draft: its vocabulary ({draft.vocab_size}) differs from the target's "
-            f"({target.vocab_size}); a draft model must share the target's tokenizer"
+            f"({target.vocab_size}); pass both tokenizers to check they agree"
         )
-    return DraftModelDrafter(draft, spec.num_speculative_tokens, spec.draft_temperature)
+    return DraftModelDrafter(
+        draft, spec.num_speculative_tokens, spec.draft_temperature, vocab_size=target.vocab_size
+    )
+
+
+def _ngram(
+    spec: SpecConfig, target: Model, draft: Model | None, same_tokenizer: bool | None
+) -> Drafter:
+    if draft is not None:
+        raise ValueError("draft: method ngram uses no draft model")
+    return NGramDrafter(
+        target.vocab_size,
+        spec.num_speculative_tokens,
+        spec.prompt_lookup_min,
+        spec.prompt_lookup_max,
+    )
 
 
 _BUILDERS = {
     Method.DRAFT_MODEL: _draft_model,
+    Method.NGRAM: _ngram,
 }
 
 
-def build_drafter(spec: SpecConfig, target: Model, draft: Model | None = None) -> Drafter | None:
-    """The drafter for ``spec.method``, or None for plain autoregressive decoding."""
+def build_drafter(
+    spec: SpecConfig,
+    target: Model,
+    draft: Model | None = None,
+    *,
+    same_tokenizer: bool | None = None,
+) -> Drafter | None:
+    """The drafter for ``spec.method``, or None for plain autoregressive decoding.
+
+    same_tokenizer: whether the draft's tokenizer equals the target's, when the caller knows
+    (``HFTokenizer.same_vocabulary``); it lets padded vocabulary sizes differ.
+    """
     if spec.method is Method.AR:
         return None
-    return _BUILDERS[spec.method](spec, target, draft)
+    return _BUILDERS[spec.method](spec, target, draft, same_tokenizer)
 
 
-__all__ = ["DecodeState", "Draft", "DraftModelDrafter", "Drafter", "build_drafter"]
+__all__ = [
+    "DecodeState",
+    "Draft",
+    "DraftModelDrafter",
+    "Drafter",
+    "NGramDrafter",
+    "build_drafter",
+]

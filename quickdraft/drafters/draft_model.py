@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 
 from quickdraft.accept import Verdict
 from quickdraft.config import SamplingParams
@@ -22,11 +23,19 @@ class DraftModelDrafter:
     a batch thus runs the same shapes, whatever each row accepted in the last step.
     """
 
-    def __init__(self, model: Model, num_tokens: int, temperature: float | None = None):
+    def __init__(
+        self,
+        model: Model,
+        num_tokens: int,
+        temperature: float | None = None,
+        vocab_size: int | None = None,
+    ):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         self.model = model
-        self.vocab_size = model.vocab_size
+        # The target's vocabulary size. Checkpoints of one tokenizer are often padded to
+        # different sizes (Qwen); the draft's logits are cut or padded with -inf to match.
+        self.vocab_size = vocab_size or model.vocab_size
         self.num_tokens = num_tokens
         self.temperature = temperature
         self._cache: Cache | None = None
@@ -47,7 +56,7 @@ class DraftModelDrafter:
         width = 2 if int(state.lengths.min()) >= 2 else 1
         cache.rollback(state.lengths - width)
         positions = (state.lengths - width).unsqueeze(1) + torch.arange(width)  # [B, width]
-        logits = self.model.forward(state.tokens.gather(1, positions), positions, cache).logits
+        logits = self._logits(state.tokens.gather(1, positions), positions, cache)
         cache.commit(width)
         tokens, probs = [], []
         for i in range(self.num_tokens):
@@ -56,13 +65,20 @@ class DraftModelDrafter:
             probs.append(prob)
             if i + 1 < self.num_tokens:
                 position = (state.lengths + i).unsqueeze(1)
-                logits = self.model.forward(token.unsqueeze(1), position, cache).logits
+                logits = self._logits(token.unsqueeze(1), position, cache)
                 cache.commit(1)
         stacked = None if probs[0] is None else torch.stack(probs, dim=1)
         return Draft.chain(torch.stack(tokens, dim=1), stacked)
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         """Nothing to learn: the next propose() rolls the cache back to what was accepted."""
+
+    def _logits(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
+        logits = self.model.forward(tokens, positions, cache).logits.cpu()
+        extra = self.vocab_size - logits.shape[-1]
+        if extra > 0:
+            return F.pad(logits, (0, extra), value=float("-inf"))
+        return logits[..., : self.vocab_size] if extra < 0 else logits
 
     def _params(self, target: SamplingParams) -> SamplingParams:
         if self.temperature is None:

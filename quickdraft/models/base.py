@@ -8,7 +8,7 @@ pointer back when a caller wants to recompute entries it had kept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -16,10 +16,12 @@ import torch
 
 @dataclass(frozen=True, slots=True)
 class ModelOutput:
-    """logits: [B, T, V] float; hidden: [B, T, D] final hidden states."""
+    """logits: [B, T, V] float; hidden: [B, T, D] final hidden states; taps: chosen
+    intermediate layers' outputs [B, T, D] by layer index (empty unless the model was asked)."""
 
     logits: torch.Tensor
     hidden: torch.Tensor
+    taps: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class Cache:

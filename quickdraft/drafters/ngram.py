@@ -1,0 +1,60 @@
+"""Prompt lookup (n-gram) drafting: copy what followed the last n tokens earlier in the text.
+
+No model at all: the drafter matches the last n tokens (n from ``max_n`` down to ``min_n``)
+against the prompt and the output so far, takes the most recent earlier occurrence, and proposes
+the tokens that followed it. Deterministic, so its drafts carry no probabilities and the
+acceptance rules treat them as point masses (exact at any temperature). Strong on code edits,
+summaries and anything that quotes its input.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.accept import Verdict
+from quickdraft.drafters.base import DecodeState, Draft
+
+
+class NGramDrafter:
+    def __init__(self, vocab_size: int, num_tokens: int, min_n: int = 1, max_n: int = 3):
+        if num_tokens < 1:
+            raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+        if not 1 <= min_n <= max_n:
+            raise ValueError(
+                f"prompt_lookup_min/max must satisfy 1 <= min <= max, got {min_n}, {max_n}"
+            )
+        self.vocab_size = vocab_size
+        self.num_tokens = num_tokens
+        self.min_n, self.max_n = min_n, max_n
+
+    def begin(self, state: DecodeState) -> None:
+        """Nothing to prepare: the text itself is the model."""
+
+    def propose(self, state: DecodeState) -> Draft:
+        rows = [
+            self._lookup(state.tokens[b, : int(state.lengths[b])]) for b in range(state.batch_size)
+        ]
+        width = max(len(row) for row in rows)
+        tokens = torch.zeros(state.batch_size, width, dtype=torch.long)
+        for b, row in enumerate(rows):
+            # Rows with a shorter match are padded by repeating their last known token: any
+            # deterministic filler keeps the output exact; the target simply rejects it.
+            filler = row + [row[-1] if row else int(state.tokens[b, state.lengths[b] - 1])] * (
+                width - len(row)
+            )
+            tokens[b] = torch.tensor(filler, dtype=torch.long)
+        return Draft.chain(tokens, None)
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        """Nothing to learn: the next lookup sees the accepted tokens in the text."""
+
+    def _lookup(self, sequence: torch.Tensor) -> list[int]:
+        length = sequence.shape[0]
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            pattern = sequence[length - n :]
+            windows = sequence[: length - 1].unfold(0, n, 1)  # every earlier n-gram
+            starts = torch.nonzero((windows == pattern).all(dim=1)).flatten()
+            if starts.numel():
+                start = int(starts[-1]) + n  # the most recent match
+                return sequence[start : start + self.num_tokens].tolist()
+        return []

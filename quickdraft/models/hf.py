@@ -1,0 +1,63 @@
+"""Any transformers ``AutoModelForCausalLM`` behind the quickdraft ``Model`` protocol.
+
+For architectures the native runner does not cover. The cache is transformers' own
+``DynamicCache``: rollback crops it to the committed length before each forward. One row at a
+time and chains only (no tree masks); the native runner is the fast path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from quickdraft.models.base import Cache, ModelOutput
+
+
+class HFCache(Cache):
+    def __init__(self, capacity: int, hf_cache: Any):
+        super().__init__(1, capacity)
+        self.hf_cache = hf_cache
+
+
+class HFModel:
+    def __init__(self, model: Any):
+        self.model = model.eval()
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 20))
+
+    def new_cache(self, batch_size: int, capacity: int) -> HFCache:
+        from transformers import DynamicCache
+
+        if batch_size != 1:
+            raise ValueError(
+                "batch_size: the Hugging Face adapter runs one row at a time; "
+                "use the native runner for batches"
+            )
+        return HFCache(capacity, DynamicCache(config=self.model.config))
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Cache,
+        tree_mask: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        if tree_mask is not None:
+            raise ValueError("tree_mask: the Hugging Face adapter verifies chains only")
+        if not isinstance(cache, HFCache):
+            raise ValueError(f"cache must be an HFCache, got {type(cache).__name__}")
+        cache.slots_for(tokens.shape[1])  # capacity check
+        committed = int(cache.lengths[0])
+        if cache.hf_cache.get_seq_length() > committed:
+            cache.hf_cache.crop(committed)
+        device = self.model.device
+        out = self.model(
+            input_ids=tokens.to(device),
+            position_ids=positions.to(device),
+            past_key_values=cache.hf_cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
+        return ModelOutput(logits=out.logits.float().cpu(), hidden=out.hidden_states[-1].cpu())

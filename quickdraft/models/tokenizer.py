@@ -1,0 +1,37 @@
+"""A thin adapter that gives any Hugging Face tokenizer the quickdraft ``Tokenizer`` protocol."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class HFTokenizer:
+    """encode/decode as quickdraft uses them, plus what the CLI and drafters need."""
+
+    def __init__(self, tokenizer: Any, eos_token_ids: tuple[int, ...] = ()):
+        self.hf = tokenizer
+        ids = set(eos_token_ids)
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        self.eos_token_ids = tuple(sorted(ids))
+
+    def __len__(self) -> int:
+        return len(self.hf)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf(text, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+    def apply_chat(self, user_message: str) -> list[int]:
+        """Token ids of a one-turn chat, ready for the assistant's reply."""
+        if getattr(self.hf, "chat_template", None) is None:
+            raise ValueError("chat: this tokenizer has no chat template")
+        ids = self.hf.apply_chat_template(
+            [{"role": "user", "content": user_message}], tokenize=True, add_generation_prompt=True
+        )
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    def same_vocabulary(self, other: HFTokenizer) -> bool:
+        return len(self) == len(other) and self.hf.get_vocab() == other.hf.get_vocab()
