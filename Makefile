@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/quickdraft demo
+	$(VENV)/bin/quickdraft generate
 
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,25 +77,28 @@ class Stats:
         return self.new_tokens / self.time_total if self.time_total > 0 else float("nan")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "k": self.k,
-            "batch_size": self.batch_size,
-            "new_tokens": self.new_tokens,
-            "verify_steps": self.verify_steps,
-            "target_forwards": self.target_forwards,
-            "mean_accepted_length": self.mean_accepted_length,
-            "acceptance_rate": self.acceptance_rate,
-            "acceptance_by_position": self.acceptance_by_position,
-            "accepted_lengths": self.accepted_lengths,
-            "tokens_per_second": self.tokens_per_second,
-            "time_s": {
-                "prefill": self.time_prefill,
-                "draft": self.time_draft,
-                "verify": self.time_verify,
-                "other": self.time_other,
-                "total": self.time_total,
-            },
-        }
+        """Plain JSON-ready values; NaN (nothing measured) becomes None."""
+        return _json_ready(
+            {
+                "k": self.k,
+                "batch_size": self.batch_size,
+                "new_tokens": self.new_tokens,
+                "verify_steps": self.verify_steps,
+                "target_forwards": self.target_forwards,
+                "mean_accepted_length": self.mean_accepted_length,
+                "acceptance_rate": self.acceptance_rate,
+                "acceptance_by_position": self.acceptance_by_position,
+                "accepted_lengths": self.accepted_lengths,
+                "tokens_per_second": self.tokens_per_second,
+                "time_s": {
+                    "prefill": self.time_prefill,
+                    "draft": self.time_draft,
+                    "verify": self.time_verify,
+                    "other": self.time_other,
+                    "total": self.time_total,
+                },
+            }
+        )
 
     def summary(self) -> str:
         """One line for people."""
@@ -104,3 +108,13 @@ class Stats:
             f"(draft {self.time_draft:.2f}s, verify {self.time_verify:.2f}s, "
             f"other {self.time_other + self.time_prefill:.2f}s)"
         )
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_ready(item) for item in value]
+    return value

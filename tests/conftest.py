@@ -4,5 +4,60 @@ import torch
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    """Tests are tiny; one intra-op thread per xdist worker avoids oversubscribing 2 cores."""
+    """Tests are small; one intra-op thread per xdist worker avoids oversubscribing 2 cores."""
     torch.set_num_threads(1)
+
+
+FAMILIES = {
+    "llama-tied": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True}),
+    "llama-untied": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": False}),
+    "llama3-rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "qwen2-bias": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": False}),
+}
+
+
+def tiny_hf_model(family: str, *, vocab_size: int = 101, layers: int = 3, seed: int = 0):
+    """A randomly initialised transformers model of one family, small enough for any test.
+
+    Weights are scaled up so the random model has peaked, position-dependent distributions
+    (a default init gives near-uniform logits, where greedy decoding is all ties)."""
+    import transformers
+
+    config_name, model_name, extra = FAMILIES[family]
+    config = getattr(transformers, config_name)(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2:
+                parameter.mul_(4.0 if "embed" in name or "lm_head" in name else 2.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from quickdraft.models.loading import load_model
+
+    return load_model("smollm2-135m")

@@ -19,3 +19,51 @@ def test_bad_arguments_exit_with_usage_errors(capsys):
 def test_invalid_cost_is_reported_not_raised(tmp_path, capsys):
     assert main(["theory", "--out", str(tmp_path), "--draft-cost", "-1"]) == 2
     assert "draft_cost" in capsys.readouterr().out
+
+
+def test_generate_json_output(smollm2, capsys):
+    import json
+
+    code = main(
+        [
+            "generate",
+            "def add(a, b):",
+            "--max-new-tokens",
+            "12",
+            "--json",
+            "--method",
+            "ngram",
+            "-k",
+            "3",
+            "--threads",
+            "1",
+        ]
+    )
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["token_ids"]) == 12 and isinstance(data["text"], str)
+    assert data["stats"]["k"] == 3 and data["stats"]["new_tokens"] == 12
+
+
+def test_generate_for_people_marks_drafts_and_prints_one_stats_line(smollm2, capsys):
+    code = main(
+        [
+            "generate",
+            "1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2,",
+            "--max-new-tokens",
+            "16",
+            "--stream",
+            "--method",
+            "ngram",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "mean accepted length" in out and "target forwards" in out and "ngram, k=5" in out
+
+
+def test_generate_rejects_inconsistent_arguments(capsys):
+    assert main(["generate", "x", "--method", "ngram", "--draft", "smollm2-135m"]) == 2
+    assert "draft" in capsys.readouterr().out
+    assert main(["generate", "x", "--temperature", "-1", "--max-new-tokens", "2"]) == 2
+    assert "temperature" in capsys.readouterr().out

@@ -147,15 +147,19 @@ def convert(path: Path, *, sha256: str | None = None) -> Path:
     reader = GGUFReader(str(path))
     config = read_config(reader)
     state = read_state_dict(reader, config)
-    partial = folder.with_name(folder.name + ".partial")
+    # Write beside the target and rename into place, so concurrent loaders never see half a
+    # folder; whoever renames first wins and the other's copy is dropped.
+    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     save_file(state, str(partial / "model.safetensors"))
     (partial / "config.json").write_text(json.dumps(config, indent=2))
     _save_tokenizer(path, partial)
     (partial / "source.json").write_text(json.dumps({"gguf": str(path), "sha256": digest}))
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)
+    try:
+        partial.rename(folder)
+    except OSError:  # another process finished first
+        shutil.rmtree(partial, ignore_errors=True)
     return folder
 
 

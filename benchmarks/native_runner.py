@@ -1,0 +1,114 @@
+"""Forward cost against tokens per forward: quickdraft's native runner beside transformers.
+
+Speculation on a CPU pays only if a (k+1)-token verify costs little more than a 1-token decode
+step. For each thread count, after a fixed-length context, this times forwards of T new tokens
+(the cache is cropped back after each, so every call sees the same context), interleaving the
+native runner and transformers call by call; it reports medians and the T-token / 1-token ratio.
+
+    python benchmarks/native_runner.py --model smollm2-135m --threads 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from quickdraft.models.hf import HFModel
+from quickdraft.models.loading import load_model, resolve
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _timed(call) -> float:
+    start = time.perf_counter()
+    call()
+    return (time.perf_counter() - start) * 1000.0
+
+
+def measure(model, context: torch.Tensor, sizes: list[int], repeats: int) -> dict[int, list[float]]:
+    """Milliseconds of a T-token forward after ``context``, for each T, interleaved."""
+    cache = model.new_cache(1, context.shape[1] + max(sizes) + 1)
+    model.forward(context, torch.arange(context.shape[1]).unsqueeze(0), cache)
+    cache.commit(context.shape[1])
+    length = context.shape[1]
+    times: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(repeats):
+        for size in sizes:
+            tokens = torch.randint(0, 1000, (1, size))
+            positions = torch.arange(length, length + size).unsqueeze(0)
+            times[size].append(_timed(lambda t=tokens, p=positions: model.forward(t, p, cache)))
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 5, 9, 16])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=RESULTS / "native_runner.json")
+    args = parser.parse_args()
+
+    from transformers import AutoModelForCausalLM
+
+    native, _ = load_model(args.model)
+    hf = HFModel(
+        AutoModelForCausalLM.from_pretrained(str(resolve(args.model)), dtype=torch.float32)
+    )
+    context = torch.randint(0, 1000, (1, args.context), generator=torch.Generator().manual_seed(0))
+    rows = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for model in (native, hf):
+            measure(model, context, args.sizes, 2)  # warm-up
+        results = {
+            name: measure(model, context, args.sizes, args.repeats)
+            for name, model in (("quickdraft native", native), ("transformers", hf))
+        }
+        for name, times in results.items():
+            medians = {size: statistics.median(values) for size, values in times.items()}
+            rows.append(
+                {
+                    "backend": name,
+                    "threads": threads,
+                    "median_ms": medians,
+                    "ratio_to_1_token": {size: medians[size] / medians[1] for size in args.sizes},
+                }
+            )
+    report = {
+        "model": args.model,
+        "context": args.context,
+        "repeats": args.repeats,
+        "machine": f"{platform.machine()}, {torch.get_num_interop_threads()} interop "
+        f"threads, torch {torch.__version__}",
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        f"# Forward cost against tokens per forward: {args.model}",
+        "",
+        f"Context {args.context} tokens; median of {args.repeats} interleaved calls; "
+        f"{report['machine']}.",
+        "",
+        "| backend | threads | " + " | ".join(f"T={s} ms" for s in args.sizes) + " | T=5 / T=1 |",
+        "|---|---|" + "---|" * (len(args.sizes) + 1),
+    ]
+    for row in rows:
+        cells = " | ".join(f"{row['median_ms'][s]:.1f}" for s in args.sizes)
+        ratio = row["ratio_to_1_token"].get(5, float("nan"))
+        lines.append(f"| {row['backend']} | {row['threads']} | {cells} | {ratio:.2f} |")
+    text = "\n".join(lines) + "\n"
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
