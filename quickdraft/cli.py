@@ -125,6 +125,13 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--max-new-tokens", type=int, default=128)
     generate.add_argument("--seed", type=int, default=None)
     generate.add_argument("--draft-temperature", type=float, default=None)
+    generate.add_argument(
+        "--draft-int8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="int8 weights for the draft model on CPU (default on; the output stays exact, "
+        "only acceptance can change)",
+    )
     generate.add_argument("--prompt-lookup-min", type=int, default=1)
     generate.add_argument("--prompt-lookup-max", type=int, default=3)
     generate.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -320,7 +327,10 @@ def _generate(args: argparse.Namespace) -> int:
     target, tokenizer = load_model(args.target, device=args.device, backend=args.backend)
     draft = draft_tokenizer = None
     if method == "draft_model":
-        draft, draft_tokenizer = load_model(args.draft, device=args.device, backend=args.backend)
+        int8 = args.draft_int8 and args.device == "cpu" and args.backend != "hf"
+        draft, draft_tokenizer = load_model(
+            args.draft, device=args.device, backend=args.backend, int8=int8
+        )
     sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.eos_token_ids)
     chat = args.chat if args.chat is not None else args.prompt is None
     text = args.prompt if args.prompt is not None else DEFAULT_PROMPT

@@ -145,3 +145,29 @@ def test_hidden_taps_and_truncation():
             runner.new_cache(1, 5),
             tree_mask=torch.ones(3, 3, dtype=torch.bool),
         )
+
+
+def test_int8_linear_is_close_to_float():
+    from quickdraft.models.llama import Linear
+
+    weight = torch.randn(256, 128, generator=torch.Generator().manual_seed(6)) * 0.05
+    x = torch.randn(3, 5, 128, generator=torch.Generator().manual_seed(7))
+    exact = x @ weight.T
+    assert relative_error(Linear(weight)(x), exact) < 1e-5
+    assert relative_error(Linear(weight, int8=True)(x), exact) < 0.03
+
+
+def test_int8_draft_keeps_greedy_output_exact():
+    from quickdraft import SamplingParams, SpecConfig, generate
+
+    hf = tiny_hf_model("llama-untied")
+    target = native(hf)
+    draft = LlamaRunner.from_state_dict(hf.config.to_dict(), hf.state_dict(), int8=True)
+    assert draft.int8
+    prompt = [4, 8, 15, 16, 23, 42]
+    greedy = SamplingParams(temperature=0, max_new_tokens=30)
+    expected = generate(target, prompt, sampling=greedy).token_ids
+    out = generate(target, prompt, sampling=greedy, spec=SpecConfig(num_speculative_tokens=4),
+                   draft=draft)
+    assert out.token_ids == expected
+    assert out.stats.mean_accepted_length > 2.0  # the int8 copy agrees with its float original

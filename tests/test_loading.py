@@ -107,3 +107,9 @@ def test_bad_names_raise_value_errors(tmp_path):
         load_model("smollm2-135m", backend="onnx")
     with pytest.raises(ValueError, match="hub"):
         load_model("nobody/no-such-model-here")
+
+
+def test_int8_needs_the_native_runner(hf_folder):
+    folder, _ = hf_folder
+    with pytest.raises(ValueError, match="int8"):
+        load_model(folder, backend="hf", int8=True)

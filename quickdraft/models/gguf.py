@@ -104,20 +104,28 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def read_state_dict(reader: Any, config: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """All tensors, dequantized to float32, under Hugging Face names."""
+def read_state_dict(
+    reader: Any, config: dict[str, Any], *, progress: str | None = None
+) -> dict[str, torch.Tensor]:
+    """All tensors, dequantized to float32, under Hugging Face names; ``progress`` labels a
+    progress bar on stderr."""
     from gguf.quants import dequantize
+    from rich.console import Console
+    from rich.progress import track
 
     llama_rope = config["model_type"] == "llama"
     state = {}
-    for tensor in reader.tensors:
+    tensors = reader.tensors
+    if progress is not None:
+        tensors = track(tensors, description=progress, console=Console(stderr=True), transient=True)
+    for tensor in tensors:
         array = dequantize(tensor.data, tensor.tensor_type)
         array = np.asarray(array, dtype=np.float32).reshape(
             [int(n) for n in reversed(tensor.shape.tolist())]
         )
         name = tensor.name
         if name in _GLOBAL_NAMES:
-            state[_GLOBAL_NAMES[name]] = torch.from_numpy(array.copy())
+            state[_GLOBAL_NAMES[name]] = torch.from_numpy(np.array(array, copy=True))
             continue
         block, index, kind, suffix = name.split(".")
         if block != "blk" or kind not in _LAYER_NAMES:
@@ -127,7 +135,7 @@ def read_state_dict(reader: Any, config: dict[str, Any]) -> dict[str, torch.Tens
         elif llama_rope and kind == "attn_k":
             array = _unpermute(array, config["num_key_value_heads"])
         state[f"model.layers.{index}.{_LAYER_NAMES[kind]}.{suffix}"] = torch.from_numpy(
-            np.ascontiguousarray(array)
+            np.array(array, copy=True)
         )
     return state
 
@@ -146,7 +154,7 @@ def convert(path: Path, *, sha256: str | None = None) -> Path:
         return folder
     reader = GGUFReader(str(path))
     config = read_config(reader)
-    state = read_state_dict(reader, config)
+    state = read_state_dict(reader, config, progress=f"converting {path.name} (once)")
     # Write beside the target and rename into place, so concurrent loaders never see half a
     # folder; whoever renames first wins and the other's copy is dropped.
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")

@@ -81,26 +81,54 @@ class LlamaConfig:
 
 
 class Linear:
-    """y = x W^T + b, with W prepacked for oneDNN on CPU in float32; F.linear elsewhere."""
+    """y = x W^T + b. On CPU in float32 the weight is prepacked for oneDNN (exact up to float
+    rounding); with ``int8`` it is quantized per output channel and run by the int8 dynamic
+    kernels (about 1% error, 4x less memory traffic: for draft models, never targets).
+    Elsewhere plain F.linear. Once packed, the dense weight is dropped to save memory.
+    """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight, bias
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, int8: bool = False
+    ):
+        self.weight: torch.Tensor | None = weight
+        self.bias = bias
         self.out_features = weight.shape[0]
-        self._packed = None
-        if weight.device.type == "cpu" and weight.dtype == torch.float32:
-            try:
+        self._packed = self._int8 = None
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return
+        try:
+            if int8:
+                self._int8 = _pack_int8(weight, bias)
+            else:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
-            except (AttributeError, RuntimeError):  # a build without oneDNN: plain kernels
-                self._packed = None
+            self.weight = None
+        except (AttributeError, RuntimeError):  # a build without these kernels: plain F.linear
+            self._packed = self._int8 = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._packed is None:
+        if self.weight is not None:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, x.shape[-1])
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
+        if self._int8 is not None:
+            out = torch.ops.quantized.linear_dynamic(flat, self._int8)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
         return out.view(*x.shape[:-1], self.out_features)
+
+
+def _pack_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """Symmetric per-output-channel int8 weights, prepacked for the dynamic int8 kernels."""
+    import warnings
+
+    scale = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
+    with warnings.catch_warnings():  # quantized tensor constructors warn of future removal
+        warnings.simplefilter("ignore", UserWarning)
+        quantized = torch.quantize_per_channel(
+            weight, scale, torch.zeros_like(scale).long(), 0, torch.qint8
+        )
+    return torch.ops.quantized.linear_prepack(quantized, bias)
 
 
 def _rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
@@ -129,16 +157,15 @@ def _rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
 
 
 class _Layer:
-    def __init__(self, weights: dict[str, torch.Tensor], prefix: str, bias: bool):
+    def __init__(self, weights: dict[str, torch.Tensor], prefix: str, bias: bool, int8: bool):
         attn, mlp = prefix + "self_attn.", prefix + "mlp."
         qkv = torch.cat([weights[attn + f"{p}_proj.weight"] for p in "qkv"])
         qkv_bias = torch.cat([weights[attn + f"{p}_proj.bias"] for p in "qkv"]) if bias else None
-        self.qkv = Linear(qkv, qkv_bias)
-        self.o = Linear(weights[attn + "o_proj.weight"])
-        self.gate_up = Linear(
-            torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]])
-        )
-        self.down = Linear(weights[mlp + "down_proj.weight"])
+        gate_up = torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]])
+        self.qkv = Linear(qkv, qkv_bias, int8=int8)
+        self.o = Linear(weights[attn + "o_proj.weight"], int8=int8)
+        self.gate_up = Linear(gate_up, int8=int8)
+        self.down = Linear(weights[mlp + "down_proj.weight"], int8=int8)
         self.attn_norm = weights[prefix + "input_layernorm.weight"]
         self.mlp_norm = weights[prefix + "post_attention_layernorm.weight"]
 
@@ -160,6 +187,9 @@ class LlamaRunner:
 
     tap_layers: indices of decoder layers whose outputs are returned in ``ModelOutput.taps``
     (EAGLE-3 reads low, middle and high layers); ``hidden`` is always the final normed state.
+    int8: int8 weights for every projection and the head (CPU). Changes the model's own
+    distribution slightly, so it is for draft models: speculation stays exact whatever the
+    draft computes, and a 4x smaller draft streams 4x less memory per token.
     """
 
     def __init__(
@@ -168,6 +198,7 @@ class LlamaRunner:
         weights: dict[str, torch.Tensor],
         *,
         tap_layers: tuple[int, ...] = (),
+        int8: bool = False,
     ):
         self.config = config
         self.vocab_size = config.vocab_size
@@ -179,12 +210,13 @@ class LlamaRunner:
         self.embed = weights["model.embed_tokens.weight"]
         self.dtype, self.device = self.embed.dtype, self.embed.device
         self.layers = [
-            _Layer(weights, f"model.layers.{i}.", config.attention_bias)
+            _Layer(weights, f"model.layers.{i}.", config.attention_bias, int8)
             for i in range(config.num_layers)
         ]
         self.norm = weights["model.norm.weight"]
         head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
-        self.head = Linear(head)
+        self.head = Linear(head, int8=int8)
+        self.int8 = int8
         self.inv_freq = _rope_inv_freq(config).to(self.device)
 
     @classmethod

@@ -74,11 +74,13 @@ def load_model(
     device: str | torch.device = "cpu",
     backend: str = "auto",
     tap_layers: tuple[int, ...] = (),
+    int8: bool = False,
 ) -> tuple[Model, HFTokenizer]:
     """Load a model and its tokenizer.
 
     backend: "auto" (native for Llama-family weights, else transformers), "native" or "hf".
     tap_layers: decoder layers whose outputs the native runner returns in ``taps``.
+    int8: int8 weights on the native CPU runner; for draft models only (see LlamaRunner).
     """
     if backend not in ("auto", "native", "hf"):
         raise ValueError(f"backend must be auto, native or hf, got {backend!r}")
@@ -92,6 +94,8 @@ def load_model(
             f"runner ({', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     if backend == "hf" or not native:
+        if int8:
+            raise ValueError("int8: only the native runner has int8 weights")
         return _hf_model(folder, dtype, device), tokenizer
     from safetensors.torch import load_file
 
@@ -101,7 +105,7 @@ def load_model(
     if not state:
         raise ValueError(f"name_or_path: no safetensors weights in {folder}")
     runner = LlamaRunner.from_state_dict(
-        config, state, dtype=dtype, device=device, tap_layers=tap_layers
+        config, state, dtype=dtype, device=device, tap_layers=tap_layers, int8=int8
     )
     return runner, tokenizer
 
