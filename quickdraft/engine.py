@@ -135,7 +135,7 @@ class SpeculativeDecoder:
             # 5. Commit: the output gains the accepted drafts and the next token; the target's
             #    cache keeps the pending token and the accepted drafts of rows still going.
             num_accepted = verdict.num_accepted
-            stats.record(num_accepted[output.active])
+            stats.record(num_accepted[output.active], draft.tokens.shape[1])
             chunk = torch.cat([draft.tokens, verdict.next_token.unsqueeze(1)], 1)
             chunk.scatter_(1, num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
             output.append(chunk, num_accepted + 1, num_accepted)

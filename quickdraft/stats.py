@@ -15,6 +15,8 @@ class Stats:
 
     k: draft tokens per verify step (0 for autoregressive decoding).
     accepted_drafts: per (row, verify step), the draft tokens accepted (0..k), in step order.
+    drafted: per (row, verify step), the draft tokens proposed (a lookup drafter may propose
+        fewer than k, or none).
     target_forwards: target decode/verify forward passes (the prompt prefill not counted), so
         that new tokens / target_forwards is the mean accepted length of a single row.
     new_tokens: tokens returned, summed over rows.
@@ -25,6 +27,7 @@ class Stats:
     k: int
     batch_size: int = 1
     accepted_drafts: list[int] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
     target_forwards: int = 0
     new_tokens: int = 0
     time_prefill: float = 0.0
@@ -32,9 +35,11 @@ class Stats:
     time_verify: float = 0.0
     time_total: float = 0.0
 
-    def record(self, num_accepted: torch.Tensor) -> None:
-        """num_accepted: [b] accepted drafts of the rows still generating, for one verify step."""
+    def record(self, num_accepted: torch.Tensor, num_drafted: int) -> None:
+        """num_accepted: [b] accepted drafts of the rows still generating, for one verify step
+        that verified num_drafted draft tokens per row."""
         self.accepted_drafts.extend(num_accepted.tolist())
+        self.drafted.extend([num_drafted] * num_accepted.numel())
 
     @property
     def verify_steps(self) -> int:
@@ -54,18 +59,21 @@ class Stats:
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        """P(draft i accepted | drafts before it accepted), i = 1..k; NaN where never reached."""
-        counts = torch.bincount(
-            torch.tensor(self.accepted_drafts, dtype=torch.long), minlength=self.k + 1
-        )
-        reached = counts.flip(0).cumsum(0).flip(0)  # reached[i] = steps with >= i accepted
-        rates = reached[1:].double() / reached[:-1].double()
-        return [float(r) for r in rates]
+        """P(draft i accepted | draft i proposed and every draft before it accepted), for
+        i = 1..k; NaN where position i was never reached."""
+        accepted = torch.tensor(self.accepted_drafts, dtype=torch.long)
+        drafted = torch.tensor(self.drafted, dtype=torch.long)
+        rates = []
+        for i in range(1, self.k + 1):
+            reached = (accepted >= i - 1) & (drafted >= i)
+            hits = int((accepted >= i).sum())
+            rates.append(hits / int(reached.sum()) if bool(reached.any()) else float("nan"))
+        return rates
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted drafts over drafted tokens, all positions together."""
-        drafted = self.k * len(self.accepted_drafts)
+        """Accepted drafts over proposed drafts, all positions together."""
+        drafted = sum(self.drafted)
         return sum(self.accepted_drafts) / drafted if drafted else float("nan")
 
     @property
