@@ -24,13 +24,18 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True)
 
-    def apply_chat(self, user_message: str) -> list[int]:
-        """Token ids of a one-turn chat, ready for the assistant's reply."""
-        if getattr(self.hf, "chat_template", None) is None:
+    @property
+    def has_chat_template(self) -> bool:
+        return getattr(self.hf, "chat_template", None) is not None
+
+    def apply_chat(self, messages: str | list[dict[str, str]]) -> list[int]:
+        """Token ids of a chat (one user message, or role/content dicts), ready for the
+        assistant's reply."""
+        if not self.has_chat_template:
             raise ValueError("chat: this tokenizer has no chat template")
-        ids = self.hf.apply_chat_template(
-            [{"role": "user", "content": user_message}], tokenize=True, add_generation_prompt=True
-        )
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        ids = self.hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def same_vocabulary(self, other: HFTokenizer) -> bool:
