@@ -1,0 +1,1 @@
+"""Benchmarks over task kinds: task sets, the interleaved harness, reports and plots."""

@@ -1,0 +1,214 @@
+"""Run methods over task sets, interleaved prompt by prompt, and summarise what they measured.
+
+The machine's speed drifts, so every prompt runs every method back to back (in an order rotated
+from prompt to prompt), and speedups are medians of per-prompt ratios to autoregressive decoding
+measured in the same run. At temperature 0 every output is checked against autoregressive
+decoding, token for token.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from quickdraft.bench.tasks import TaskItem
+from quickdraft.config import Method, SamplingParams, SpecConfig
+from quickdraft.engine import generate
+from quickdraft.models.base import Model
+from quickdraft.stats import Stats
+
+DEFAULT_K = {Method.DRAFT_MODEL: 4, Method.NGRAM: 5}
+
+
+@dataclass(frozen=True, slots=True)
+class MethodRun:
+    label: str
+    spec: SpecConfig
+
+
+def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
+    """'ar,draft_model,ngram', each optionally with '@K' ('draft_model@3'); ar always first."""
+    runs: dict[str, MethodRun] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, _, k_text = part.partition("@")
+        try:
+            method = Method(name)
+        except ValueError:
+            allowed = ", ".join(m.value for m in Method)
+            raise ValueError(f"methods: unknown method {name!r}; choose from {allowed}") from None
+        if method is Method.AR:
+            runs["ar"] = MethodRun("ar", SpecConfig(method=Method.AR))
+            continue
+        try:
+            chosen = int(k_text) if k_text else (k or DEFAULT_K[method])
+        except ValueError:
+            raise ValueError(f"methods: {part!r}: the number after @ must be an integer") from None
+        spec = SpecConfig(method=method, num_speculative_tokens=chosen)
+        runs[f"{name} k={chosen}"] = MethodRun(f"{name} k={chosen}", spec)
+    runs.setdefault("ar", MethodRun("ar", SpecConfig(method=Method.AR)))
+    return [runs["ar"]] + [run for label, run in runs.items() if label != "ar"]
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSettings:
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    repeats: int = 1
+    seed: int = 0
+    chat: bool = True
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens)
+
+
+@dataclass(slots=True)
+class RunRecord:
+    task: str
+    item: str
+    method: str
+    repeat: int
+    token_ids: list[int]
+    seconds: float
+    stats: Stats
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else float("nan")
+
+
+@dataclass(slots=True)
+class BenchRun:
+    """Everything a bench run measured, plus what it needs to describe itself."""
+
+    methods: list[MethodRun]
+    settings: BenchSettings
+    records: list[RunRecord] = field(default_factory=list)
+    drafter_vocab: dict[str, int | None] = field(default_factory=dict)
+
+
+def run_bench(
+    target: Model,
+    tokenizer: Any,
+    methods: list[MethodRun],
+    tasks: dict[str, list[TaskItem]],
+    settings: BenchSettings,
+    *,
+    draft: Model | None = None,
+    draft_tokenizer: Any = None,
+    on_run: Callable[[RunRecord], None] | None = None,
+) -> BenchRun:
+    """Every method on every item, ``settings.repeats`` times, interleaved item by item."""
+    if any(m.spec.method is Method.DRAFT_MODEL for m in methods) and draft is None:
+        raise ValueError("draft: method draft_model needs --draft")
+    bench = BenchRun(methods, settings)
+    for run in methods:
+        bench.drafter_vocab[run.label] = {Method.AR: None, Method.NGRAM: 0}.get(
+            run.spec.method, draft.vocab_size if draft is not None else None
+        )
+    stop = tuple(getattr(tokenizer, "eos_token_ids", ()))
+    sampling = SamplingParams(
+        temperature=settings.temperature,
+        max_new_tokens=settings.max_new_tokens,
+        seed=settings.seed,
+        stop_token_ids=stop,
+    )
+    index = 0
+    for kind, items in tasks.items():
+        for item in items:
+            prompt = _prompt_ids(item, tokenizer, settings.chat)
+            for repeat in range(settings.repeats):
+                order = methods[index % len(methods) :] + methods[: index % len(methods)]
+                index += 1
+                for run in order:
+                    uses_draft = run.spec.method is Method.DRAFT_MODEL
+                    start = time.perf_counter()
+                    out = generate(
+                        target,
+                        prompt,
+                        sampling=sampling,
+                        spec=run.spec,
+                        draft=draft if uses_draft else None,
+                        tokenizer=tokenizer,
+                        draft_tokenizer=draft_tokenizer if uses_draft else None,
+                    )
+                    record = RunRecord(
+                        kind,
+                        item.id,
+                        run.label,
+                        repeat,
+                        out.token_ids,
+                        time.perf_counter() - start,
+                        out.stats,
+                    )
+                    bench.records.append(record)
+                    if on_run is not None:
+                        on_run(record)
+    return bench
+
+
+def _prompt_ids(item: TaskItem, tokenizer: Any, chat: bool) -> list[int]:
+    if chat and getattr(tokenizer, "has_chat_template", False):
+        return tokenizer.apply_chat(list(item.messages))
+    return tokenizer.encode(item.prompt)
+
+
+def summarise(bench: BenchRun) -> dict[str, Any]:
+    """Per task and method (and over all tasks): acceptance, speed, time split, identity."""
+    tasks = list(dict.fromkeys(record.task for record in bench.records))
+    result: dict[str, Any] = {}
+    for scope in [*tasks, "all"]:
+        chosen = [r for r in bench.records if scope == "all" or r.task == scope]
+        result[scope] = {run.label: _summary(chosen, run.label, bench) for run in bench.methods}
+    return result
+
+
+def _summary(records: list[RunRecord], label: str, bench: BenchRun) -> dict[str, Any]:
+    mine = [r for r in records if r.method == label]
+    pooled = Stats(k=max((r.stats.k for r in mine), default=0))
+    for record in mine:
+        pooled.accepted_drafts.extend(record.stats.accepted_drafts)
+        pooled.drafted.extend(record.stats.drafted)
+    speed = _per_item_median(mine)
+    baseline = _per_item_median([r for r in records if r.method == "ar"])
+    ratios = [speed[item] / baseline[item] for item in speed if item in baseline]
+    reference = {
+        (r.task, r.item): r.token_ids for r in records if r.method == "ar" and r.repeat == 0
+    }
+    identical = None
+    if bench.settings.temperature == 0:
+        identical = all(r.token_ids == reference[(r.task, r.item)] for r in mine)
+    count = max(len(mine), 1)
+    tokens = sum(len(r.token_ids) for r in mine)
+    return {
+        "runs": len(mine),
+        "new_tokens": tokens,
+        "mean_accepted_length": _finite(pooled.mean_accepted_length),
+        "acceptance_by_position": [_finite(x) for x in pooled.acceptance_by_position],
+        "tokens_per_s_median": _finite(
+            statistics.median([r.tokens_per_second for r in mine]) if mine else float("nan")
+        ),
+        "speedup_over_ar": _finite(statistics.median(ratios) if ratios else float("nan")),
+        "time_per_run_s": {
+            "draft": sum(r.stats.time_draft for r in mine) / count,
+            "verify": sum(r.stats.time_verify for r in mine) / count,
+            "other": sum(r.stats.time_other + r.stats.time_prefill for r in mine) / count,
+        },
+        "drafter_vocab_size": bench.drafter_vocab.get(label),
+        "identical_to_ar": identical,
+    }
+
+
+def _per_item_median(records: list[RunRecord]) -> dict[tuple[str, str], float]:
+    by_item: dict[tuple[str, str], list[float]] = {}
+    for record in records:
+        by_item.setdefault((record.task, record.item), []).append(record.tokens_per_second)
+    return {item: statistics.median(values) for item, values in by_item.items()}
+
+
+def _finite(value: float) -> float | None:
+    return None if value != value else value  # NaN -> None, for JSON

@@ -1,0 +1,56 @@
+import json
+
+import pytest
+
+from quickdraft.bench.harness import BenchSettings, parse_methods
+from quickdraft.bench.tasks import TASK_KINDS, load_tasks, parse_tasks
+from quickdraft.cli import main
+from quickdraft.config import Method
+
+
+def test_every_task_set_has_twenty_complete_items():
+    tasks = load_tasks()
+    assert set(tasks) == set(TASK_KINDS)
+    for kind, items in tasks.items():
+        assert len(items) >= 20, kind
+        assert len({item.id for item in items}) == len(items)
+        for item in items:
+            assert item.task == kind and item.prompt and item.source and item.license
+            assert item.messages and item.messages[-1]["role"] == "user"
+            assert all(m["role"] in ("user", "assistant") and m["content"]
+                       for m in item.messages)
+    assert len(load_tasks(("code",), per_task=2)["code"]) == 2
+
+
+def test_task_and_method_parsing():
+    assert parse_tasks("all") == TASK_KINDS
+    assert parse_tasks("code, math") == ("code", "math")
+    with pytest.raises(ValueError, match="tasks"):
+        parse_tasks("code,poetry")
+    runs = parse_methods("ngram,draft_model@3,draft_model@5")
+    assert [r.label for r in runs] == ["ar", "ngram k=5", "draft_model k=3", "draft_model k=5"]
+    assert runs[2].spec.method is Method.DRAFT_MODEL and runs[2].spec.k == 3
+    assert parse_methods("ngram", k=2)[1].spec.k == 2
+    with pytest.raises(ValueError, match="methods"):
+        parse_methods("medusa9")
+    with pytest.raises(ValueError, match="methods"):
+        parse_methods("ngram@x")
+    with pytest.raises(ValueError, match="repeats"):
+        BenchSettings(repeats=0)
+
+
+def test_bench_runs_every_task_on_smollm2_and_writes_the_report(smollm2, tmp_path, capsys):
+    code = main(["bench", "--methods", "ar,ngram@3", "--tasks", "all", "--prompts-per-task",
+                 "1", "--max-new-tokens", "6", "--out", str(tmp_path)])
+    assert code == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert set(data["results"]) == {*TASK_KINDS, "all"}
+    row = data["results"]["all"]["ngram k=3"]
+    assert row["identical_to_ar"] is True and row["runs"] == len(TASK_KINDS)
+    assert row["drafter_vocab_size"] == 0 and len(row["acceptance_by_position"]) == 3
+    assert data["results"]["all"]["ar"]["speedup_over_ar"] == pytest.approx(1.0)
+    report = (tmp_path / "report.md").read_text()
+    assert "Speedup over autoregressive" in report and "| code |" in report
+    for name in ("speedup_by_task.png", "acceptance_by_position.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    assert "wrote" in capsys.readouterr().out
