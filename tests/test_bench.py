@@ -17,8 +17,7 @@ def test_every_task_set_has_twenty_complete_items():
         for item in items:
             assert item.task == kind and item.prompt and item.source and item.license
             assert item.messages and item.messages[-1]["role"] == "user"
-            assert all(m["role"] in ("user", "assistant") and m["content"]
-                       for m in item.messages)
+            assert all(m["role"] in ("user", "assistant") and m["content"] for m in item.messages)
     assert len(load_tasks(("code",), per_task=2)["code"]) == 2
 
 
@@ -40,8 +39,21 @@ def test_task_and_method_parsing():
 
 
 def test_bench_runs_every_task_on_smollm2_and_writes_the_report(smollm2, tmp_path, capsys):
-    code = main(["bench", "--methods", "ar,ngram@3", "--tasks", "all", "--prompts-per-task",
-                 "1", "--max-new-tokens", "6", "--out", str(tmp_path)])
+    code = main(
+        [
+            "bench",
+            "--methods",
+            "ar,ngram@3",
+            "--tasks",
+            "all",
+            "--prompts-per-task",
+            "1",
+            "--max-new-tokens",
+            "6",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     data = json.loads((tmp_path / "results.json").read_text())
     assert set(data["results"]) == {*TASK_KINDS, "all"}

@@ -19,8 +19,11 @@ def test_code_with_a_draft_model_speculates_and_gives_both_configs():
     assert 2 <= choice.spec.num_speculative_tokens <= 8 and choice.predicted_speedup > 1.5
     assert choice.quickdraft_json()["num_speculative_tokens"] == choice.spec.k
     vllm = choice.vllm_json("my/draft")
-    assert vllm == {"method": "draft_model", "model": "my/draft",
-                    "num_speculative_tokens": choice.spec.k}
+    assert vllm == {
+        "method": "draft_model",
+        "model": "my/draft",
+        "num_speculative_tokens": choice.spec.k,
+    }
 
 
 def test_no_memory_for_a_drafter_falls_back_to_lookup_or_plain_decoding():
@@ -38,9 +41,17 @@ def test_higher_temperature_and_concurrency_never_raise_k():
     assert pick(Workload(task="code", concurrency=16)).spec.k <= base
 
 
-@pytest.mark.parametrize(("field", "value"), [("task", "poetry"), ("temperature", -1.0),
-                                              ("output_tokens", 0), ("concurrency", 0),
-                                              ("drafters", ("eagle9",)), ("device", "tpu")])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("task", "poetry"),
+        ("temperature", -1.0),
+        ("output_tokens", 0),
+        ("concurrency", 0),
+        ("drafters", ("eagle9",)),
+        ("device", "tpu"),
+    ],
+)
 def test_bad_workloads_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         Workload(**{field: value})
