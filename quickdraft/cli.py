@@ -100,6 +100,24 @@ def _add_pick(commands: argparse._SubParsersAction) -> None:
     )
     pick.add_argument("--draft", default=None, help="draft model name, for the vLLM config")
     pick.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    calibration = pick.add_argument_group(
+        "calibration", "measure acceptance and costs on your prompts instead of using priors"
+    )
+    calibration.add_argument(
+        "--calibrate",
+        type=Path,
+        default=None,
+        metavar="PROMPTS",
+        help="a JSONL file of {prompt} or {messages} items (the bench "
+        "task format), or a text file with one prompt per line",
+    )
+    calibration.add_argument(
+        "--target", default=None, help="model to calibrate (default: the default model)"
+    )
+    calibration.add_argument("--k-max", type=_positive_int, default=8)
+    calibration.add_argument("--max-new-tokens", type=_positive_int, default=48)
+    calibration.add_argument("--threads", type=_positive_int, default=None)
+    calibration.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def _add_bench(commands: argparse._SubParsersAction) -> None:
@@ -489,7 +507,15 @@ def _bench(args: argparse.Namespace) -> int:
     }
     paths = write_report(summary, meta, args.out)
     table = Table(title=f"bench: {args.target}, all tasks")
-    for column in ("method", "tokens/s", "speedup", "accepted length", "identical"):
+    columns = (
+        "method",
+        "decode tok/s",
+        "decode speedup",
+        "end-to-end speedup",
+        "accepted length",
+        "identical",
+    )
+    for column in columns:
         table.add_column(column, justify="right")
     mismatches = 0
     for label, row in summary["all"].items():
@@ -497,7 +523,8 @@ def _bench(args: argparse.Namespace) -> int:
         mismatches += identical is False
         table.add_row(
             label,
-            f"{row['tokens_per_s_median'] or 0:.2f}",
+            f"{row['decode_tokens_per_s_median'] or 0:.2f}",
+            f"{row['decode_speedup_over_ar'] or 0:.2f}x",
             f"{row['speedup_over_ar'] or 0:.2f}x",
             f"{row['mean_accepted_length'] or 0:.2f}",
             {True: "yes", False: "[red]NO[/red]", None: "-"}[identical],
@@ -510,6 +537,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _pick(args: argparse.Namespace) -> int:
     from quickdraft.picker import Workload, pick
+
+    if args.calibrate is not None:
+        return _calibrate(args)
 
     drafters = tuple(d.strip() for d in args.drafters.split(",") if d.strip())
     workload = Workload(
@@ -524,6 +554,77 @@ def _pick(args: argparse.Namespace) -> int:
     )
     print(pick(workload).as_text(args.draft))  # plain: the JSON lines must stay unwrapped
     return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from quickdraft.calibrate import calibrate, describe
+    from quickdraft.config import Method
+    from quickdraft.models.loading import DEFAULT_MODEL, load_model
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    target, tokenizer = load_model(args.target or DEFAULT_MODEL)
+    draft = None
+    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    if "draft_model" in drafters and args.draft:
+        draft, _ = load_model(args.draft, int8=True)
+    prompts = _read_prompts(args.calibrate, tokenizer)
+    with console.status(f"calibrating on {len(prompts)} prompts"):
+        result = calibrate(
+            target,
+            prompts,
+            draft=draft,
+            methods=tuple(Method(d) for d in drafters),
+            k_max=args.k_max,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            stop_token_ids=tokenizer.eos_token_ids,
+        )
+    data = describe(result, args.draft)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    table = Table(title="Predicted speedup over plain decoding, by method and k")
+    table.add_column("method")
+    for k in range(1, args.k_max + 1):
+        table.add_column(f"k={k}", justify="right")
+    for profile in result.profiles:
+        table.add_row(
+            profile.method.value, *(f"{profile.predicted[k]:.2f}" for k in range(1, args.k_max + 1))
+        )
+    console.print(table)
+    print(result.choice.as_text(args.draft))
+    if result.measured_speedup is not None:
+        print(
+            f"predicted {result.choice.predicted_speedup:.2f}x, measured "
+            f"{result.measured_speedup:.2f}x on the same prompts"
+        )
+    return 0
+
+
+def _read_prompts(path: Path, tokenizer: Any) -> list[list[int]]:
+    import json
+
+    if not path.is_file():
+        raise ValueError(f"calibrate: {path} is not a file")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = []
+    for line in lines:
+        if path.suffix == ".jsonl":
+            item = json.loads(line)
+            if "messages" in item and tokenizer.has_chat_template:
+                prompts.append(tokenizer.apply_chat(item["messages"]))
+            else:
+                prompts.append(tokenizer.encode(item["prompt"]))
+        else:
+            prompts.append(tokenizer.encode(line))
+    if not prompts:
+        raise ValueError(f"calibrate: {path} holds no prompts")
+    return prompts
 
 
 class _MarkedPrinter:

@@ -20,8 +20,9 @@ class Stats:
     target_forwards: target decode/verify forward passes (the prompt prefill not counted), so
         that new tokens / target_forwards is the mean accepted length of a single row.
     new_tokens: tokens returned, summed over rows.
-    time_*: seconds. prefill: the target's prompt pass; draft: the drafter (its own prefill
-        included); verify: target forward, probabilities and acceptance; other: the rest.
+    time_*: seconds. prefill: the prompt passes of the target and the drafter; draft: the
+        drafter's proposals; verify: target forward, probabilities and acceptance; other: the
+        rest. Speculation changes decoding, not prefill: see ``decode_tokens_per_second``.
     """
 
     k: int
@@ -84,6 +85,12 @@ class Stats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.time_total if self.time_total > 0 else float("nan")
 
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """New tokens over the time after prefill: the rate speculation changes."""
+        decode = self.time_total - self.time_prefill
+        return self.new_tokens / decode if decode > 0 else float("nan")
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values; NaN (nothing measured) becomes None."""
         return _json_ready(
@@ -98,6 +105,7 @@ class Stats:
                 "acceptance_by_position": self.acceptance_by_position,
                 "accepted_lengths": self.accepted_lengths,
                 "tokens_per_second": self.tokens_per_second,
+                "decode_tokens_per_second": self.decode_tokens_per_second,
                 "time_s": {
                     "prefill": self.time_prefill,
                     "draft": self.time_draft,

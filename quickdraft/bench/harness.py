@@ -78,7 +78,14 @@ class RunRecord:
 
     @property
     def tokens_per_second(self) -> float:
+        """End to end: prefill included."""
         return len(self.token_ids) / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """After prefill, which speculation does not change."""
+        decode = self.seconds - self.stats.time_prefill
+        return len(self.token_ids) / decode if decode > 0 else float("nan")
 
 
 @dataclass(slots=True)
@@ -173,9 +180,11 @@ def _summary(records: list[RunRecord], label: str, bench: BenchRun) -> dict[str,
     for record in mine:
         pooled.accepted_drafts.extend(record.stats.accepted_drafts)
         pooled.drafted.extend(record.stats.drafted)
-    speed = _per_item_median(mine)
-    baseline = _per_item_median([r for r in records if r.method == "ar"])
-    ratios = [speed[item] / baseline[item] for item in speed if item in baseline]
+    ar_records = [r for r in records if r.method == "ar"]
+    ratios = _ratios(_per_item_median(mine), _per_item_median(ar_records))
+    decode_ratios = _ratios(
+        _per_item_median(mine, decode=True), _per_item_median(ar_records, decode=True)
+    )
     reference = {
         (r.task, r.item): r.token_ids for r in records if r.method == "ar" and r.repeat == 0
     }
@@ -193,21 +202,35 @@ def _summary(records: list[RunRecord], label: str, bench: BenchRun) -> dict[str,
             statistics.median([r.tokens_per_second for r in mine]) if mine else float("nan")
         ),
         "speedup_over_ar": _finite(statistics.median(ratios) if ratios else float("nan")),
+        "decode_tokens_per_s_median": _finite(
+            statistics.median([r.decode_tokens_per_second for r in mine]) if mine else float("nan")
+        ),
+        "decode_speedup_over_ar": _finite(
+            statistics.median(decode_ratios) if decode_ratios else float("nan")
+        ),
         "time_per_run_s": {
+            "prefill": sum(r.stats.time_prefill for r in mine) / count,
             "draft": sum(r.stats.time_draft for r in mine) / count,
             "verify": sum(r.stats.time_verify for r in mine) / count,
-            "other": sum(r.stats.time_other + r.stats.time_prefill for r in mine) / count,
+            "other": sum(r.stats.time_other for r in mine) / count,
         },
         "drafter_vocab_size": bench.drafter_vocab.get(label),
         "identical_to_ar": identical,
     }
 
 
-def _per_item_median(records: list[RunRecord]) -> dict[tuple[str, str], float]:
+def _per_item_median(
+    records: list[RunRecord], decode: bool = False
+) -> dict[tuple[str, str], float]:
     by_item: dict[tuple[str, str], list[float]] = {}
     for record in records:
-        by_item.setdefault((record.task, record.item), []).append(record.tokens_per_second)
+        rate = record.decode_tokens_per_second if decode else record.tokens_per_second
+        by_item.setdefault((record.task, record.item), []).append(rate)
     return {item: statistics.median(values) for item, values in by_item.items()}
+
+
+def _ratios(speed: dict, baseline: dict) -> list[float]:
+    return [speed[item] / baseline[item] for item in speed if item in baseline]
 
 
 def _finite(value: float) -> float | None:
