@@ -171,7 +171,8 @@ def measure_speedup(
     sampling: SamplingParams,
     draft: Model | None,
 ) -> float:
-    """Median over prompts of (tokens/s with spec) / (tokens/s plain), run back to back."""
+    """Median over prompts of the decoding-speed ratio (after prefill, as the prediction
+    models it) of spec to plain decoding, run back to back."""
     ratios = []
     for prompt in prompts:
         rates = []
@@ -184,7 +185,7 @@ def measure_speedup(
                 spec=run_spec,
                 draft=draft if uses_draft else None,
             )
-            rates.append(out.stats.tokens_per_second)
+            rates.append(out.stats.decode_tokens_per_second)
         ratios.append(rates[1] / rates[0])
     return statistics.median(ratios)
 
