@@ -1,0 +1,267 @@
+"""`quickdraft bench` and `quickdraft pick`: measuring methods and choosing one."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+from rich.table import Table
+
+from quickdraft.cli.common import _positive_int, console
+
+
+def _add_bench(commands: argparse._SubParsersAction) -> None:
+    from quickdraft.models.loading import DEFAULT_MODEL
+
+    bench = commands.add_parser(
+        "bench",
+        help="acceptance and speedup of several methods over seven task kinds",
+        description="Methods run interleaved prompt by prompt; at temperature 0 every output "
+        "is checked against autoregressive decoding. Writes results.json, report.md and plots.",
+    )
+    bench.add_argument("--target", default=DEFAULT_MODEL)
+    bench.add_argument("--draft", default=None, help="draft model for draft_model")
+    bench.add_argument(
+        "--methods",
+        default="ar,ngram",
+        help="comma-separated; NAME@K sets k per method (e.g. draft_model@3)",
+    )
+    bench.add_argument("-k", "--num-speculative-tokens", type=int, default=None)
+    bench.add_argument("--tasks", default="all", help="all, or a comma-separated list")
+    bench.add_argument("--prompts-per-task", type=_positive_int, default=3)
+    bench.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--repeats", type=_positive_int, default=1)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--threads", type=_positive_int, default=None)
+    bench.add_argument(
+        "--no-chat",
+        dest="chat",
+        action="store_false",
+        help="use the plain prompts instead of the chat template",
+    )
+    bench.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True)
+    bench.add_argument("--out", type=Path, required=True)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import platform
+
+    import torch
+
+    from quickdraft.bench.harness import BenchSettings, parse_methods, run_bench, summarise
+    from quickdraft.bench.report import write_report
+    from quickdraft.bench.tasks import load_tasks, parse_tasks
+    from quickdraft.models.loading import load_model
+
+    methods = parse_methods(args.methods, args.num_speculative_tokens)
+    tasks = load_tasks(parse_tasks(args.tasks), args.prompts_per_task)
+    settings = BenchSettings(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        repeats=args.repeats,
+        seed=args.seed,
+        chat=args.chat,
+    )
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    target, tokenizer = load_model(args.target)
+    draft = draft_tokenizer = None
+    if args.draft:
+        draft, draft_tokenizer = load_model(args.draft, int8=args.draft_int8)
+    total = sum(len(items) for items in tasks.values()) * args.repeats * len(methods)
+    with Progress(console=console, transient=True) as progress:
+        bar = progress.add_task("bench", total=total)
+
+        def advance(record: Any) -> None:
+            progress.update(
+                bar, advance=1, description=f"{record.task} {record.item} {record.method}"
+            )
+
+        bench = run_bench(
+            target,
+            tokenizer,
+            methods,
+            tasks,
+            settings,
+            draft=draft,
+            draft_tokenizer=draft_tokenizer,
+            on_run=advance,
+        )
+    summary = summarise(bench)
+    meta = {
+        "target": args.target,
+        "draft": args.draft,
+        "draft_weights": "int8" if args.draft and args.draft_int8 else "as loaded",
+        "methods": [m.label for m in methods],
+        "tasks": list(tasks),
+        "prompts_per_task": args.prompts_per_task,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
+        f"torch {torch.__version__}",
+    }
+    paths = write_report(summary, meta, args.out)
+    table = Table(title=f"bench: {args.target}, all tasks")
+    columns = (
+        "method",
+        "decode tok/s",
+        "decode speedup",
+        "end-to-end speedup",
+        "accepted length",
+        "identical",
+    )
+    for column in columns:
+        table.add_column(column, justify="right")
+    mismatches = 0
+    for label, row in summary["all"].items():
+        identical = row["identical_to_ar"]
+        mismatches += identical is False
+        table.add_row(
+            label,
+            f"{row['decode_tokens_per_s_median'] or 0:.2f}",
+            f"{row['decode_speedup_over_ar'] or 0:.2f}x",
+            f"{row['speedup_over_ar'] or 0:.2f}x",
+            f"{row['mean_accepted_length'] or 0:.2f}",
+            {True: "yes", False: "[red]NO[/red]", None: "-"}[identical],
+        )
+    console.print(table)
+    for path in paths:
+        console.print(f"wrote {path}")
+    return 1 if mismatches else 0
+
+
+def _add_pick(commands: argparse._SubParsersAction) -> None:
+    from quickdraft.bench.tasks import TASK_KINDS
+    from quickdraft.picker import DRAFTERS
+
+    pick = commands.add_parser(
+        "pick", help="recommend a method, k and draft temperature for a workload"
+    )
+    pick.add_argument("--task", default="other", choices=[*TASK_KINDS, "other"])
+    pick.add_argument("--temperature", type=float, default=0.0)
+    pick.add_argument("--output-tokens", type=int, default=256, help="typical output length")
+    pick.add_argument("--concurrency", type=int, default=1, help="requests decoded together")
+    pick.add_argument(
+        "--memory-gb", type=float, default=None, help="memory free for a drafter (default: plenty)"
+    )
+    pick.add_argument("--draft-gb", type=float, default=1.0, help="the draft model's size")
+    pick.add_argument(
+        "--drafters", default=",".join(DRAFTERS), help="available drafters, comma-separated"
+    )
+    pick.add_argument("--draft", default=None, help="draft model name, for the vLLM config")
+    pick.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    calibration = pick.add_argument_group(
+        "calibration", "measure acceptance and costs on your prompts instead of using priors"
+    )
+    calibration.add_argument(
+        "--calibrate",
+        type=Path,
+        default=None,
+        metavar="PROMPTS",
+        help="a JSONL file of {prompt} or {messages} items (the bench "
+        "task format), or a text file with one prompt per line",
+    )
+    calibration.add_argument(
+        "--target", default=None, help="model to calibrate (default: the default model)"
+    )
+    calibration.add_argument("--k-max", type=_positive_int, default=8)
+    calibration.add_argument("--max-new-tokens", type=_positive_int, default=48)
+    calibration.add_argument("--threads", type=_positive_int, default=None)
+    calibration.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _pick(args: argparse.Namespace) -> int:
+    from quickdraft.picker import Workload, pick
+
+    if args.calibrate is not None:
+        return _calibrate(args)
+
+    drafters = tuple(d.strip() for d in args.drafters.split(",") if d.strip())
+    workload = Workload(
+        task=args.task,
+        temperature=args.temperature,
+        output_tokens=args.output_tokens,
+        concurrency=args.concurrency,
+        memory_gb=args.memory_gb,
+        draft_gb=args.draft_gb,
+        drafters=drafters,
+        device=args.device,
+    )
+    print(pick(workload).as_text(args.draft))  # plain: the JSON lines must stay unwrapped
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from quickdraft.calibrate import calibrate, describe
+    from quickdraft.config import Method
+    from quickdraft.models.loading import DEFAULT_MODEL, load_model
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    target, tokenizer = load_model(args.target or DEFAULT_MODEL)
+    draft = None
+    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    if "draft_model" in drafters and args.draft:
+        draft, _ = load_model(args.draft, int8=True)
+    prompts = _read_prompts(args.calibrate, tokenizer)
+    with console.status(f"calibrating on {len(prompts)} prompts"):
+        result = calibrate(
+            target,
+            prompts,
+            draft=draft,
+            methods=tuple(Method(d) for d in drafters),
+            k_max=args.k_max,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            stop_token_ids=tokenizer.eos_token_ids,
+        )
+    data = describe(result, args.draft)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    table = Table(title="Predicted speedup over plain decoding, by method and k")
+    table.add_column("method")
+    for k in range(1, args.k_max + 1):
+        table.add_column(f"k={k}", justify="right")
+    for profile in result.profiles:
+        table.add_row(
+            profile.method.value, *(f"{profile.predicted[k]:.2f}" for k in range(1, args.k_max + 1))
+        )
+    console.print(table)
+    print(result.choice.as_text(args.draft))
+    if result.measured_speedup is not None:
+        print(
+            f"predicted {result.choice.predicted_speedup:.2f}x, measured "
+            f"{result.measured_speedup:.2f}x on the same prompts"
+        )
+    return 0
+
+
+def _read_prompts(path: Path, tokenizer: Any) -> list[list[int]]:
+    import json
+
+    if not path.is_file():
+        raise ValueError(f"calibrate: {path} is not a file")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = []
+    for line in lines:
+        if path.suffix == ".jsonl":
+            item = json.loads(line)
+            if "messages" in item and tokenizer.has_chat_template:
+                prompts.append(tokenizer.apply_chat(item["messages"]))
+            else:
+                prompts.append(tokenizer.encode(item["prompt"]))
+        else:
+            prompts.append(tokenizer.encode(line))
+    if not prompts:
+        raise ValueError(f"calibrate: {path} holds no prompts")
+    return prompts

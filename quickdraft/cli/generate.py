@@ -1,0 +1,181 @@
+"""`quickdraft generate`: one prompt, text with accepted drafts marked, statistics."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.text import Text
+
+from quickdraft.cli.common import console
+
+DEFAULT_PROMPT = (
+    "Write a Python function is_palindrome(text) that ignores case and "
+    "punctuation, then show three example calls and their results."
+)
+
+
+def _add_generate(commands: argparse._SubParsersAction) -> None:
+    from quickdraft.config import AcceptRule
+    from quickdraft.models.loading import ALIASES, DEFAULT_MODEL
+
+    generate = commands.add_parser(
+        "generate",
+        help="generate text with speculative decoding; with no arguments, the "
+        "default model on a built-in prompt",
+        description="Accepted draft tokens are shown in cyan. Acceptance rules: "
+        "rejection_sampling (lossless, default) and greedy (lossless).",
+    )
+    generate.add_argument(
+        "prompt", nargs="?", default=None, help="the prompt (default: a built-in chat prompt)"
+    )
+    generate.add_argument(
+        "--target",
+        default=DEFAULT_MODEL,
+        help=f"alias ({', '.join(ALIASES)}), GGUF file, folder or hub id",
+    )
+    generate.add_argument(
+        "--method",
+        default="auto",
+        choices=["auto", "ar", "draft_model", "ngram"],
+        help="auto: draft_model with --draft, else ngram",
+    )
+    generate.add_argument("--draft", default=None, help="draft model for --method draft_model")
+    generate.add_argument(
+        "-k",
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="draft tokens per step (default 4 for draft_model, 5 for ngram)",
+    )
+    generate.add_argument(
+        "--acceptance", default="rejection_sampling", choices=[rule.value for rule in AcceptRule]
+    )
+    generate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    generate.add_argument("--top-k", type=int, default=0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--max-new-tokens", type=int, default=128)
+    generate.add_argument("--seed", type=int, default=None)
+    generate.add_argument("--draft-temperature", type=float, default=None)
+    generate.add_argument(
+        "--draft-int8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="int8 weights for the draft model on CPU (default on; the output stays exact, "
+        "only acceptance can change)",
+    )
+    generate.add_argument("--prompt-lookup-min", type=int, default=1)
+    generate.add_argument("--prompt-lookup-max", type=int, default=3)
+    generate.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    generate.add_argument("--device", default="cpu")
+    generate.add_argument("--backend", default="auto", choices=["auto", "native", "hf"])
+    generate.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap the prompt in the chat template (default: on for the built-in prompt)",
+    )
+    generate.add_argument("--stream", action="store_true", help="print tokens as they come")
+    generate.add_argument(
+        "--json", action="store_true", help='print {"token_ids", "text", "stats"} as JSON'
+    )
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    import torch
+
+    from quickdraft.config import Method, SamplingParams, SpecConfig
+    from quickdraft.engine import generate
+    from quickdraft.models.loading import load_model
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    method = args.method
+    if method == "auto":
+        method = "draft_model" if args.draft else "ngram"
+    if args.draft and method != "draft_model":
+        raise ValueError(f"draft: --draft is used by --method draft_model, not {method}")
+    k = args.num_speculative_tokens or (5 if method == "ngram" else 4)
+    spec = SpecConfig(
+        method=Method(method),
+        num_speculative_tokens=k,
+        acceptance=args.acceptance,
+        draft_temperature=args.draft_temperature,
+        prompt_lookup_min=args.prompt_lookup_min,
+        prompt_lookup_max=args.prompt_lookup_max,
+    )
+    sampling = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+    )
+    if method == "draft_model" and not args.draft:
+        raise ValueError("draft: --method draft_model needs --draft MODEL")
+    target, tokenizer = load_model(args.target, device=args.device, backend=args.backend)
+    draft = draft_tokenizer = None
+    if method == "draft_model":
+        int8 = args.draft_int8 and args.device == "cpu" and args.backend != "hf"
+        draft, draft_tokenizer = load_model(
+            args.draft, device=args.device, backend=args.backend, int8=int8
+        )
+    sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.eos_token_ids)
+    chat = args.chat if args.chat is not None else args.prompt is None
+    text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
+    prompt = tokenizer.apply_chat(text) if chat else tokenizer.encode(text)
+
+    printer = _MarkedPrinter(tokenizer)
+    on_step = None
+    if args.stream and not args.json:
+
+        def on_step(output: Any) -> None:
+            printer.show(output.row_ids(0), output.row_from_draft(0))
+
+    out = generate(
+        target,
+        prompt,
+        sampling=sampling,
+        spec=spec,
+        draft=draft,
+        tokenizer=tokenizer,
+        draft_tokenizer=draft_tokenizer,
+        on_step=on_step,
+    )
+    if args.json:
+        print(
+            json.dumps({"token_ids": out.token_ids, "text": out.text, "stats": out.stats.to_dict()})
+        )
+        return 0
+    printer.show(out.token_ids, out.from_draft)
+    console.print()
+    console.print(
+        f"[dim]{spec.method.value}, k={spec.k}: {out.stats.summary()}; "
+        f"finish: {out.finish_reason}[/dim]"
+    )
+    return 0
+
+
+class _MarkedPrinter:
+    """Prints new text as it arrives; accepted draft tokens in cyan."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.shown_tokens = 0
+        self.shown_text = ""
+
+    def show(self, ids: list[int], from_draft: list[bool]) -> None:
+        piece = Text()
+        for index in range(self.shown_tokens, len(ids)):
+            text = self.tokenizer.decode(ids[: index + 1])
+            if text.endswith("\ufffd") and index + 1 < len(ids):
+                continue  # an incomplete multi-byte character: wait for the next token
+            piece.append(text[len(self.shown_text) :], style="cyan" if from_draft[index] else None)
+            self.shown_text = text
+        self.shown_tokens = len(ids)
+        console.print(piece, end="", soft_wrap=True)
