@@ -2,8 +2,8 @@
 
 Speculation on a CPU pays only if a (k+1)-token verify costs little more than a 1-token decode
 step. For each thread count, after a fixed-length context, this times forwards of T new tokens
-(the cache is cropped back after each, so every call sees the same context), interleaving the
-native runner and transformers call by call; it reports medians and the T-token / 1-token ratio.
+(the cache is cropped back after each, so every call sees the same context), sizes interleaved
+call by call after a warm-up round; it reports medians and the T-token / 1-token ratio.
 
     python benchmarks/native_runner.py --model smollm2-135m --threads 1 2
 """
@@ -13,37 +13,21 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from quickdraft.calibrate import forward_costs
 from quickdraft.models.hf import HFModel
 from quickdraft.models.loading import load_model, resolve
 
 RESULTS = Path(__file__).parent / "results"
 
 
-def _timed(call) -> float:
-    start = time.perf_counter()
-    call()
-    return (time.perf_counter() - start) * 1000.0
-
-
-def measure(model, context: torch.Tensor, sizes: list[int], repeats: int) -> dict[int, list[float]]:
-    """Milliseconds of a T-token forward after ``context``, for each T, interleaved."""
-    cache = model.new_cache(1, context.shape[1] + max(sizes) + 1)
-    model.forward(context, torch.arange(context.shape[1]).unsqueeze(0), cache)
-    cache.commit(context.shape[1])
-    length = context.shape[1]
-    times: dict[int, list[float]] = {size: [] for size in sizes}
-    for _ in range(repeats):
-        for size in sizes:
-            tokens = torch.randint(0, 1000, (1, size))
-            positions = torch.arange(length, length + size).unsqueeze(0)
-            times[size].append(_timed(lambda t=tokens, p=positions: model.forward(t, p, cache)))
-    return times
+def medians_ms(model, context: int, sizes: list[int], repeats: int) -> dict[int, float]:
+    """Median milliseconds of a T-token forward after ``context`` tokens, for each T."""
+    seconds = forward_costs(model, context, sizes, repeats=repeats)
+    return {size: 1000.0 * value for size, value in seconds.items()}
 
 
 def main() -> None:
@@ -62,18 +46,11 @@ def main() -> None:
     hf = HFModel(
         AutoModelForCausalLM.from_pretrained(str(resolve(args.model)), dtype=torch.float32)
     )
-    context = torch.randint(0, 1000, (1, args.context), generator=torch.Generator().manual_seed(0))
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        for model in (native, hf):
-            measure(model, context, args.sizes, 2)  # warm-up
-        results = {
-            name: measure(model, context, args.sizes, args.repeats)
-            for name, model in (("quickdraft native", native), ("transformers", hf))
-        }
-        for name, times in results.items():
-            medians = {size: statistics.median(values) for size, values in times.items()}
+        for name, model in (("quickdraft native", native), ("transformers", hf)):
+            medians = medians_ms(model, args.context, args.sizes, args.repeats)
             rows.append(
                 {
                     "backend": name,

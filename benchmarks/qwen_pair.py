@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from quickdraft import Method, SamplingParams, SpecConfig, generate
+from quickdraft.calibrate import forward_costs
 from quickdraft.models.loading import load_model, resolve
 
 RESULTS = Path(__file__).parent / "results"
@@ -87,21 +88,6 @@ def _hf(model, prompt, tokens, **kwargs):
             **kwargs,
         )
     return out[0, len(prompt) :].tolist(), float("nan")
-
-
-def step_cost_ratio(model, context: int = 200, repeats: int = 10) -> dict[int, float]:
-    """Median forward ms for T = 1, 2, 5, 9 new tokens after ``context`` tokens."""
-    cache = model.new_cache(1, context + 16)
-    model.forward(torch.randint(0, 1000, (1, context)), torch.arange(context)[None], cache)
-    cache.commit(context)
-    times: dict[int, list[float]] = {1: [], 2: [], 5: [], 9: []}
-    for _ in range(repeats):
-        for size in times:
-            tokens = torch.randint(0, 1000, (1, size))
-            start = time.perf_counter()
-            model.forward(tokens, torch.arange(context, context + size)[None], cache)
-            times[size].append((time.perf_counter() - start) * 1000)
-    return {size: statistics.median(values) for size, values in times.items()}
 
 
 def main() -> None:
@@ -181,7 +167,7 @@ def main() -> None:
             )
             print(f"prompt {index} ({kind}) {name}: {len(ids) / seconds:.2f} tok/s", flush=True)
 
-    costs = step_cost_ratio(target)
+    costs = {t: 1000.0 * sec for t, sec in forward_costs(target, 200, [1, 2, 5, 9], 10).items()}
     summary = summarise(records, names)
     report = {
         "target": "qwen2.5-coder-1.5b",
