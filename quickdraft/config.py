@@ -117,6 +117,11 @@ class SpecConfig:
     draft_temperature: draft_model only: the draft model's own sampling temperature; None means
         the target's. Any value keeps the output exact (the draft's probabilities are what the
         rule divides by); a cooler draft is often accepted more often.
+    draft_shortlist: draft_model only: the draft head's vocabulary shortlist, ``full`` or
+        ``fr:K``, ``fr-pa:K``, ``dyna:K``, ``dyna-pa:K`` (``quickdraft.vocab``). Exact: the
+        target always verifies over the full vocabulary.
+    shortlist_dir: the folder of the shortlist's artifacts; None uses those shipped for the
+        draft model.
     """
 
     method: Method = Method.DRAFT_MODEL
@@ -125,6 +130,8 @@ class SpecConfig:
     draft_temperature: float | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
+    draft_shortlist: str = "full"
+    shortlist_dir: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", _enum_value("method", Method, self.method))
@@ -142,6 +149,17 @@ class SpecConfig:
             _check_number("draft_temperature", self.draft_temperature)
             if self.draft_temperature < 0:
                 raise ValueError(f"draft_temperature must be >= 0, got {self.draft_temperature}")
+
+        from quickdraft.vocab import parse_shortlist
+
+        if not isinstance(self.draft_shortlist, str):
+            raise ValueError(f"draft_shortlist must be a string, got {self.draft_shortlist!r}")
+        try:
+            parse_shortlist(self.draft_shortlist)
+        except ValueError as error:
+            raise ValueError(f"draft_{error}") from None
+        if self.draft_shortlist != "full" and self.method is not Method.DRAFT_MODEL:
+            raise ValueError("draft_shortlist applies to method draft_model only")
 
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
             _check_number(name, getattr(self, name), integer=True)

@@ -22,8 +22,16 @@ from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.engine import SpeculativeDecoder
 from quickdraft.models.base import Model
-from quickdraft.models.toy import NGramLM
+from quickdraft.models.toy import HeadedNGramLM, NGramLM
 from quickdraft.sampling import probs_from_logits
+from quickdraft.vocab import (
+    ClusterShortlist,
+    FrequencyShortlist,
+    Router,
+    RouterConfig,
+    Shortlist,
+    parse_shortlist,
+)
 
 # The toy pair every case runs on: small enough to enumerate V^(k+1) sequences, peaked enough
 # that top-k and top-p change the distribution, and a draft far enough from the target that a
@@ -34,6 +42,11 @@ TOY_SHARPNESS = 1.5
 TOY_DRAFT_DISTANCE = 0.6
 PROMPT = (3, 1)
 MIN_EXPECTED = 5.0
+# Shortlist rows: 4 clusters of the 8 tokens, a random (untrained) router, so the shortlist
+# changes with the context in ways no test anticipates; sizes leave the target's likely tokens
+# out of the draft's support often.
+TOY_CLUSTERS = 4
+SHORTLIST_ROWS = ("fr:3", "fr-pa:6", "dyna:2", "dyna-pa:3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +56,7 @@ class Case:
     top_k: int
     top_p: float
     k: int
+    shortlist: str = "full"
 
     @property
     def sampling(self) -> SamplingParams:
@@ -66,9 +80,32 @@ class CaseResult:
 
 
 def default_cases() -> list[Case]:
-    """Every lossless rule over temperature x top-k x top-p x k."""
+    """Every lossless rule over temperature x top-k x top-p x k, then every rule with each
+    kind of drafter vocabulary shortlist."""
     grid = itertools.product(AcceptRule, (0.6, 1.0), (0, 5), (1.0, 0.9), (1, 4))
-    return [Case(rule, t, top_k, top_p, k) for rule, t, top_k, top_p, k in grid]
+    cases = [Case(rule, t, top_k, top_p, k) for rule, t, top_k, top_p, k in grid]
+    shortlisted = itertools.product(AcceptRule, SHORTLIST_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
+    cases += [Case(r, t, top_k, top_p, 4, s) for r, s, (t, top_k, top_p) in shortlisted]
+    return cases
+
+
+def toy_shortlist(text: str, num_positions: int, seed: int = 0) -> Shortlist | None:
+    """A shortlist for the toy draft: a random frequency ranking, or round-robin clusters with
+    a randomly initialised router over the toy's one-hot context states."""
+    kind, size = parse_shortlist(text)
+    generator = torch.Generator().manual_seed(seed + 7)
+    if kind == "full":
+        return None
+    if kind in ("fr", "fr-pa"):
+        ranked = torch.randperm(TOY_VOCAB, generator=generator)
+        if kind == "fr":
+            return FrequencyShortlist(ranked, [size])
+        return FrequencyShortlist.position_aware(ranked, size, num_positions)
+    contexts = (TOY_VOCAB + 1) ** (TOY_ORDER - 1)
+    torch.manual_seed(seed + 7)  # the router's initialisation
+    router = Router(RouterConfig(contexts, TOY_CLUSTERS, width=16)).eval()
+    assignment = torch.arange(TOY_VOCAB) % TOY_CLUSTERS
+    return ClusterShortlist(assignment, router, size, position_aware=kind == "dyna-pa")
 
 
 def toy_pair(seed: int = 0) -> tuple[NGramLM, NGramLM]:
@@ -139,7 +176,11 @@ def run_case(
     """
     start = time.perf_counter()
     target, draft = toy_pair(seed)
-    drafter = drafter or DraftModelDrafter(draft, case.k)
+    if drafter is None:
+        shortlist = toy_shortlist(case.shortlist, case.k, seed)
+        if shortlist is not None:
+            draft = HeadedNGramLM.from_ngram(draft)
+        drafter = DraftModelDrafter(draft, case.k, shortlist=shortlist)
     if drafter.num_tokens != case.k:
         raise ValueError(f"drafter: drafts {drafter.num_tokens} tokens, the case needs {case.k}")
     decoder = SpeculativeDecoder(target, drafter, accept_fn or ACCEPT_RULES[case.rule])

@@ -16,7 +16,8 @@ from typing import Any
 
 from quickdraft.bench.tasks import TaskItem
 from quickdraft.config import Method, SamplingParams, SpecConfig
-from quickdraft.engine import generate
+from quickdraft.drafters import build_drafter
+from quickdraft.engine import _same_vocabulary, generate
 from quickdraft.models.base import Model
 from quickdraft.stats import Stats
 
@@ -30,9 +31,12 @@ class MethodRun:
 
 
 def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
-    """'ar,draft_model,ngram', each optionally with '@K' ('draft_model@3'); ar always first."""
+    """'ar,draft_model,ngram', each optionally with '@K' ('draft_model@3') and, for
+    draft_model, '+SHORTLIST' ('draft_model@5+dyna-pa:32', see ``quickdraft.vocab``); ar
+    always first."""
     runs: dict[str, MethodRun] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
+        part, _, shortlist = part.partition("+")
         name, _, k_text = part.partition("@")
         try:
             method = Method(name)
@@ -46,8 +50,14 @@ def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
             chosen = int(k_text) if k_text else (k or DEFAULT_K[method])
         except ValueError:
             raise ValueError(f"methods: {part!r}: the number after @ must be an integer") from None
-        spec = SpecConfig(method=method, num_speculative_tokens=chosen)
-        runs[f"{name} k={chosen}"] = MethodRun(f"{name} k={chosen}", spec)
+        label = f"{name} k={chosen}" + (f" {shortlist}" if shortlist else "")
+        try:
+            spec = SpecConfig(
+                method=method, num_speculative_tokens=chosen, draft_shortlist=shortlist or "full"
+            )
+        except ValueError as error:
+            raise ValueError(f"methods: {part!r}: {error}") from None
+        runs[label] = MethodRun(label, spec)
     runs.setdefault("ar", MethodRun("ar", SpecConfig(method=Method.AR)))
     return [runs["ar"]] + [run for label, run in runs.items() if label != "ar"]
 
@@ -75,6 +85,10 @@ class RunRecord:
     token_ids: list[int]
     seconds: float
     stats: Stats
+    # Mean drafter shortlist size over the run's draft positions, and per position (None
+    # without a shortlist).
+    shortlist_size: float | None = None
+    shortlist_by_position: list[float] | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -107,12 +121,29 @@ def run_bench(
     *,
     draft: Model | None = None,
     draft_tokenizer: Any = None,
+    draft_name: str | None = None,
     on_run: Callable[[RunRecord], None] | None = None,
 ) -> BenchRun:
-    """Every method on every item, ``settings.repeats`` times, interleaved item by item."""
+    """Every method on every item, ``settings.repeats`` times, interleaved item by item.
+
+    Drafters are built once per method (packing a shortlisted head is not per-request work);
+    ``draft_name`` finds the shortlist artifacts shipped for the draft."""
     if any(m.spec.method is Method.DRAFT_MODEL for m in methods) and draft is None:
         raise ValueError("draft: method draft_model needs --draft")
     bench = BenchRun(methods, settings)
+    same = None
+    if draft is not None and draft_tokenizer is not None:
+        same = _same_vocabulary(tokenizer, draft_tokenizer)
+    drafters = {
+        run.label: build_drafter(
+            run.spec,
+            target,
+            draft if run.spec.method is Method.DRAFT_MODEL else None,
+            same_tokenizer=same,
+            draft_name=draft_name,
+        )
+        for run in methods
+    }
     for run in methods:
         bench.drafter_vocab[run.label] = {Method.AR: None, Method.NGRAM: 0}.get(
             run.spec.method, draft.vocab_size if draft is not None else None
@@ -132,16 +163,18 @@ def run_bench(
                 order = methods[index % len(methods) :] + methods[: index % len(methods)]
                 index += 1
                 for run in order:
-                    uses_draft = run.spec.method is Method.DRAFT_MODEL
+                    drafter = drafters[run.label]
+                    shortlist = getattr(drafter, "shortlist", None)
+                    if shortlist is not None:
+                        shortlist.reset_stats()
                     start = time.perf_counter()
                     out = generate(
                         target,
                         prompt,
                         sampling=sampling,
                         spec=run.spec,
-                        draft=draft if uses_draft else None,
+                        draft=drafter,
                         tokenizer=tokenizer,
-                        draft_tokenizer=draft_tokenizer if uses_draft else None,
                     )
                     record = RunRecord(
                         kind,
@@ -152,6 +185,9 @@ def run_bench(
                         time.perf_counter() - start,
                         out.stats,
                     )
+                    if shortlist is not None:
+                        record.shortlist_size = shortlist.mean_size()
+                        record.shortlist_by_position = shortlist.mean_size_by_position()
                     bench.records.append(record)
                     if on_run is not None:
                         on_run(record)
@@ -215,8 +251,35 @@ def _summary(records: list[RunRecord], label: str, bench: BenchRun) -> dict[str,
             "other": sum(r.stats.time_other for r in mine) / count,
         },
         "drafter_vocab_size": bench.drafter_vocab.get(label),
+        "draft_step_ms": _finite(_draft_step_ms(mine)),
+        "shortlist_size_mean": _finite(_mean_shortlist(mine)),
+        "shortlist_size_by_position": _shortlist_by_position(mine),
         "identical_to_ar": identical,
     }
+
+
+def _draft_step_ms(records: list[RunRecord]) -> float:
+    """Drafting time per drafted token, pooled over the runs."""
+    drafted = sum(sum(r.stats.drafted) for r in records)
+    seconds = sum(r.stats.time_draft for r in records)
+    return 1000 * seconds / drafted if drafted else float("nan")
+
+
+def _mean_shortlist(records: list[RunRecord]) -> float:
+    """Mean shortlist size per draft position, pooled over runs by their drafted tokens."""
+    pairs = [
+        (r.shortlist_size, sum(r.stats.drafted)) for r in records if r.shortlist_size is not None
+    ]
+    weight = sum(n for _, n in pairs)
+    return sum(size * n for size, n in pairs) / weight if weight else float("nan")
+
+
+def _shortlist_by_position(records: list[RunRecord]) -> list[float] | None:
+    rows = [r.shortlist_by_position for r in records if r.shortlist_by_position]
+    if not rows:
+        return None
+    width = max(len(row) for row in rows)
+    return [statistics.fmean(row[t] for row in rows if t < len(row)) for t in range(width)]
 
 
 def _per_item_median(

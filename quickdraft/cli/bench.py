@@ -88,6 +88,7 @@ def _bench(args: argparse.Namespace) -> int:
             settings,
             draft=draft,
             draft_tokenizer=draft_tokenizer,
+            draft_name=args.draft,
             on_run=advance,
         )
     summary = summarise(bench)

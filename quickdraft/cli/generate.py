@@ -64,6 +64,17 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         help="int8 weights for the draft model on CPU (default on; the output stays exact, "
         "only acceptance can change)",
     )
+    generate.add_argument(
+        "--shortlist",
+        default="full",
+        help="draft head vocabulary: full (default), fr:K, fr-pa:K, dyna:K or dyna-pa:K "
+        "(FR-Spec / DynaSpec; exact, the target verifies over the full vocabulary)",
+    )
+    generate.add_argument(
+        "--shortlist-dir",
+        default=None,
+        help="folder of shortlist artifacts (default: those shipped for --draft)",
+    )
     generate.add_argument("--prompt-lookup-min", type=int, default=1)
     generate.add_argument("--prompt-lookup-max", type=int, default=3)
     generate.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -88,7 +99,8 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from quickdraft.config import Method, SamplingParams, SpecConfig
-    from quickdraft.engine import generate
+    from quickdraft.drafters import build_drafter
+    from quickdraft.engine import _same_vocabulary, generate
     from quickdraft.models.loading import load_model
 
     if args.threads is not None:
@@ -108,6 +120,8 @@ def _generate(args: argparse.Namespace) -> int:
         draft_temperature=args.draft_temperature,
         prompt_lookup_min=args.prompt_lookup_min,
         prompt_lookup_max=args.prompt_lookup_max,
+        draft_shortlist=args.shortlist,
+        shortlist_dir=args.shortlist_dir,
     )
     sampling = SamplingParams(
         temperature=args.temperature,
@@ -122,8 +136,15 @@ def _generate(args: argparse.Namespace) -> int:
     draft = draft_tokenizer = None
     if method == "draft_model":
         int8 = args.draft_int8 and args.device == "cpu" and args.backend != "hf"
-        draft, draft_tokenizer = load_model(
+        draft_model, draft_tokenizer = load_model(
             args.draft, device=args.device, backend=args.backend, int8=int8
+        )
+        draft = build_drafter(
+            spec,
+            target,
+            draft_model,
+            same_tokenizer=_same_vocabulary(tokenizer, draft_tokenizer),
+            draft_name=args.draft,
         )
     sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.eos_token_ids)
     chat = args.chat if args.chat is not None else args.prompt is None
@@ -154,8 +175,12 @@ def _generate(args: argparse.Namespace) -> int:
         return 0
     printer.show(out.token_ids, out.from_draft)
     console.print()
+    shortlist = getattr(draft, "shortlist", None)
+    vocab = (
+        "" if shortlist is None else f", {shortlist.name} mean {shortlist.mean_size():.0f} tokens"
+    )
     console.print(
-        f"[dim]{spec.method.value}, k={spec.k}: {out.stats.summary()}; "
+        f"[dim]{spec.method.value}, k={spec.k}{vocab}: {out.stats.summary()}; "
         f"finish: {out.finish_reason}[/dim]"
     )
     return 0

@@ -7,10 +7,15 @@ from quickdraft.drafters.base import DecodeState, Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import Model
+from quickdraft.vocab import artifact_folder, build_shortlist
 
 
 def _draft_model(
-    spec: SpecConfig, target: Model, draft: Model | None, same_tokenizer: bool | None
+    spec: SpecConfig,
+    target: Model,
+    draft: Model | None,
+    same_tokenizer: bool | None,
+    draft_name: str | None,
 ) -> Drafter:
     if draft is None:
         raise ValueError("draft: method draft_model needs a draft model")
@@ -24,13 +29,25 @@ def _draft_model(
             f"draft: its vocabulary ({draft.vocab_size}) differs from the target's "
             f"({target.vocab_size}); pass both tokenizers to check they agree"
         )
+    shortlist = None
+    if spec.draft_shortlist != "full":
+        folder = artifact_folder(draft_name, spec.shortlist_dir)
+        shortlist = build_shortlist(spec.draft_shortlist, folder, spec.num_speculative_tokens)
     return DraftModelDrafter(
-        draft, spec.num_speculative_tokens, spec.draft_temperature, vocab_size=target.vocab_size
+        draft,
+        spec.num_speculative_tokens,
+        spec.draft_temperature,
+        vocab_size=target.vocab_size,
+        shortlist=shortlist,
     )
 
 
 def _ngram(
-    spec: SpecConfig, target: Model, draft: Model | None, same_tokenizer: bool | None
+    spec: SpecConfig,
+    target: Model,
+    draft: Model | None,
+    same_tokenizer: bool | None,
+    draft_name: str | None,
 ) -> Drafter:
     if draft is not None:
         raise ValueError("draft: method ngram uses no draft model")
@@ -54,15 +71,17 @@ def build_drafter(
     draft: Model | None = None,
     *,
     same_tokenizer: bool | None = None,
+    draft_name: str | None = None,
 ) -> Drafter | None:
     """The drafter for ``spec.method``, or None for plain autoregressive decoding.
 
     same_tokenizer: whether the draft's tokenizer equals the target's, when the caller knows
     (``HFTokenizer.same_vocabulary``); it lets padded vocabulary sizes differ.
+    draft_name: the draft model's alias, which finds the shortlist artifacts shipped for it.
     """
     if spec.method is Method.AR:
         return None
-    return _BUILDERS[spec.method](spec, target, draft, same_tokenizer)
+    return _BUILDERS[spec.method](spec, target, draft, same_tokenizer, draft_name)
 
 
 __all__ = [

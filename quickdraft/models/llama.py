@@ -214,8 +214,10 @@ class LlamaRunner:
             for i in range(config.num_layers)
         ]
         self.norm = weights["model.norm.weight"]
-        head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
-        self.head = Linear(head, int8=int8)
+        # The dense head stays referenced (it is the embedding when tied): vocabulary
+        # shortlists pack their own row subsets of it.
+        self.head_weight = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
+        self.head = Linear(self.head_weight, int8=int8)
         self.int8 = int8
         self.inv_freq = _rope_inv_freq(config).to(self.device)
 
@@ -261,7 +263,6 @@ class LlamaRunner:
             device=self.device,
         )
 
-    @torch.inference_mode()
     def forward(
         self,
         tokens: torch.Tensor,
@@ -272,6 +273,21 @@ class LlamaRunner:
         """tokens, positions: [B, T]; tree_mask: [T, T] bool, True where new token t may attend
         to new token s (itself and its ancestors); None is causal. The committed prefix of each
         row is always visible. Writes the new keys and values at each row's length."""
+        hidden, taps = self.body(tokens, positions, cache, tree_mask)
+        with torch.inference_mode():
+            logits = self.head(hidden).float()
+        return ModelOutput(logits=logits, hidden=hidden, taps=taps)
+
+    @torch.inference_mode()
+    def body(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        tree_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """``forward`` without the output head: (final normed hidden [B, T, d], taps). For
+        callers that apply their own head, such as a vocabulary shortlist."""
         config = self.config
         batch, num_new = tokens.shape
         slots = cache.slots_for(num_new)
@@ -305,8 +321,7 @@ class LlamaRunner:
             x = x + layer.down(F.silu(gate) * up)
             if index in self.tap_layers:
                 taps[index] = x
-        hidden = _rms_norm(x, self.norm, config.rms_norm_eps)
-        return ModelOutput(logits=self.head(hidden).float(), hidden=hidden, taps=taps)
+        return _rms_norm(x, self.norm, config.rms_norm_eps), taps
 
     def _mask(
         self, lengths: torch.Tensor, num_new: int, used: int, tree_mask: torch.Tensor | None

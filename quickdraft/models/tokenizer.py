@@ -28,14 +28,18 @@ class HFTokenizer:
     def has_chat_template(self) -> bool:
         return getattr(self.hf, "chat_template", None) is not None
 
-    def apply_chat(self, messages: str | list[dict[str, str]]) -> list[int]:
+    def apply_chat(
+        self, messages: str | list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
         """Token ids of a chat (one user message, or role/content dicts), ready for the
-        assistant's reply."""
+        assistant's reply unless ``add_generation_prompt`` is False (a finished chat)."""
         if not self.has_chat_template:
             raise ValueError("chat: this tokenizer has no chat template")
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        ids = self.hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        ids = self.hf.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=add_generation_prompt
+        )
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def same_vocabulary(self, other: HFTokenizer) -> bool:

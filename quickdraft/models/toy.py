@@ -95,6 +95,13 @@ class NGramLM:
         tree_mask: torch.Tensor | None = None,
     ) -> ModelOutput:
         """tokens, positions: [B, T]. Writes tokens at the slots after each row's length."""
+        index = self._context_index(tokens, cache, tree_mask)
+        return ModelOutput(logits=self.table[index], hidden=self.features[index])
+
+    def _context_index(
+        self, tokens: torch.Tensor, cache: Cache, tree_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Writes ``tokens`` into the cache; the table row [B, T] of each new position."""
         if tree_mask is not None:
             raise ValueError("tree_mask: toy n-gram models verify chains only")
         if not isinstance(cache, TokenCache):
@@ -106,8 +113,7 @@ class NGramLM:
         context = cache.tokens.gather(1, context_slots.clamp_min(0).view(batch, -1))
         context = context.view(context_slots.shape)
         context = torch.where(context_slots < 0, self.vocab_size, context)
-        index = (context * self._powers).sum(-1)  # [B, T]
-        return ModelOutput(logits=self.table[index], hidden=self.features[index])
+        return (context * self._powers).sum(-1)  # [B, T]
 
 
 class ToyTokenizer:
@@ -131,3 +137,46 @@ class ToyTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.alphabet[i] for i in ids)
+
+
+class HeadedNGramLM(NGramLM):
+    """An n-gram LM written as a body and a linear head: the body's hidden state is the one-hot
+    code of the context, the head's weight [V, contexts] is the transposed logit table, so
+    hidden @ weight.T gives exactly the table's logits. Head-level mechanisms (vocabulary
+    shortlists) thus run on a toy whose distribution stays exactly computable."""
+
+    int8 = False
+
+    def __init__(self, table: torch.Tensor, order: int, **kwargs):
+        super().__init__(table, order, **kwargs)
+        self.head_weight = self.table.T.contiguous()  # [V, contexts]
+        generator = torch.Generator().manual_seed(self.seed + 2)
+        self.embed = torch.randn(self.vocab_size, self.table.shape[0], generator=generator)
+
+    @classmethod
+    def from_ngram(cls, model: NGramLM) -> HeadedNGramLM:
+        return cls(model.table, model.order, max_positions=model.max_positions, seed=model.seed)
+
+    def body(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Cache,
+        tree_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        index = self._context_index(tokens, cache, tree_mask)
+        hidden = torch.nn.functional.one_hot(index, self.table.shape[0]).float()
+        return hidden, {}
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.table
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Cache,
+        tree_mask: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        hidden, _ = self.body(tokens, positions, cache, tree_mask)
+        return ModelOutput(logits=self.head(hidden), hidden=hidden)

@@ -1,0 +1,105 @@
+"""`quickdraft train ...`: training of drafter-side artifacts."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from quickdraft.cli.common import _positive_int, console
+
+DEFAULT_CACHE = Path.home() / ".cache" / "quickdraft" / "train"
+
+
+def _add_train(commands: argparse._SubParsersAction) -> None:
+    train = commands.add_parser("train", help="train drafter artifacts")
+    kinds = train.add_subparsers(dest="train_kind", required=True)
+    router = kinds.add_parser(
+        "router",
+        help="vocabulary shortlists for a draft model: FR-Spec frequency list, DynaSpec "
+        "clusters and router",
+        description="Writes frequency.safetensors, clusters.safetensors, router.json, "
+        "router.safetensors and metrics.json into --out. Features and checkpoints are cached "
+        "under --cache, so an interrupted run resumes where it stopped.",
+    )
+    router.add_argument("--draft", required=True, help="the draft model whose head is shortlisted")
+    router.add_argument(
+        "--target",
+        default=None,
+        help="labels are the target's next tokens (its argmax); without it, the corpus's",
+    )
+    router.add_argument(
+        "--data", nargs="+", required=True, help="corpus files or folders (.jsonl chats, text)"
+    )
+    router.add_argument("--out", type=Path, required=True)
+    router.add_argument("--clusters", type=_positive_int, default=64, help="M (default 64)")
+    router.add_argument(
+        "--budget-tokens",
+        type=_positive_int,
+        default=40_000,
+        help="scored positions of router training data, balanced over kinds (default 40000)",
+    )
+    router.add_argument("--max-tokens", type=_positive_int, default=384)
+    router.add_argument("--epochs", type=_positive_int, default=8)
+    router.add_argument("--batch-size", type=_positive_int, default=256)
+    router.add_argument("--lr", type=float, default=2e-3)
+    router.add_argument("--width", type=_positive_int, default=512, help="router hidden width")
+    router.add_argument(
+        "--int8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="int8 weights while computing features (default on, as the draft runs)",
+    )
+    router.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    router.add_argument("--threads", type=_positive_int, default=None)
+    router.add_argument("--seed", type=int, default=0)
+
+
+def _train(args: argparse.Namespace) -> int:
+    import torch
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from quickdraft.train.router import ArtifactSettings, RouterTraining, build_artifacts
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    settings = ArtifactSettings(
+        draft=args.draft,
+        target=args.target,
+        data=tuple(args.data),
+        clusters=args.clusters,
+        budget_tokens=args.budget_tokens,
+        max_tokens=args.max_tokens,
+        int8=args.int8,
+    )
+    training = RouterTraining(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        width=args.width,
+        seed=args.seed,
+    )
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        tasks: dict[str, int] = {}
+
+        def advance(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(stage, total=total)
+            progress.update(tasks[stage], completed=done)
+
+        metrics = build_artifacts(settings, training, args.out, args.cache, advance)
+    held = metrics["log"]["history"][-1]["held_loss"] if metrics["log"]["history"] else None
+    console.print(f"wrote {args.out} ({metrics['features']['rows']} training rows)")
+    console.print(f"held-out router loss {held}")
+    for row in metrics["router_coverage"]:
+        console.print(
+            f"  top {row['clusters']:>2} clusters: {row['vocab_share']:.1%} of the vocabulary, "
+            f"target token {row['target_recall']:.1%}, agreeing draft "
+            f"{row['agreeing_draft_recall']:.1%}"
+        )
+    return 0

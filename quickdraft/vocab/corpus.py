@@ -1,0 +1,101 @@
+"""Training text for shortlists: chats or plain text, tokenized with the target's tokenizer.
+
+Accepted files: ``.jsonl`` with one record a line, each a chat (``messages``) or plain
+``text`` (an optional ``kind`` groups records for balanced sampling); ``.txt``/``.md``/``.py``
+and other text files, read whole. A directory is read recursively.
+
+A chat is tokenized with its template; only the positions from the first assistant turn on are
+``scored`` (drafting happens in replies, not in prompts). Plain text is scored throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from quickdraft.models.base import Tokenizer
+
+TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".json", ".yaml", ".yml", ".toml", ".c", ".h"}
+
+
+@dataclass(frozen=True, slots=True)
+class Sequence:
+    """One tokenized training sequence; positions >= ``start`` are scored."""
+
+    tokens: list[int]
+    start: int
+    kind: str
+
+
+def read_records(paths: list[str | Path]) -> list[dict]:
+    """Every record of the given files and folders, in a deterministic order."""
+    if not paths:
+        raise ValueError("data: give at least one file or folder")
+    records: list[dict] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ValueError(f"data: {path} does not exist")
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            records.extend(_file_records(file))
+    if not records:
+        raise ValueError(f"data: no text found in {', '.join(map(str, paths))}")
+    return records
+
+
+def _file_records(file: Path) -> Iterator[dict]:
+    if file.suffix == ".jsonl":
+        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if "messages" not in record and "text" not in record:
+                raise ValueError(f"data: {file}:{number} has neither 'messages' nor 'text'")
+            yield record
+    elif file.suffix in TEXT_SUFFIXES:
+        yield {"text": file.read_text(encoding="utf-8", errors="replace"), "kind": file.suffix}
+
+
+def tokenize(record: dict, tokenizer: Tokenizer, max_tokens: int) -> Sequence:
+    """A record as token ids, cut to ``max_tokens``, with the first scored position."""
+    kind = str(record.get("kind", "text"))
+    if "messages" in record:
+        messages = list(record["messages"])
+        first_reply = next(
+            (i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages)
+        )
+        tokens = tokenizer.apply_chat(messages, add_generation_prompt=False)
+        start = len(tokenizer.apply_chat(messages[:first_reply])) if first_reply else 0
+    else:
+        tokens, start = tokenizer.encode(record["text"]), 1
+    return Sequence(tokens[:max_tokens], min(max(start, 1), max_tokens), kind)
+
+
+def balanced_sample(sequences: list[Sequence], budget: int, seed: int = 0) -> list[Sequence]:
+    """About ``budget`` scored positions, split evenly across kinds (a kind with less text
+    gives all it has and the rest go to the others), sequences shuffled within each kind."""
+    by_kind: dict[str, list[Sequence]] = {}
+    for sequence in sequences:
+        by_kind.setdefault(sequence.kind, []).append(sequence)
+    rng = random.Random(seed)
+    for group in by_kind.values():
+        rng.shuffle(group)
+    chosen: list[Sequence] = []
+    remaining, kinds = budget, sorted(by_kind, key=lambda k: _scored(by_kind[k]))
+    for index, kind in enumerate(kinds):
+        share = remaining // (len(kinds) - index)
+        taken = 0
+        for sequence in by_kind[kind]:
+            if taken >= share:
+                break
+            chosen.append(sequence)
+            taken += len(sequence.tokens) - sequence.start
+        remaining -= taken
+    return chosen
+
+
+def _scored(group: list[Sequence]) -> int:
+    return sum(len(s.tokens) - s.start for s in group)

@@ -1,0 +1,60 @@
+"""DynaSpec's router: a small MLP that scores token clusters before the drafter's head runs.
+
+Its input is [embedding of x_t, the drafter's hidden state at t-1], both known before the
+drafter's body processes x_t, so the router can run beside the body. Its M outputs rank the
+clusters the next token may come from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    hidden_size: int  # the drafter's d; the input is 2d wide
+    num_clusters: int
+    width: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_clusters", "width"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+class Router(nn.Module):
+    def __init__(self, config: RouterConfig):
+        super().__init__()
+        self.config = config
+        self.norm = nn.LayerNorm(2 * config.hidden_size)
+        self.up = nn.Linear(2 * config.hidden_size, config.width)
+        self.out = nn.Linear(config.width, config.num_clusters)
+
+    def forward(self, embedding: torch.Tensor, prev_hidden: torch.Tensor) -> torch.Tensor:
+        """Cluster scores [..., M] from embedding and prev_hidden [..., d]."""
+        x = self.norm(torch.cat([embedding, prev_hidden], dim=-1))
+        return self.out(F.gelu(self.up(x)))
+
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "router.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        state = {name: t.detach().half().contiguous() for name, t in self.state_dict().items()}
+        save_file(state, str(folder / "router.safetensors"))
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Router:
+        folder = Path(folder)
+        if not (folder / "router.json").exists():
+            raise ValueError(f"router: no router.json in {folder}")
+        router = cls(RouterConfig(**json.loads((folder / "router.json").read_text())))
+        state = load_file(str(folder / "router.safetensors"))
+        router.load_state_dict({name: t.float() for name, t in state.items()})
+        return router.eval()
