@@ -21,22 +21,27 @@ from quickdraft.conformance import (
     exact_distribution,
     run_case,
     toy_pair,
+    toy_shortlist,
 )
 from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.models.toy import HeadedNGramLM
 from quickdraft.sampling import probs_from_logits, sample
 
 CASES = default_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 32
+    assert len(CASES) == 48
     assert {case.rule for case in CASES} == set(AcceptRule)
+    shortlisted = {case.shortlist for case in CASES} - {"full"}
+    assert {s.split(":")[0] for s in shortlisted} == {"fr", "fr-pa", "dyna", "dyna-pa"}
 
 
 @pytest.mark.parametrize(
     "case",
     CASES,
-    ids=lambda c: f"{c.rule.value}-T{c.temperature}-topk{c.top_k}-topp{c.top_p}-k{c.k}",
+    ids=lambda c: f"{c.rule.value}-T{c.temperature}-topk{c.top_k}-topp{c.top_p}-k{c.k}"
+    f"-{c.shortlist}",
 )
 def test_lossless_rule_matches_the_target_distribution(case):
     result = run_case(case, samples=50_000, seed=0)
@@ -90,6 +95,28 @@ class ProbsBeforeTopK(DraftModelDrafter):
         return sample(probs, generator), unfiltered
 
 
+class _Stash:
+    """A shortlist that remembers the last hidden state it saw."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def logits(self, hidden):
+        self.hidden = hidden
+        return self.inner.logits(hidden)
+
+
+class ShortlistProbsNotRenormalised(DraftModelDrafter):
+    """Samples among the shortlist but reports the draft's full-vocabulary distribution."""
+
+    def _choose_among(self, ids, logits, params, generator):
+        token, _ = super()._choose_among(ids, logits, params, generator)
+        return token, probs_from_logits(self.model.head(self.shortlist.hidden), params)
+
+
 def _accept(draft_tokens, draft_probs, target_probs, generator):
     k = draft_tokens.shape[1]
     if draft_probs is None:
@@ -141,7 +168,18 @@ def test_broken_rules_are_caught(name, case):
     assert result.p_value < 1e-6, (name, result)
 
 
+def test_unrenormalised_shortlist_probabilities_are_caught():
+    case = Case(AcceptRule.REJECTION_SAMPLING, 1.0, 0, 1.0, 4, "dyna:2")
+    _, draft = toy_pair(0)
+    shortlist = _Stash(toy_shortlist(case.shortlist, case.k))
+    drafter = ShortlistProbsNotRenormalised(
+        HeadedNGramLM.from_ngram(draft), case.k, shortlist=shortlist
+    )
+    result = run_case(case, samples=50_000, seed=0, drafter=drafter)
+    assert result.p_value < 1e-6, result
+
+
 def test_conformance_command_passes_and_prints_the_table(capsys):
     assert main(["conformance", "--samples", "4000"]) == 0
     out = capsys.readouterr().out
-    assert "32/32 rows pass" in out and "rejection_sampling" in out and "greedy" in out
+    assert "48/48 rows pass" in out and "rejection_sampling" in out and "greedy" in out

@@ -29,7 +29,7 @@ def _conformance(args: argparse.Namespace) -> int:
     )
     for column in (
         "rule",
-        "temperature",
+        "T",
         "top_k",
         "top_p",
         "k",
@@ -37,10 +37,12 @@ def _conformance(args: argparse.Namespace) -> int:
         "accepted length",
         "bins",
         "p-value",
-        "total variation",
+        "TV",
         "",
     ):
-        table.add_column(column, justify="left" if column == "rule" else "right")
+        table.add_column(
+            column, justify="left" if column == "rule" else "right", no_wrap=column == "rule"
+        )
     failed = 0
     for result in results:
         case, ok = result.case, result.p_value >= args.alpha

@@ -112,7 +112,7 @@ def train_router(
             loss.backward()
             optimizer.step()
             schedule.step()
-            running += float(loss)
+            running += float(loss.detach())
             if progress is not None:
                 progress("router", epoch * steps_per_epoch + step + 1, total)
         held_loss = evaluate_loss(router, held, assignment, embed)
