@@ -344,10 +344,11 @@ def test_router_learns_and_resumes(tmp_path):
     embed = torch.randn(vocab, hidden)
     assignment = torch.arange(vocab) % clusters
     settings = RouterTraining(epochs=4, batch_size=128, lr=5e-3, width=64)
-    router, log = train_router(features, assignment, embed, settings, tmp_path / "a.pt")
+    parts = split(features, settings.validation_fraction, settings.seed)
+    router, log = train_router(*parts, assignment, embed, settings, tmp_path / "a.pt")
     losses = [row["held_loss"] for row in log["history"]]
     assert losses[-1] < 0.6 * torch.log(torch.tensor(float(clusters))).item()
-    _, held = split(features, settings.validation_fraction, settings.seed)
+    held = parts[1]
     from quickdraft.train.router import scores_of
 
     rows = coverage(scores_of(router, held, embed), held, assignment, [1, 4, 8])
@@ -362,13 +363,13 @@ def test_router_learns_and_resumes(tmp_path):
         if done == 2 * (total // 4) and checkpoint.exists():
             saved["state"] = torch.load(checkpoint, weights_only=False)
 
-    train_router(features, assignment, embed, short, checkpoint, stop_after_two)
+    train_router(*parts, assignment, embed, short, checkpoint, stop_after_two)
     state = torch.load(checkpoint, weights_only=False)
     assert state["epoch"] == 3
     state_two = saved.get("state")
     assert state_two is not None and state_two["epoch"] == 0
     torch.save({**state_two}, checkpoint)  # back to the end of epoch 1
-    resumed, _ = train_router(features, assignment, embed, short, checkpoint)
+    resumed, _ = train_router(*parts, assignment, embed, short, checkpoint)
     for (name, a), (_, b) in zip(
         router.state_dict().items(), resumed.state_dict().items(), strict=True
     ):
@@ -383,3 +384,26 @@ def test_headed_toy_reproduces_the_table():
     a = model.forward(tokens, positions, model.new_cache(1, 8)).logits
     b = headed.forward(tokens, positions, headed.new_cache(1, 8)).logits
     assert torch.equal(a, b)
+
+
+def test_core_and_prompt_tokens_join_the_clusters_without_duplicates(pair):
+    target, draft = pair
+    assignment = torch.arange(VOCAB) % 5
+    assignment[:10] = -1  # the core
+    router = random_router(draft.config.hidden_size, 5)
+    shortlist = ClusterShortlist(assignment, router, 1, position_aware=False, context=True)
+    shortlist.bind(draft.head_weight, draft.embed, VOCAB, int8=False)
+    prompt = torch.tensor([[3, 57, 58, 59, 60, 61, 57]])
+    shortlist.begin(prompt)
+    tokens, prev = torch.tensor([61]), torch.randn(1, draft.config.hidden_size)
+    chosen = router(draft.embed[tokens], prev).argmax(-1).item()
+    shortlist.prepare(0, tokens, prev)
+    hidden = torch.randn(1, draft.config.hidden_size)
+    ids, logits = shortlist.logits(hidden)
+    expected = set(range(10)) | {i for i in range(VOCAB) if i % 5 == chosen} | set(range(57, 62))
+    assert sorted(ids.tolist()) == sorted(expected)  # each token once
+    assert torch.allclose(logits, hidden @ draft.head_weight[ids].T, atol=1e-4)
+    for prompt in ([5, 17, 3, 99, 42, 5, 17], [7]):
+        want = generate(target, prompt, sampling=greedy(24)).token_ids
+        drafter = DraftModelDrafter(draft, 3, shortlist=shortlist)
+        assert generate(target, prompt, sampling=greedy(24), draft=drafter).token_ids == want

@@ -33,6 +33,13 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     router.add_argument("--out", type=Path, required=True)
     router.add_argument("--clusters", type=_positive_int, default=64, help="M (default 64)")
     router.add_argument(
+        "--core",
+        type=int,
+        default=8192,
+        help="most frequent tokens always in a DynaSpec shortlist, outside the clusters "
+        "(default 8192; 0 clusters the whole vocabulary as in the paper)",
+    )
+    router.add_argument(
         "--budget-tokens",
         type=_positive_int,
         default=40_000,
@@ -67,6 +74,7 @@ def _train(args: argparse.Namespace) -> int:
         target=args.target,
         data=tuple(args.data),
         clusters=args.clusters,
+        core=args.core,
         budget_tokens=args.budget_tokens,
         max_tokens=args.max_tokens,
         int8=args.int8,

@@ -58,6 +58,8 @@ class DraftModelDrafter:
 
     def begin(self, state: DecodeState) -> None:
         self._cache = self.model.new_cache(state.batch_size, state.capacity)
+        if self.shortlist is not None:
+            self.shortlist.begin(state.tokens[:, : state.prompt_length])
         head = state.prompt_length - 2  # propose() feeds the last two prompt tokens itself
         if head > 0:
             positions = torch.arange(head).expand(state.batch_size, -1)

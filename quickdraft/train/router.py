@@ -64,17 +64,21 @@ def split(features: Features, fraction: float, seed: int) -> tuple[Features, Fea
 
 
 def train_router(
-    features: Features,
+    train: Features,
+    held: Features,
     assignment: torch.Tensor,
     embed: torch.Tensor,
     settings: RouterTraining,
     checkpoint: Path,
     progress: Progress | None = None,
 ) -> tuple[Router, dict]:
-    """A router trained on ``features``; resumes from ``checkpoint`` when it exists."""
-    train, held = split(features, settings.validation_fraction, settings.seed)
+    """A router trained on ``train``, the epoch with the lowest loss on ``held`` kept;
+    resumes from ``checkpoint`` when it exists. Every row's label is the cluster of its
+    target token, so both sets hold only rows whose target is in a cluster."""
     if len(train) == 0 or len(held) == 0:
-        raise ValueError("features: too few sequences to hold some out for validation")
+        raise ValueError("features: too few rows to train on and to hold out")
+    if bool((assignment[train.target_next] < 0).any() or (assignment[held.target_next] < 0).any()):
+        raise ValueError("features: rows whose target is in the core have no cluster label")
     num_clusters = int(assignment.max()) + 1
     torch.manual_seed(settings.seed)
     router = Router(RouterConfig(embed.shape[1], num_clusters, settings.width))
@@ -162,17 +166,25 @@ def evaluate_loss(
 def coverage(
     scores: torch.Tensor, features: Features, assignment: torch.Tensor, budgets: list[int]
 ) -> list[dict]:
-    """For each cluster budget k: how often the top-k clusters hold the target's next token,
-    the drafter's choice, and the drafter's choice when it equals the target's (the case that
-    decides greedy acceptance), with the mean share of the vocabulary they cover."""
-    sizes = torch.bincount(assignment, minlength=scores.shape[1]).float()
+    """For each cluster budget k: how often the core (assignment -1) plus the top-k clusters
+    hold the target's next token, the drafter's choice, and the drafter's choice when it
+    equals the target's (the case that decides greedy acceptance), with the mean share of the
+    vocabulary they cover."""
+    num_clusters = scores.shape[1]
+    sizes = torch.bincount(assignment[assignment >= 0], minlength=num_clusters).float()
+    core = float((assignment < 0).sum())
     ranked = scores.argsort(dim=1, descending=True)
-    target_rank = (ranked == assignment[features.target_next].unsqueeze(1)).float().argmax(1)
-    draft_rank = (ranked == assignment[features.draft_next].unsqueeze(1)).float().argmax(1)
+
+    def rank_of(tokens: torch.Tensor) -> torch.Tensor:
+        cluster = assignment[tokens]
+        rank = (ranked == cluster.clamp_min(0).unsqueeze(1)).float().argmax(1)
+        return torch.where(cluster < 0, -1, rank)  # the core is always in
+
+    target_rank, draft_rank = rank_of(features.target_next), rank_of(features.draft_next)
     agree = features.draft_next == features.target_next
     rows = []
     for k in budgets:
-        covered = sizes[ranked[:, :k]].sum(1) / sizes.sum()
+        covered = (core + sizes[ranked[:, :k]].sum(1)) / assignment.numel()
         rows.append(
             {
                 "clusters": k,
@@ -183,6 +195,21 @@ def coverage(
             }
         )
     return rows
+
+
+def drop_turn_boundaries(features: Features, special_ids: set[int], end_ids: set[int]) -> Features:
+    """Rows where drafting never happens: x_t is a special token (role headers), or the
+    corpus's next token is a special token other than the end of a reply or unknown (the
+    start of the next turn or the end of the chat, where the target predicts an end-of-text
+    token no reply contains)."""
+    following = torch.full_like(features.tokens, -1)
+    same = features.sequence[1:] == features.sequence[:-1]
+    following[:-1][same] = features.tokens[1:][same]
+    special = torch.tensor(sorted(special_ids), dtype=torch.long)
+    starts = torch.tensor(sorted(special_ids - end_ids), dtype=torch.long)
+    keep = ~torch.isin(features.tokens, special) & ~torch.isin(following, starts)
+    keep &= following >= 0
+    return features.subset(keep)
 
 
 def frequency_coverage(
@@ -218,6 +245,7 @@ class ArtifactSettings:
     target: str | None
     data: tuple[str, ...]
     clusters: int = 64
+    core: int = 8192
     budget_tokens: int = 40_000
     max_tokens: int = 384
     int8: bool = True
@@ -271,11 +299,19 @@ def build_artifacts(
     def report(stage: str) -> Callable[[int, int], None] | None:
         return None if progress is None else (lambda done, total: progress(stage, done, total))
 
-    assignment = spherical_kmeans(
-        head[:vocab], settings.clusters, settings.kmeans_iterations, training.seed,
+    # The core (the most frequent tokens) is always in the shortlist; the clusters split
+    # the rest of the vocabulary.
+    ranked = load_ranked(out)[: settings.core]
+    rest = torch.ones(vocab, dtype=torch.bool)
+    rest[ranked] = False
+    rest_ids = torch.nonzero(rest).flatten()
+    assignment = torch.full((vocab,), -1, dtype=torch.long)
+    assignment[rest_ids] = spherical_kmeans(
+        head[rest_ids], settings.clusters, settings.kmeans_iterations, training.seed,
         report("clusters"),
     )  # fmt: skip
-    save_clusters(out, assignment, {"clusters": settings.clusters, "seed": training.seed})
+    cluster_settings = {"clusters": settings.clusters, "core": settings.core, "seed": training.seed}
+    save_clusters(out, assignment, cluster_settings)
 
     sample = balanced_sample(sequences, settings.budget_tokens, training.seed)
     feature_settings = {
@@ -290,12 +326,19 @@ def build_artifacts(
     folder = cache / f"features-{fingerprint(feature_settings)}"
     features = extract(sample, draft, target, folder, feature_settings, report("features"))
     features = features.subset(features.target_next < vocab)
+    hf = tokenizer.hf
+    features = drop_turn_boundaries(features, set(hf.all_special_ids), set(tokenizer.eos_token_ids))
     embed = draft.embed.float()
-    checkpoint = cache / f"router-{fingerprint({**feature_settings, **asdict(training)})}.pt"
-    router, log = train_router(features, assignment, embed, training, checkpoint, progress)
+    # Held-out sequences for validation and metrics. The router only ever chooses among
+    # clusters, so it learns from rows whose target is outside the core.
+    train, held = split(features, training.validation_fraction, training.seed)
+    routed = [part.subset(assignment[part.target_next] >= 0) for part in (train, held)]
+    rows = {"train_rows": len(routed[0]), "held_rows": len(routed[1])}
+    key = fingerprint({**feature_settings, **asdict(training), **cluster_settings, **rows})
+    checkpoint = cache / f"router-{key}.pt"
+    router, log = train_router(*routed, assignment, embed, training, checkpoint, progress)
     router.save(out)
 
-    _, held = split(features, training.validation_fraction, training.seed)
     scores = scores_of(router, held, embed)
     budgets = sorted(
         {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64} & set(range(1, settings.clusters + 1))
@@ -304,10 +347,17 @@ def build_artifacts(
     metrics = {
         "settings": {**asdict(settings), "data": list(settings.data)},
         "training": asdict(training),
-        "features": {"rows": len(features), "sequences": int(features.sequence.unique().numel())},
+        "features": {
+            "rows": len(features),
+            "routed_rows": len(routed[0]) + len(routed[1]),
+            "sequences": int(features.sequence.unique().numel()),
+        },
         "drafter_target_agreement": float((held.draft_next == held.target_next).float().mean()),
         "log": log,
-        "cluster_sizes": torch.bincount(assignment, minlength=settings.clusters).tolist(),
+        "core_size": int((assignment < 0).sum()),
+        "cluster_sizes": torch.bincount(
+            assignment[assignment >= 0], minlength=settings.clusters
+        ).tolist(),
         "router_coverage": coverage(scores, held, assignment, budgets),
         "frequency_coverage": frequency_coverage(
             ranked, held, [1024, 4096, 8192, 16384, 32768, 65536], vocab

@@ -10,7 +10,9 @@
 ``dyna-pa:K``         DynaSpec-PA: K clusters at positions 0 and 1, then K // ((t + 1) * 2)
 ====================  =========================================================================
 
-Frequency lists, clusters and routers are read from an artifact folder: the one shipped for
+DynaSpec shortlists always hold the core of frequent tokens the clusters were trained without
+(if any) and the prompt's own tokens (``ClusterShortlist``). Frequency lists, clusters and
+routers are read from an artifact folder: the one shipped for
 the drafter (``ARTIFACTS / <model alias>``) or any folder ``quickdraft train router`` wrote.
 """
 
@@ -75,7 +77,7 @@ def build_shortlist(
     router = Router.load(folder)
     return ClusterShortlist(
         load_clusters(folder), router, size, position_aware=kind == "dyna-pa",
-        parallel=parallel_router,
+        parallel=parallel_router, context=True,
     )  # fmt: skip
 
 

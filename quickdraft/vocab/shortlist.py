@@ -82,6 +82,9 @@ class Shortlist:
         drafter's checkpoint) are never drafted."""
         raise NotImplementedError
 
+    def begin(self, prompt: torch.Tensor) -> None:
+        """Called once per request with the prompt's token ids [B, L]."""
+
     def prepare(self, position: int, tokens: torch.Tensor, prev_hidden: torch.Tensor) -> None:
         """Called before the drafter's body runs on ``tokens`` [B] at draft ``position``;
         ``prev_hidden`` [B, d] is its hidden state at the previous position."""
@@ -156,9 +159,17 @@ class FrequencyShortlist(Shortlist):
 class ClusterShortlist(Shortlist):
     """DynaSpec: the union of the router's top clusters. ``position_aware`` uses
     ``position_budget(k_max, t)`` clusters at draft position t, otherwise k_max everywhere.
-    With a batch, each row's top clusters are joined into one shortlist (still exact: any
-    support that is the same for the whole draft step is). ``parallel`` runs the router on a
-    second thread while the drafter's body runs."""
+
+    Two additions to the paper, both measured in benchmarks/results/shortlists: tokens whose
+    ``assignment`` is -1 form a *core* (the most frequent tokens) that is always in the
+    shortlist, and with ``context`` the prompt's own tokens are always in it too (rare words
+    and identifiers of the prompt are the tokens a reply copies and a static list misses).
+    Every token appears in exactly one part, so the draft distribution over the union is a
+    plain softmax.
+
+    With a batch, each row's top clusters (and prompt tokens) are joined into one shortlist,
+    still exact: any support shared by a whole draft step is. ``parallel`` runs the router on
+    a second thread while the drafter's body runs."""
 
     def __init__(
         self,
@@ -167,6 +178,7 @@ class ClusterShortlist(Shortlist):
         k_max: int,
         position_aware: bool = True,
         parallel: bool = False,
+        context: bool = False,
     ):
         super().__init__()
         num_clusters = router.config.num_clusters
@@ -174,32 +186,51 @@ class ClusterShortlist(Shortlist):
             raise ValueError(
                 f"assignment: expected cluster ids below the router's {num_clusters} clusters"
             )
+        if int(assignment.min()) < -1:
+            raise ValueError("assignment: -1 marks the core, other ids must be >= 0")
         if not 1 <= k_max <= num_clusters:
             raise ValueError(f"k_max must be in 1..{num_clusters}, got {k_max}")
         self.assignment = assignment.long()
         self.router = router.eval()
         self.k_max = k_max
         self.position_aware = position_aware
+        self.context = context
         self.name = "dynaspec-pa" if position_aware else "dynaspec-f"
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="router") if parallel else None
         self._pending: Future | list[int] | None = None
+        self._context_ids = torch.empty(0, dtype=torch.long)
 
     def bind(self, weight: torch.Tensor, embed: torch.Tensor, vocab_size: int, int8: bool) -> None:
-        if self.assignment.numel() < min(vocab_size, weight.shape[0]):
+        usable = min(vocab_size, weight.shape[0])
+        if self.assignment.numel() < usable:
             raise ValueError(
-                f"assignment: covers {self.assignment.numel()} tokens, the drafter has "
-                f"{min(vocab_size, weight.shape[0])}"
+                f"assignment: covers {self.assignment.numel()} tokens, the drafter has {usable}"
             )
-        usable = self.assignment[: min(vocab_size, weight.shape[0])]
+        assignment = self.assignment[:usable]
         members = [
-            torch.nonzero(usable == c).flatten() for c in range(self.router.config.num_clusters)
+            torch.nonzero(assignment == c).flatten()
+            for c in range(self.router.config.num_clusters)
         ]
+        core = torch.nonzero(assignment == -1).flatten()
         # Empty clusters (possible after cutting padded rows) are never chosen.
         self._valid = torch.tensor([m.numel() > 0 for m in members])
-        self._segment_of = torch.cumsum(self._valid.long(), 0) - 1
-        self.head = SegmentedHead(weight, [m for m in members if m.numel() > 0], int8)
-        self.embed = embed
+        self._has_core = core.numel() > 0
+        first = 1 if self._has_core else 0  # segment 0 is the core when there is one
+        self._segment_of = torch.cumsum(self._valid.long(), 0) - 1 + first
+        segments = ([core] if self._has_core else []) + [m for m in members if m.numel() > 0]
+        self.head = SegmentedHead(weight, segments, int8)
+        self.weight, self.embed = weight, embed
         self.vocab_size = vocab_size
+        self._usable_assignment = assignment
+
+    def begin(self, prompt: torch.Tensor) -> None:
+        if not self.context:
+            return
+        ids = prompt.flatten().unique()
+        ids = ids[(ids >= 0) & (ids < self._usable_assignment.numel())]
+        self._context_ids = ids[self._usable_assignment[ids] >= 0]  # core tokens are in already
+        self._context_rows = self.weight[self._context_ids].float()
+        self._context_clusters = self._usable_assignment[self._context_ids]
 
     def budget(self, position: int) -> int:
         return position_budget(self.k_max, position) if self.position_aware else self.k_max
@@ -213,20 +244,28 @@ class ClusterShortlist(Shortlist):
 
     @torch.inference_mode()
     def _route(self, position: int, tokens: torch.Tensor, prev_hidden: torch.Tensor) -> list[int]:
+        """Clusters (router ids, sorted) chosen for this step."""
         embedding = self.embed[tokens.to(self.embed.device)].float()
         scores = self.router(embedding, prev_hidden.float().to(embedding.device)).cpu()
         scores[:, ~self._valid] = float("-inf")
         k = min(self.budget(position), int(self._valid.sum()))
-        top = scores.topk(k, dim=-1).indices.flatten().unique()  # sorted cluster ids
-        return self._segment_of[top].tolist()
+        return scores.topk(k, dim=-1).indices.flatten().unique().tolist()
 
     def logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         head = self._check_bound()
         if self._pending is None:
             raise RuntimeError("prepare() must run before logits()")
         pending, self._pending = self._pending, None
-        chosen = pending.result() if isinstance(pending, Future) else pending
-        ids, logits = head.logits(hidden, chosen)
+        clusters = pending.result() if isinstance(pending, Future) else pending
+        segments = ([0] if self._has_core else []) + self._segment_of[clusters].tolist()
+        ids, logits = head.logits(hidden, segments)
+        if self._context_ids.numel():
+            # Prompt tokens outside the chosen clusters, from the dense head rows.
+            extra = ~torch.isin(self._context_clusters, torch.tensor(clusters))
+            if bool(extra.any()):
+                rows = self._context_rows[extra].to(hidden.device)
+                ids = torch.cat([ids, self._context_ids[extra]])
+                logits = torch.cat([logits, hidden.float() @ rows.T], dim=-1)
         self._record(self._position, ids.numel())
         return ids, logits
 
@@ -254,6 +293,7 @@ def load_ranked(folder: str | Path) -> torch.Tensor:
 
 
 def save_clusters(folder: str | Path, assignment: torch.Tensor, settings: dict) -> None:
+    """Cluster id of every token, -1 for the always-included core."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     metadata = {"settings": json.dumps(settings)}
     save_file(
