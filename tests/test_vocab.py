@@ -407,3 +407,46 @@ def test_core_and_prompt_tokens_join_the_clusters_without_duplicates(pair):
         want = generate(target, prompt, sampling=greedy(24)).token_ids
         drafter = DraftModelDrafter(draft, 3, shortlist=shortlist)
         assert generate(target, prompt, sampling=greedy(24), draft=drafter).token_ids == want
+
+
+def test_train_router_command_then_generate_with_its_artifacts(tmp_path, smollm2, capsys):
+    from quickdraft.cli import main
+
+    folder = tmp_path / "tiny"
+    tiny_hf_model("qwen2-bias", vocab_size=49152, layers=2).save_pretrained(folder)
+    smollm2[1].hf.save_pretrained(folder)
+    chats = [
+        {"kind": kind, "messages": [
+            {"role": "user", "content": f"Question {i} about {kind}?"},
+            {"role": "assistant", "content": f"An answer about {kind} number {i}, in words."},
+        ]}
+        for kind in ("code", "math") for i in range(12)
+    ]  # fmt: skip
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps(c) for c in chats))
+    out = tmp_path / "artifacts"
+    args = ["train", "router", "--draft", str(folder), "--target", str(folder), "--data",
+            str(corpus), "--out", str(out), "--clusters", "4", "--core", "256",
+            "--budget-tokens", "400", "--epochs", "2",
+            "--cache", str(tmp_path / "cache")]  # fmt: skip
+    assert main(args) == 0
+    assert "top  1 clusters" in capsys.readouterr().out
+    names = {p.name for p in out.iterdir()}
+    assert names == {
+        "frequency.safetensors", "clusters.safetensors", "router.json", "router.safetensors",
+        "metrics.json",
+    }  # fmt: skip
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["core_size"] == 256 and len(metrics["cluster_sizes"]) == 4
+    assert metrics["router_coverage"][-1]["target_recall"] == pytest.approx(1.0)
+    runs = {}
+    for shortlist in ("full", "dyna-pa:2", "fr:300"):
+        argv = ["generate", "Hello there", "--target", str(folder), "--draft", str(folder),
+                "--method", "draft_model", "--no-draft-int8", "--shortlist", shortlist,
+                "--shortlist-dir", str(out), "--max-new-tokens", "12", "--json"]  # fmt: skip
+        assert main(argv) == 0
+        runs[shortlist] = json.loads(capsys.readouterr().out)["token_ids"]
+    assert runs["full"] == runs["dyna-pa:2"] == runs["fr:300"]
+    assert main(["generate", "Hi", "--target", str(folder), "--draft", str(folder),
+                 "--method", "draft_model", "--shortlist", "dyna-pa:2"]) == 2  # fmt: skip
+    assert "shortlist_dir" in capsys.readouterr().out

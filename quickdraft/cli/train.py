@@ -30,6 +30,13 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     router.add_argument(
         "--data", nargs="+", required=True, help="corpus files or folders (.jsonl chats, text)"
     )
+    router.add_argument(
+        "--frequency-data",
+        nargs="+",
+        default=(),
+        help="text for the frequency list when it differs from --data (such as the draft's "
+        "own replies); default: --data",
+    )
     router.add_argument("--out", type=Path, required=True)
     router.add_argument("--clusters", type=_positive_int, default=64, help="M (default 64)")
     router.add_argument(
@@ -73,6 +80,7 @@ def _train(args: argparse.Namespace) -> int:
         draft=args.draft,
         target=args.target,
         data=tuple(args.data),
+        frequency_data=tuple(args.frequency_data),
         clusters=args.clusters,
         core=args.core,
         budget_tokens=args.budget_tokens,

@@ -244,6 +244,7 @@ class ArtifactSettings:
     draft: str
     target: str | None
     data: tuple[str, ...]
+    frequency_data: tuple[str, ...] = ()  # the frequency list's text; empty: ``data``
     clusters: int = 64
     core: int = 8192
     budget_tokens: int = 40_000
@@ -294,7 +295,12 @@ def build_artifacts(
     sequences = [tokenize(r, tokenizer, settings.max_tokens) for r in records]
     out.mkdir(parents=True, exist_ok=True)
 
-    save_frequency(out, token_frequency(sequences, vocab), {"data": list(settings.data)})
+    counted = sequences
+    if settings.frequency_data:
+        extra = read_records(list(settings.frequency_data))
+        counted = [tokenize(r, tokenizer, settings.max_tokens) for r in extra]
+    frequency_files = list(settings.frequency_data or settings.data)
+    save_frequency(out, token_frequency(counted, vocab), {"data": frequency_files})
 
     def report(stage: str) -> Callable[[int, int], None] | None:
         return None if progress is None else (lambda done, total: progress(stage, done, total))
@@ -345,7 +351,11 @@ def build_artifacts(
     )
     ranked = load_ranked(out)
     metrics = {
-        "settings": {**asdict(settings), "data": list(settings.data)},
+        "settings": {
+            **asdict(settings),
+            "data": list(settings.data),
+            "frequency_data": list(settings.frequency_data),
+        },
         "training": asdict(training),
         "features": {
             "rows": len(features),

@@ -53,8 +53,9 @@ def artifact_folder(model_name: str | None, folder: str | Path | None = None) ->
     """The explicit folder, else the shipped artifacts of ``model_name``."""
     if folder is not None:
         return Path(folder)
-    if model_name is not None and (ARTIFACTS / model_name).is_dir():
-        return ARTIFACTS / model_name
+    shipped_for = ARTIFACTS / model_name if model_name else None
+    if shipped_for is not None and shipped_for.parent == ARTIFACTS and shipped_for.is_dir():
+        return shipped_for
     shipped = ", ".join(sorted(p.name for p in ARTIFACTS.iterdir() if p.is_dir()))
     raise ValueError(
         f"shortlist_dir: no shortlist artifacts ship for draft {model_name!r} "
