@@ -46,7 +46,8 @@ def test_grid_covers_both_rules_and_every_setting():
 def test_lossless_rule_matches_the_target_distribution(case):
     result = run_case(case, samples=50_000, seed=0)
     assert result.p_value >= 1e-3, result
-    assert result.mean_accepted_length > 1.1  # the draft is accepted often enough to matter
+    # The draft is accepted often enough to matter (less with a 3-of-8 token shortlist).
+    assert result.mean_accepted_length > (1.1 if case.shortlist == "full" else 1.05)
 
 
 def test_exact_distribution_sums_to_one_and_respects_top_k():

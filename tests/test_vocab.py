@@ -403,6 +403,10 @@ def test_core_and_prompt_tokens_join_the_clusters_without_duplicates(pair):
     expected = set(range(10)) | {i for i in range(VOCAB) if i % 5 == chosen} | set(range(57, 62))
     assert sorted(ids.tolist()) == sorted(expected)  # each token once
     assert torch.allclose(logits, hidden @ draft.head_weight[ids].T, atol=1e-4)
+    shortlist.extend(torch.tensor([[70, 71, 57, 3]]))  # output so far joins the context
+    shortlist.prepare(1, tokens, prev)
+    ids, _ = shortlist.logits(hidden)
+    assert sorted(ids.tolist()) == sorted(expected | {70, 71})
     for prompt in ([5, 17, 3, 99, 42, 5, 17], [7]):
         want = generate(target, prompt, sampling=greedy(24)).token_ids
         drafter = DraftModelDrafter(draft, 3, shortlist=shortlist)

@@ -60,6 +60,7 @@ class DraftModelDrafter:
         self._cache = self.model.new_cache(state.batch_size, state.capacity)
         if self.shortlist is not None:
             self.shortlist.begin(state.tokens[:, : state.prompt_length])
+            self._seen = torch.full((state.batch_size,), state.prompt_length)
         head = state.prompt_length - 2  # propose() feeds the last two prompt tokens itself
         if head > 0:
             positions = torch.arange(head).expand(state.batch_size, -1)
@@ -79,6 +80,12 @@ class DraftModelDrafter:
         positions = (state.lengths - width).unsqueeze(1) + torch.arange(width)  # [B, width]
         inputs = state.tokens.gather(1, positions)
         if self.shortlist is not None:
+            # The tokens each row gained since the last step (its accepted output).
+            lo, hi = int(self._seen.min()), int(state.lengths.max())
+            index = torch.arange(lo, hi)
+            valid = (index >= self._seen.unsqueeze(1)) & (index < state.lengths.unsqueeze(1))
+            self.shortlist.extend(state.tokens[:, lo:hi][valid])
+            self._seen = state.lengths.clone()
             return self._propose_shortlisted(state, inputs, positions, params)
         logits = self._logits(inputs, positions, cache)
         cache.commit(width)

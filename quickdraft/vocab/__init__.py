@@ -11,9 +11,10 @@
 ====================  =========================================================================
 
 DynaSpec shortlists always hold the core of frequent tokens the clusters were trained without
-(if any) and the prompt's own tokens (``ClusterShortlist``). Frequency lists, clusters and
-routers are read from an artifact folder: the one shipped for
-the drafter (``ARTIFACTS / <model alias>``) or any folder ``quickdraft train router`` wrote.
+(if any) and the sequence's own tokens, prompt and output so far (``ClusterShortlist``).
+
+Frequency lists, clusters and routers are read from an artifact folder: the one shipped for the
+drafter (``ARTIFACTS / <model alias>``) or any folder ``quickdraft train router`` wrote.
 """
 
 from __future__ import annotations

@@ -85,6 +85,9 @@ class Shortlist:
     def begin(self, prompt: torch.Tensor) -> None:
         """Called once per request with the prompt's token ids [B, L]."""
 
+    def extend(self, tokens: torch.Tensor) -> None:
+        """Called before each draft step with the tokens the sequence gained since [B, n]."""
+
     def prepare(self, position: int, tokens: torch.Tensor, prev_hidden: torch.Tensor) -> None:
         """Called before the drafter's body runs on ``tokens`` [B] at draft ``position``;
         ``prev_hidden`` [B, d] is its hidden state at the previous position."""
@@ -162,8 +165,9 @@ class ClusterShortlist(Shortlist):
 
     Two additions to the paper, both measured in benchmarks/results/shortlists: tokens whose
     ``assignment`` is -1 form a *core* (the most frequent tokens) that is always in the
-    shortlist, and with ``context`` the prompt's own tokens are always in it too (rare words
-    and identifiers of the prompt are the tokens a reply copies and a static list misses).
+    shortlist, and with ``context`` the sequence's own tokens (prompt and output so far) are
+    always in it too (rare words and identifiers of the prompt are the tokens a reply copies
+    and a static list misses).
     Every token appears in exactly one part, so the draft distribution over the union is a
     plain softmax.
 
@@ -224,13 +228,26 @@ class ClusterShortlist(Shortlist):
         self._usable_assignment = assignment
 
     def begin(self, prompt: torch.Tensor) -> None:
+        self._context_ids = torch.empty(0, dtype=torch.long)
+        self._context_rows = self.weight[:0].float()
+        self._context_clusters = torch.empty(0, dtype=torch.long)
+        self._in_context = torch.zeros(self._usable_assignment.numel(), dtype=torch.bool)
+        self.extend(prompt)
+
+    def extend(self, tokens: torch.Tensor) -> None:
+        """Adds tokens of the sequence (prompt, then accepted output) to the context part."""
         if not self.context:
             return
-        ids = prompt.flatten().unique()
+        ids = tokens.flatten().unique()
         ids = ids[(ids >= 0) & (ids < self._usable_assignment.numel())]
-        self._context_ids = ids[self._usable_assignment[ids] >= 0]  # core tokens are in already
-        self._context_rows = self.weight[self._context_ids].float()
-        self._context_clusters = self._usable_assignment[self._context_ids]
+        # Core tokens are always in; tokens already in the context stay once.
+        ids = ids[(self._usable_assignment[ids] >= 0) & ~self._in_context[ids]]
+        if ids.numel() == 0:
+            return
+        self._in_context[ids] = True
+        self._context_ids = torch.cat([self._context_ids, ids])
+        self._context_rows = torch.cat([self._context_rows, self.weight[ids].float()])
+        self._context_clusters = torch.cat([self._context_clusters, self._usable_assignment[ids]])
 
     def budget(self, position: int) -> int:
         return position_budget(self.k_max, position) if self.position_aware else self.k_max
