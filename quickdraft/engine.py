@@ -284,12 +284,13 @@ def _decoder(
     else:
         same = None
         if tokenizer is not None and draft_tokenizer is not None:
-            same = _same_vocabulary(tokenizer, draft_tokenizer)
+            same = same_vocabulary(tokenizer, draft_tokenizer)
         drafter = build_drafter(spec, target, draft, same_tokenizer=same)  # type: ignore
     return SpeculativeDecoder(target, drafter, ACCEPT_RULES[spec.acceptance], tokenizer)
 
 
-def _same_vocabulary(a: Tokenizer, b: Tokenizer) -> bool:
+def same_vocabulary(a: Tokenizer, b: Tokenizer) -> bool:
+    """Whether two tokenizers map text to the same ids (padded model vocabularies may differ)."""
     if a is b:
         return True
     compare = getattr(a, "same_vocabulary", None)

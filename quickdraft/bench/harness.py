@@ -17,7 +17,7 @@ from typing import Any
 from quickdraft.bench.tasks import TaskItem
 from quickdraft.config import Method, SamplingParams, SpecConfig
 from quickdraft.drafters import build_drafter
-from quickdraft.engine import _same_vocabulary, generate
+from quickdraft.engine import generate, same_vocabulary
 from quickdraft.models.base import Model
 from quickdraft.stats import Stats
 
@@ -133,7 +133,7 @@ def run_bench(
     bench = BenchRun(methods, settings)
     same = None
     if draft is not None and draft_tokenizer is not None:
-        same = _same_vocabulary(tokenizer, draft_tokenizer)
+        same = same_vocabulary(tokenizer, draft_tokenizer)
     drafters = {
         run.label: build_drafter(
             run.spec,

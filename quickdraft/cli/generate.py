@@ -100,7 +100,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     from quickdraft.config import Method, SamplingParams, SpecConfig
     from quickdraft.drafters import build_drafter
-    from quickdraft.engine import _same_vocabulary, generate
+    from quickdraft.engine import generate, same_vocabulary
     from quickdraft.models.loading import load_model
 
     if args.threads is not None:
@@ -133,7 +133,7 @@ def _generate(args: argparse.Namespace) -> int:
     if method == "draft_model" and not args.draft:
         raise ValueError("draft: --method draft_model needs --draft MODEL")
     target, tokenizer = load_model(args.target, device=args.device, backend=args.backend)
-    draft = draft_tokenizer = None
+    draft = None
     if method == "draft_model":
         int8 = args.draft_int8 and args.device == "cpu" and args.backend != "hf"
         draft_model, draft_tokenizer = load_model(
@@ -143,7 +143,7 @@ def _generate(args: argparse.Namespace) -> int:
             spec,
             target,
             draft_model,
-            same_tokenizer=_same_vocabulary(tokenizer, draft_tokenizer),
+            same_tokenizer=same_vocabulary(tokenizer, draft_tokenizer),
             draft_name=args.draft,
         )
     sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.eos_token_ids)
@@ -163,9 +163,8 @@ def _generate(args: argparse.Namespace) -> int:
         prompt,
         sampling=sampling,
         spec=spec,
-        draft=draft,
+        draft=draft,  # the drafter built above: its tokenizers were checked there
         tokenizer=tokenizer,
-        draft_tokenizer=draft_tokenizer,
         on_step=on_step,
     )
     if args.json:
