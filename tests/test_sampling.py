@@ -82,3 +82,16 @@ def test_sample_follows_the_distribution():
     draws = sample(p.expand(60_000, -1), make_generator(0))
     freq = torch.bincount(draws, minlength=3).double() / 60_000
     torch.testing.assert_close(freq, p.double(), atol=0.01, rtol=0)
+
+
+def test_one_hot_rows_skip_the_generator_and_mixed_batches_still_sample():
+    generator = make_generator(3)
+    state = generator.get_state()
+    one_hot = torch.zeros(2, 5).scatter_(1, torch.tensor([[4], [1]]), 1.0)
+    assert sample(one_hot, generator).tolist() == [4, 1]
+    assert torch.equal(generator.get_state(), state)  # greedy draws consume no randomness
+    # One row that is not one-hot sends the whole batch through the sampler.
+    mixed = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]])
+    draws = sample(mixed.repeat(2000, 1), make_generator(0)).view(2000, 2)
+    assert (draws[:, 0] == 1).all()
+    assert set(draws[:, 1].tolist()) == {0, 2}
