@@ -81,8 +81,8 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=5)
     parser.add_argument("--fr", type=int, default=32768, help="FR-Spec list size")
     parser.add_argument("--fr-pa", type=int, default=None, help="FR-Spec-PA size at t = 0, 1")
-    parser.add_argument("--dyna", type=int, default=16, help="DynaSpec-F clusters")
-    parser.add_argument("--dyna-pa", type=int, default=32, help="DynaSpec-PA k_max")
+    parser.add_argument("--dyna", type=int, default=2, help="DynaSpec-F clusters")
+    parser.add_argument("--dyna-pa", type=int, default=8, help="DynaSpec-PA k_max")
     parser.add_argument("--micro-repeats", type=int, default=10)
     parser.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(

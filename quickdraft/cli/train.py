@@ -42,9 +42,9 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     router.add_argument(
         "--core",
         type=int,
-        default=8192,
+        default=16384,
         help="most frequent tokens always in a DynaSpec shortlist, outside the clusters "
-        "(default 8192; 0 clusters the whole vocabulary as in the paper)",
+        "(default 16384; 0 clusters the whole vocabulary as in the paper)",
     )
     router.add_argument(
         "--budget-tokens",

@@ -246,7 +246,7 @@ class ArtifactSettings:
     data: tuple[str, ...]
     frequency_data: tuple[str, ...] = ()  # the frequency list's text; empty: ``data``
     clusters: int = 64
-    core: int = 8192
+    core: int = 16384
     budget_tokens: int = 40_000
     max_tokens: int = 384
     int8: bool = True

@@ -212,8 +212,7 @@ class ClusterShortlist(Shortlist):
             )
         assignment = self.assignment[:usable]
         members = [
-            torch.nonzero(assignment == c).flatten()
-            for c in range(self.router.config.num_clusters)
+            torch.nonzero(assignment == c).flatten() for c in range(self.router.config.num_clusters)
         ]
         core = torch.nonzero(assignment == -1).flatten()
         # Empty clusters (possible after cutting padded rows) are never chosen.
@@ -277,12 +276,16 @@ class ClusterShortlist(Shortlist):
         segments = ([0] if self._has_core else []) + self._segment_of[clusters].tolist()
         ids, logits = head.logits(hidden, segments)
         if self._context_ids.numel():
-            # Prompt tokens outside the chosen clusters, from the dense head rows.
-            extra = ~torch.isin(self._context_clusters, torch.tensor(clusters))
+            # The sequence's tokens outside the chosen clusters. Logits of all context rows in
+            # one product (a few hundred rows), then those of chosen clusters are dropped: no
+            # copy of weight rows per step.
+            chosen = torch.zeros(self._valid.numel(), dtype=torch.bool)
+            chosen[clusters] = True
+            extra = ~chosen[self._context_clusters]
             if bool(extra.any()):
-                rows = self._context_rows[extra].to(hidden.device)
+                context_logits = hidden.float() @ self._context_rows.T.to(hidden.device)
                 ids = torch.cat([ids, self._context_ids[extra]])
-                logits = torch.cat([logits, hidden.float() @ rows.T], dim=-1)
+                logits = torch.cat([logits, context_logits[:, extra]], dim=-1)
         self._record(self._position, ids.numel())
         return ids, logits
 
