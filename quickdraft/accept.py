@@ -33,18 +33,22 @@ import torch
 
 from quickdraft.config import AcceptRule
 from quickdraft.sampling import sample
+from quickdraft.tree import TreeShape
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """What one verify step decided, per row.
 
-    num_accepted: [B] long, accepted draft tokens, 0..k.
+    num_accepted: [B] long, accepted draft tokens, 0..k (for a tree: the accepted path's length).
     next_token:   [B] long, the corrected token (num_accepted < k) or the bonus token (== k).
+    path:         [B, D] long, tree rules only: the accepted nodes root first, -1 past
+                  num_accepted; None for a chain, whose accepted nodes are 0..num_accepted-1.
     """
 
     num_accepted: torch.Tensor
     next_token: torch.Tensor
+    path: torch.Tensor | None = None
 
 
 AcceptFn = Callable[
@@ -139,7 +143,198 @@ def greedy(
     return Verdict(num_accepted, choice.gather(1, num_accepted.unsqueeze(1)).squeeze(1))
 
 
+# -- trees -------------------------------------------------------------------------------
+#
+# A tree draft offers several candidates after a node: its children, tried in rank order. The
+# target's distribution q at every node comes from one verify pass with a tree mask
+# (``tree.TreeShape``): target_probs[:, 0] at the root (the pending token), [:, i + 1] at node i.
+
+TreeAcceptFn = Callable[
+    [torch.Tensor, TreeShape, torch.Tensor | None, torch.Tensor, torch.Generator | None], Verdict
+]
+"""(draft_tokens [B, N], shape, draft_probs [B, N, V] | None, target_probs [B, N+1, V],
+generator) -> Verdict with ``path``."""
+
+# Medusa-2's typical acceptance (Cai et al. 2024): epsilon and delta of its threshold.
+TYPICAL_EPSILON = 0.09
+TYPICAL_DELTA = 0.3
+
+
+def tree_rejection_sampling(
+    draft_tokens: torch.Tensor,
+    shape: TreeShape,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Multi-candidate speculative sampling over a tree (SpecInfer, Miao et al. 2024; recursive
+    rejection sampling, Jeon et al. 2024). Lossless.
+
+    draft_tokens: [B, N]; draft_probs: [B, N, V], the distribution each node was drawn from
+    *given its elder siblings* (a drafter sampling siblings without replacement reports the
+    renormalised rest), or None for deterministic candidates (point masses);
+    target_probs: [B, N+1, V].
+
+    At a node with target distribution q, its children c_1, c_2, .. are tried in order: c_i
+    (drawn from p_i) is accepted with probability min(1, q(c_i) / p_i(c_i)); on rejection q
+    becomes the residual norm(max(0, q - p_i)) and the next sibling is tried. An accepted child
+    becomes the node (with its own target distribution); when every child is rejected, or the
+    node is a leaf, the next token is drawn from the current q. Each trial is one step of
+    ordinary speculative sampling of the current q, so by induction over the siblings the token
+    taken at a node follows the target's distribution there: the output is exact. With point
+    masses a rejection just removes c_i from q, which is sampling q without replacement; that
+    is exact whatever the candidates, so probabilities only raise acceptance, never exactness.
+    """
+    batch = draft_tokens.shape[0]
+    rows = torch.arange(batch, device=draft_tokens.device)
+    node = torch.full((batch,), -1, dtype=torch.long, device=rows.device)
+    q = target_probs[:, 0].clone()  # [B, V] the distribution the next token must follow
+    final = torch.empty_like(q)
+    done = torch.zeros(batch, dtype=torch.bool, device=rows.device)
+    path = torch.full((batch, max(shape.max_depth, 1)), -1, dtype=torch.long, device=rows.device)
+    num_accepted = torch.zeros(batch, dtype=torch.long, device=rows.device)
+    for depth in range(shape.max_depth + 1):
+        kids = shape.children.to(rows.device)[node + 1]  # [B, W]
+        chosen = torch.full_like(node, -1)
+        for rank in range(kids.shape[1]):
+            child = kids[:, rank]
+            u = torch.rand(batch, generator=generator, device=rows.device)
+            trying = ~done & (chosen < 0) & (child >= 0)
+            if not bool(trying.any()):
+                continue
+            index = child.clamp_min(0)
+            token = draft_tokens[rows, index]  # [B]
+            if draft_probs is None:
+                p = torch.zeros_like(q).scatter_(1, token.unsqueeze(1), 1.0)
+            else:
+                p = draft_probs[rows, index]  # [B, V]
+            ok = trying & (u * p[rows, token] < q[rows, token])
+            chosen = torch.where(ok, child, chosen)
+            rejected = (trying & ~ok).unsqueeze(1)
+            q = torch.where(rejected, residual_distribution(q, p), q)
+        finishing = ~done & (chosen < 0)
+        final = torch.where(finishing.unsqueeze(1), q, final)
+        done |= finishing
+        if bool(done.all()):
+            break
+        moving = ~done
+        path[moving, depth] = chosen[moving]
+        num_accepted += moving.long()
+        node = torch.where(moving, chosen, node)
+        q = torch.where(moving.unsqueeze(1), target_probs[rows, node + 1], q)
+    return Verdict(num_accepted, sample(final, generator), path)
+
+
+def tree_greedy(
+    draft_tokens: torch.Tensor,
+    shape: TreeShape,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Greedy acceptance over a tree (token matching). Lossless.
+
+    draft_tokens: [B, N]; draft_probs: ignored; target_probs: [B, N+1, V]. From the root, the
+    target picks its own token at the node (argmax at temperature 0, a sample otherwise) and
+    the walk moves to the child holding that token, until no child does; the target's token
+    there is the next token. The output is the target's own samples along the walk: exact for
+    any drafter. With distinct siblings the walk is the longest path that matches.
+    """
+    batch = draft_tokens.shape[0]
+    rows = torch.arange(batch, device=draft_tokens.device)
+    node = torch.full((batch,), -1, dtype=torch.long, device=rows.device)
+    done = torch.zeros(batch, dtype=torch.bool, device=rows.device)
+    path = torch.full((batch, max(shape.max_depth, 1)), -1, dtype=torch.long, device=rows.device)
+    num_accepted = torch.zeros(batch, dtype=torch.long, device=rows.device)
+    next_token = torch.zeros(batch, dtype=torch.long, device=rows.device)
+    for depth in range(shape.max_depth + 1):
+        choice = sample(target_probs[rows, node + 1], generator)  # [B] the target's token
+        kids = shape.children.to(rows.device)[node + 1]  # [B, W]
+        match = (kids >= 0) & (
+            draft_tokens[rows.unsqueeze(1), kids.clamp_min(0)] == choice[:, None]
+        )
+        found = match.any(1)
+        child = kids.gather(1, match.long().argmax(1, keepdim=True)).squeeze(1)
+        finishing = ~done & ~found
+        next_token = torch.where(finishing, choice, next_token)
+        done |= finishing
+        if bool(done.all()):
+            break
+        moving = ~done
+        path[moving, depth] = child[moving]
+        num_accepted += moving.long()
+        node = torch.where(moving, child, node)
+    return Verdict(num_accepted, next_token, path)
+
+
+def tree_typical(
+    draft_tokens: torch.Tensor,
+    shape: TreeShape,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """Typical acceptance (Medusa-2, Cai et al. 2024). LOSSY: the output does not follow the
+    target's distribution at temperature > 0; never a default.
+
+    draft_tokens: [B, N]; draft_probs: ignored; target_probs: [B, N+1, V]. A node's token x is
+    typical when q(x) > min(epsilon, delta * exp(-H(q))), q the target's distribution at its
+    parent. The accepted path is the longest root-to-leaf prefix of typical nodes (the first
+    such path on ties); the next token is drawn from the target at its last node. At
+    temperature 0 q is one-hot, only the argmax is typical, and the rule equals greedy.
+    """
+    batch = draft_tokens.shape[0]
+    rows = torch.arange(batch, device=draft_tokens.device)
+    if shape.num_nodes == 0:
+        empty = torch.full((batch, 1), -1, dtype=torch.long, device=rows.device)
+        return Verdict(torch.zeros_like(rows), sample(target_probs[:, 0], generator), empty)
+    parents = shape.parents.to(rows.device)
+    parent_q = target_probs[:, parents + 1]  # [B, N, V]
+    entropy = -(parent_q * parent_q.clamp_min(1e-30).log()).sum(-1)  # [B, N]
+    threshold = torch.minimum(
+        torch.full_like(entropy, TYPICAL_EPSILON), TYPICAL_DELTA * torch.exp(-entropy)
+    )
+    typical = parent_q.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1) > threshold  # [B, N]
+    paths = shape.paths.to(rows.device)  # [L, D]
+    on_path = typical[:, paths.clamp_min(0)] & (paths >= 0)  # [B, L, D]
+    lengths = on_path.long().cumprod(-1).sum(-1)  # [B, L]
+    best = lengths.argmax(1)  # first longest
+    num_accepted = lengths[rows, best]
+    depth = torch.arange(paths.shape[1], device=rows.device)
+    path = torch.where(depth < num_accepted.unsqueeze(1), paths[best], -1)
+    last = torch.where(
+        num_accepted > 0,
+        path.gather(1, (num_accepted - 1).clamp_min(0).unsqueeze(1)).squeeze(1),
+        -1,
+    )
+    return Verdict(num_accepted, sample(target_probs[rows, last + 1], generator), path)
+
+
+def chain_rule(tree_rule: TreeAcceptFn) -> AcceptFn:
+    """A tree rule applied to a chain draft (a tree with one child per node)."""
+
+    def rule(
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        target_probs: torch.Tensor,
+        generator: torch.Generator | None,
+    ) -> Verdict:
+        shape = TreeShape.chain(draft_tokens.shape[1])
+        verdict = tree_rule(draft_tokens, shape, draft_probs, target_probs, generator)
+        return Verdict(verdict.num_accepted, verdict.next_token)
+
+    rule.__doc__ = tree_rule.__doc__
+    return rule
+
+
 ACCEPT_RULES: dict[AcceptRule, AcceptFn] = {
     AcceptRule.REJECTION_SAMPLING: rejection_sampling,
     AcceptRule.GREEDY: greedy,
+    AcceptRule.TYPICAL: chain_rule(tree_typical),
+}
+
+TREE_RULES: dict[AcceptRule, TreeAcceptFn] = {
+    AcceptRule.REJECTION_SAMPLING: tree_rejection_sampling,
+    AcceptRule.GREEDY: tree_greedy,
+    AcceptRule.TYPICAL: tree_typical,
 }

@@ -22,10 +22,19 @@ class Method(StrEnum):
 
 
 class AcceptRule(StrEnum):
-    """How the target judges a draft. Every member here is lossless; see ``accept.py``."""
+    """How the target judges a draft (``accept.py``). Rejection sampling and greedy are
+    lossless; typical (Medusa-2) is lossy and never a default."""
 
     REJECTION_SAMPLING = "rejection_sampling"
     GREEDY = "greedy"
+    TYPICAL = "typical"
+
+    @property
+    def lossless(self) -> bool:
+        return self is not AcceptRule.TYPICAL
+
+
+LOSSLESS_RULES = tuple(rule for rule in AcceptRule if rule.lossless)
 
 
 def _check_number(name: str, value: Any, *, integer: bool = False) -> None:

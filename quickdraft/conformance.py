@@ -16,14 +16,15 @@ from dataclasses import dataclass
 import torch
 from scipy import stats as scipy_stats
 
-from quickdraft.accept import ACCEPT_RULES, AcceptFn
-from quickdraft.config import AcceptRule, SamplingParams
-from quickdraft.drafters.base import Drafter
+from quickdraft.accept import ACCEPT_RULES, TREE_RULES, AcceptFn, TreeAcceptFn, Verdict
+from quickdraft.config import LOSSLESS_RULES, AcceptRule, SamplingParams
+from quickdraft.drafters.base import DecodeState, Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.engine import SpeculativeDecoder
 from quickdraft.models.base import Model
 from quickdraft.models.toy import HeadedNGramLM, NGramLM
-from quickdraft.sampling import probs_from_logits
+from quickdraft.sampling import probs_from_logits, sample
+from quickdraft.tree import TreeShape
 from quickdraft.vocab import (
     ClusterShortlist,
     FrequencyShortlist,
@@ -47,6 +48,9 @@ MIN_EXPECTED = 5.0
 # out of the draft's support often.
 TOY_CLUSTERS = 4
 SHORTLIST_ROWS = ("fr:3", "fr-pa:6", "dyna:2", "dyna-pa:3")
+# Tree rows: siblings sampled without replacement from the draft (2 + 4 + 4 nodes, depth 3), and
+# a Medusa-style tree of deterministic top-ranked candidates (point masses, 7 nodes, depth 3).
+TREE_ROWS = ("sample:2,2,1", "top:0|1|2|0.0|0.1|1.0|0.0.0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,7 @@ class Case:
     top_p: float
     k: int
     shortlist: str = "full"
+    tree: str = ""  # "" for a chain of k, else a ``toy_tree`` spec; k is then its depth
 
     @property
     def sampling(self) -> SamplingParams:
@@ -81,12 +86,78 @@ class CaseResult:
 
 def default_cases() -> list[Case]:
     """Every lossless rule over temperature x top-k x top-p x k, then every rule with each
-    kind of drafter vocabulary shortlist."""
-    grid = itertools.product(AcceptRule, (0.6, 1.0), (0, 5), (1.0, 0.9), (1, 4))
+    kind of drafter vocabulary shortlist, then every rule with sampled and top-ranked trees."""
+    grid = itertools.product(LOSSLESS_RULES, (0.6, 1.0), (0, 5), (1.0, 0.9), (1, 4))
     cases = [Case(rule, t, top_k, top_p, k) for rule, t, top_k, top_p, k in grid]
-    shortlisted = itertools.product(AcceptRule, SHORTLIST_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
+    shortlisted = itertools.product(LOSSLESS_RULES, SHORTLIST_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
     cases += [Case(r, t, top_k, top_p, 4, s) for r, s, (t, top_k, top_p) in shortlisted]
+    trees = itertools.product(LOSSLESS_RULES, TREE_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
+    for rule, tree, (t, top_k, top_p) in trees:
+        cases.append(Case(rule, t, top_k, top_p, toy_tree(tree).max_depth, tree=tree))
     return cases
+
+
+def toy_tree(text: str) -> TreeShape:
+    """``sample:W1,W2,..`` (a full tree of those widths) or ``top:P|P|..`` (Medusa paths, each
+    a dot-separated list of ranks)."""
+    kind, _, spec = text.partition(":")
+    if kind == "sample":
+        return TreeShape.from_branching([int(w) for w in spec.split(",")])
+    if kind == "top":
+        return TreeShape.from_paths([[int(r) for r in p.split(".")] for p in spec.split("|")])
+    raise ValueError(f"tree: expected sample:W,W,.. or top:P|P|.., got {text!r}")
+
+
+class NGramTreeDrafter:
+    """Tree drafts from a toy n-gram draft model, whose distribution at any node it reads
+    straight from the table (the context is the sequence, then the node's ancestors).
+
+    ``sampled``: each node's children are drawn from the draft's distribution (after the
+    target's sampling parameters) without replacement, and each reports the distribution it
+    was drawn from, its elder siblings removed; if they exhausted the support, the next is
+    drawn from the full distribution again (still its true distribution given the history).
+    Otherwise the children are the draft's top-ranked tokens, deterministic (point masses)."""
+
+    def __init__(self, model: NGramLM, shape: TreeShape, sampled: bool):
+        self.model, self.shape, self.sampled = model, shape, sampled
+        self.vocab_size = model.vocab_size
+        self.num_tokens = shape.num_nodes
+        self.depth = shape.max_depth
+
+    def begin(self, state: DecodeState) -> None:
+        """Nothing to prefill: the table is the whole model."""
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        """Nothing to learn."""
+
+    def propose(self, state: DecodeState) -> Draft:
+        model, shape = self.model, self.shape
+        batch, width = state.batch_size, model.order - 1
+        slots = state.lengths.unsqueeze(1) - width + torch.arange(width)  # [B, n-1]
+        root = state.tokens.gather(1, slots.clamp_min(0))
+        root = torch.where(slots < 0, model.vocab_size, root)
+        contexts: dict[int, torch.Tensor] = {-1: root}  # node -> its context [B, n-1]
+        tokens = torch.zeros(batch, shape.num_nodes, dtype=torch.long)
+        probs = torch.zeros(batch, shape.num_nodes, model.vocab_size)
+        for parent in range(-1, shape.num_nodes):
+            kids = [c for c in shape.children[parent + 1].tolist() if c >= 0]
+            if not kids:
+                continue
+            index = (contexts[parent] * model._powers).sum(-1)
+            full = probs_from_logits(model.table[index], state.sampling)  # [B, V]
+            left = full
+            for rank, child in enumerate(kids):
+                if self.sampled:
+                    token = sample(left, state.generator)
+                    probs[:, child] = left
+                    rest = left.scatter(1, token.unsqueeze(1), 0.0)
+                    mass = rest.sum(1, keepdim=True)
+                    left = torch.where(mass > 0, rest / mass.clamp_min(1e-30), full)
+                else:
+                    token = torch.sort(full, dim=1, descending=True, stable=True).indices[:, rank]
+                tokens[:, child] = token
+                contexts[child] = torch.cat([contexts[parent][:, 1:], token.unsqueeze(1)], 1)
+        return Draft(tokens, shape.parents, probs if self.sampled else None)
 
 
 def toy_shortlist(text: str, num_positions: int, seed: int = 0) -> Shortlist | None:
@@ -168,6 +239,7 @@ def run_case(
     seed: int = 0,
     drafter: Drafter | None = None,
     accept_fn: AcceptFn | None = None,
+    tree_accept_fn: TreeAcceptFn | None = None,
 ) -> CaseResult:
     """Sample ``samples`` continuations of k+1 tokens and test them against the exact joint.
 
@@ -176,14 +248,23 @@ def run_case(
     """
     start = time.perf_counter()
     target, draft = toy_pair(seed)
+    if drafter is None and case.tree:
+        shape = toy_tree(case.tree)
+        drafter = NGramTreeDrafter(draft, shape, sampled=case.tree.startswith("sample"))
     if drafter is None:
         shortlist = toy_shortlist(case.shortlist, case.k, seed)
         if shortlist is not None:
             draft = HeadedNGramLM.from_ngram(draft)
         drafter = DraftModelDrafter(draft, case.k, shortlist=shortlist)
-    if drafter.num_tokens != case.k:
-        raise ValueError(f"drafter: drafts {drafter.num_tokens} tokens, the case needs {case.k}")
-    decoder = SpeculativeDecoder(target, drafter, accept_fn or ACCEPT_RULES[case.rule])
+    depth = int(getattr(drafter, "depth", drafter.num_tokens))
+    if depth != case.k:
+        raise ValueError(f"drafter: drafts {depth} positions deep, the case needs {case.k}")
+    decoder = SpeculativeDecoder(
+        target,
+        drafter,
+        accept_fn or ACCEPT_RULES[case.rule],
+        tree_accept_fn=tree_accept_fn or TREE_RULES[case.rule],
+    )
     prompts = torch.tensor([PROMPT], dtype=torch.long).expand(samples, -1)
     sampling = SamplingParams(
         temperature=case.temperature,

@@ -12,13 +12,21 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.accept import ACCEPT_RULES, AcceptFn, rejection_sampling
+from quickdraft.accept import (
+    ACCEPT_RULES,
+    TREE_RULES,
+    AcceptFn,
+    TreeAcceptFn,
+    rejection_sampling,
+    tree_rejection_sampling,
+)
 from quickdraft.config import Method, SamplingParams, SpecConfig
 from quickdraft.drafters import Drafter, build_drafter
 from quickdraft.drafters.base import DecodeState, Draft
 from quickdraft.models.base import Model, Tokenizer
 from quickdraft.sampling import make_generator, probs_from_logits
 from quickdraft.stats import Stats
+from quickdraft.tree import TreeShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +57,8 @@ class SpeculativeDecoder:
 
     target: the model whose distribution the output follows.
     drafter: proposes tokens; None decodes autoregressively through the same loop.
-    accept_fn: the acceptance rule (see ``accept.ACCEPT_RULES``).
+    accept_fn: the acceptance rule for chain drafts (see ``accept.ACCEPT_RULES``).
+    tree_accept_fn: the rule for tree drafts (``accept.TREE_RULES``), the same rule's tree form.
     tokenizer: optional; needed for text output and stop strings.
     """
 
@@ -59,6 +68,7 @@ class SpeculativeDecoder:
         drafter: Drafter | None = None,
         accept_fn: AcceptFn = rejection_sampling,
         tokenizer: Tokenizer | None = None,
+        tree_accept_fn: TreeAcceptFn = tree_rejection_sampling,
     ):
         if drafter is not None and drafter.vocab_size != target.vocab_size:
             raise ValueError(
@@ -68,11 +78,19 @@ class SpeculativeDecoder:
         self.target = target
         self.drafter = drafter
         self.accept_fn = accept_fn
+        self.tree_accept_fn = tree_accept_fn
         self.tokenizer = tokenizer
 
     @property
     def k(self) -> int:
         return 0 if self.drafter is None else self.drafter.num_tokens
+
+    @property
+    def depth(self) -> int:
+        """Draft positions a verify step can accept: k for chains, a tree drafter's depth."""
+        if self.drafter is None:
+            return 0
+        return int(getattr(self.drafter, "depth", self.drafter.num_tokens))
 
     def run(
         self,
@@ -90,21 +108,22 @@ class SpeculativeDecoder:
         k, target = self.k, self.target
         capacity = prompt_len + sampling.max_new_tokens + k + 1
         generator = make_generator(sampling.seed)
-        stats = Stats(k=k, batch_size=batch)
+        stats = Stats(k=self.depth, batch_size=batch)
 
         # 1. Prefill: the target caches all prompt tokens but the last, which stays pending.
         #    The first verify step then reads [last prompt token, d_1 .. d_k], exactly like
         #    every later step, so even the first generated token can come from the draft.
         cache = target.new_cache(batch, capacity)
-        if prompt_len > 1:
-            positions = torch.arange(prompt_len - 1).expand(batch, -1)
-            target.forward(prompts[:, :-1], positions, cache)
-            cache.commit(prompt_len - 1)
         tokens = torch.zeros(batch, capacity, dtype=torch.long)
         tokens[:, :prompt_len] = prompts
         state = DecodeState(
             tokens, torch.full((batch,), prompt_len), prompt_len, sampling, generator
         )
+        if prompt_len > 1:
+            positions = torch.arange(prompt_len - 1).expand(batch, -1)
+            prefill = target.forward(prompts[:, :-1], positions, cache)
+            cache.commit(prompt_len - 1)
+            state.target_hidden = prefill.hidden[:, -1]
         output = StepOutput(state, sampling, self.tokenizer)
         if self.drafter is not None:
             self.drafter.begin(state)  # the drafter's own prompt pass counts as prefill
@@ -117,28 +136,54 @@ class SpeculativeDecoder:
             tock = time.perf_counter()
             stats.time_draft += tock - tick
 
-            # 3. Verify: one target forward over [pending, d_1 .. d_k].
+            # 3. Verify: one target forward over [pending, draft nodes]; a tree draft attends
+            #    along its branches only.
+            shape = None if draft.is_chain else TreeShape.from_parents(draft.parents)
             lengths = state.lengths
             inputs = torch.cat([tokens.gather(1, (lengths - 1).unsqueeze(1)), draft.tokens], 1)
-            positions = (lengths - 1).unsqueeze(1) + torch.arange(inputs.shape[1])
-            logits = target.forward(inputs, positions, cache).logits.cpu()
+            offsets = torch.arange(inputs.shape[1]) if shape is None else shape.position_offsets
+            positions = (lengths - 1).unsqueeze(1) + offsets
+            verified = target.forward(
+                inputs, positions, cache, tree_mask=None if shape is None else shape.mask
+            )
             stats.target_forwards += 1
 
-            # 4. Accept: how many drafts survive, and the corrected or bonus token.
-            target_probs = probs_from_logits(logits, sampling)
-            verdict = self.accept_fn(draft.tokens, draft.probs, target_probs, generator)
+            # 4. Accept: the accepted drafts (a path, for a tree), and the corrected or bonus
+            #    token.
+            target_probs = probs_from_logits(verified.logits.cpu(), sampling)
+            if shape is None:
+                verdict = self.accept_fn(draft.tokens, draft.probs, target_probs, generator)
+                path = torch.arange(draft.tokens.shape[1]).expand(batch, -1)
+            else:
+                verdict = self.tree_accept_fn(
+                    draft.tokens, shape, draft.probs, target_probs, generator
+                )
+                assert verdict.path is not None
+                path = verdict.path
             stats.time_verify += time.perf_counter() - tock
 
             # 5. Commit: the output gains the accepted drafts and the next token; the target's
-            #    cache keeps the pending token and the accepted drafts of rows still going.
+            #    cache keeps the pending token and the accepted nodes of rows still going.
             num_accepted = verdict.num_accepted
-            stats.record(num_accepted[output.active], draft.tokens.shape[1])
-            chunk = torch.cat([draft.tokens, verdict.next_token.unsqueeze(1)], 1)
+            depth = path.shape[1] if shape is None else shape.max_depth
+            stats.record(num_accepted[output.active], depth)
+            accepted = draft.tokens.gather(1, path.clamp_min(0))  # [B, depth]
+            chunk = torch.cat([accepted, verdict.next_token.unsqueeze(1)], 1)
             chunk.scatter_(1, num_accepted.unsqueeze(1), verdict.next_token.unsqueeze(1))
             output.append(chunk, num_accepted + 1, num_accepted)
             if on_step is not None:
                 on_step(output)
-            cache.commit(torch.where(output.active, num_accepted + 1, 0))
+            # Verify-input index of each kept node: the root (0), then the path's nodes.
+            kept = torch.cat([torch.zeros(batch, 1, dtype=torch.long), path.clamp_min(0) + 1], 1)
+            num_kept = torch.where(output.active, num_accepted + 1, 0)
+            if shape is None:
+                cache.commit(num_kept)
+            else:
+                cache.commit_path(kept, num_kept)
+            last = kept.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # made next_token
+            state.target_hidden = verified.hidden[
+                torch.arange(batch), last.to(verified.hidden.device)
+            ]
             if self.drafter is not None:
                 self.drafter.observe(state, verdict)
 
@@ -149,10 +194,7 @@ class SpeculativeDecoder:
         if self.drafter is None:
             empty = torch.zeros(state.batch_size, 0, dtype=torch.long)
             return Draft.chain(empty, None)
-        draft = self.drafter.propose(state)
-        if not draft.is_chain:
-            raise ValueError("drafter: tree drafts need a tree-capable verifier; got a tree")
-        return draft
+        return self.drafter.propose(state)
 
     def _validate(self, prompts: torch.Tensor, sampling: SamplingParams) -> None:
         if prompts.dim() != 2 or prompts.dtype != torch.long:
@@ -286,7 +328,9 @@ def _decoder(
         if tokenizer is not None and draft_tokenizer is not None:
             same = same_vocabulary(tokenizer, draft_tokenizer)
         drafter = build_drafter(spec, target, draft, same_tokenizer=same)  # type: ignore
-    return SpeculativeDecoder(target, drafter, ACCEPT_RULES[spec.acceptance], tokenizer)
+    return SpeculativeDecoder(
+        target, drafter, ACCEPT_RULES[spec.acceptance], tokenizer, TREE_RULES[spec.acceptance]
+    )
 
 
 def same_vocabulary(a: Tokenizer, b: Tokenizer) -> bool:

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from quickdraft import accept
 from quickdraft.accept import (
     Verdict,
     accepted_count,
@@ -13,16 +14,19 @@ from quickdraft.accept import (
     sample_next,
 )
 from quickdraft.cli import main
-from quickdraft.config import AcceptRule
+from quickdraft.config import LOSSLESS_RULES, AcceptRule
 from quickdraft.conformance import (
     Case,
+    NGramTreeDrafter,
     chi_square,
     default_cases,
     exact_distribution,
     run_case,
     toy_pair,
     toy_shortlist,
+    toy_tree,
 )
+from quickdraft.drafters.base import Draft
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.models.toy import HeadedNGramLM
 from quickdraft.sampling import probs_from_logits, sample
@@ -31,17 +35,23 @@ CASES = default_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 48
-    assert {case.rule for case in CASES} == set(AcceptRule)
+    assert len(CASES) == 56
+    assert {case.rule for case in CASES} == set(LOSSLESS_RULES)
     shortlisted = {case.shortlist for case in CASES} - {"full"}
     assert {s.split(":")[0] for s in shortlisted} == {"fr", "fr-pa", "dyna", "dyna-pa"}
+    trees = [case for case in CASES if case.tree]
+    assert {case.tree.split(":")[0] for case in trees} == {"sample", "top"}
+    assert {case.rule for case in trees} == set(LOSSLESS_RULES)
+    assert all(toy_tree(case.tree).max_depth == case.k == 3 for case in trees)
 
 
 @pytest.mark.parametrize(
     "case",
     CASES,
-    ids=lambda c: f"{c.rule.value}-T{c.temperature}-topk{c.top_k}-topp{c.top_p}-k{c.k}"
-    f"-{c.shortlist}",
+    ids=lambda c: (
+        f"{c.rule.value}-T{c.temperature}-topk{c.top_k}-topp{c.top_p}-k{c.k}-{c.shortlist}"
+        + (f"-tree{c.tree.split(':')[0]}" if c.tree else "")
+    ),
 )
 def test_lossless_rule_matches_the_target_distribution(case):
     result = run_case(case, samples=50_000, seed=0)
@@ -183,4 +193,47 @@ def test_unrenormalised_shortlist_probabilities_are_caught():
 def test_conformance_command_passes_and_prints_the_table(capsys):
     assert main(["conformance", "--samples", "4000"]) == 0
     out = capsys.readouterr().out
-    assert "48/48 rows pass" in out and "rejection_sampling" in out and "greedy" in out
+    assert "56/56 rows pass" in out and "rejection_sampling" in out and "greedy" in out
+
+
+# Broken tree variants.
+TREE_CASE = Case(AcceptRule.REJECTION_SAMPLING, 1.0, 0, 1.0, 3, tree="sample:2,2,1")
+
+
+class SiblingsReportTheFullDistribution(NGramTreeDrafter):
+    """Samples siblings without replacement but reports the draft's distribution before the
+    elder siblings were removed."""
+
+    def propose(self, state):
+        draft = super().propose(state)
+        probs = draft.probs.clone()
+        for group in self.shape.children.tolist():
+            kids = [c for c in group if c >= 0]
+            probs[:, kids] = probs[:, kids[:1]]  # every sibling claims the first's distribution
+        return Draft(draft.tokens, draft.parents, probs)
+
+
+def test_broken_tree_variants_are_caught(monkeypatch):
+    _, draft = toy_pair(0)
+    shape = toy_tree(TREE_CASE.tree)
+    drafter = SiblingsReportTheFullDistribution(draft, shape, sampled=True)
+    result = run_case(TREE_CASE, samples=50_000, seed=0, drafter=drafter)
+    assert result.p_value < 1e-6, ("siblings with replacement", result)
+    # Rejected siblings leave the target distribution untouched: the next sibling is judged
+    # against q instead of the residual.
+    monkeypatch.setattr(accept, "residual_distribution", lambda q, p: q)
+    result = run_case(TREE_CASE, samples=50_000, seed=0)
+    assert result.p_value < 1e-6, ("no residual between siblings", result)
+
+
+def test_sampled_candidates_judged_as_point_masses_stay_exact_but_accept_less():
+    """Not a broken variant: with point masses a rejection removes the candidate from q, which
+    is sampling q without replacement, exact whatever the candidates; it just accepts less."""
+
+    def as_point_masses(draft_tokens, shape, draft_probs, target_probs, generator):
+        return accept.tree_rejection_sampling(draft_tokens, shape, None, target_probs, generator)
+
+    blind = run_case(TREE_CASE, samples=50_000, seed=1, tree_accept_fn=as_point_masses)
+    informed = run_case(TREE_CASE, samples=50_000, seed=1)
+    assert blind.p_value >= 1e-3 and informed.p_value >= 1e-3
+    assert informed.mean_accepted_length > blind.mean_accepted_length + 0.5

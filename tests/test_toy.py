@@ -65,7 +65,7 @@ def test_bad_arguments_raise_value_errors():
             torch.tensor([[1]]),
             torch.tensor([[0]]),
             model.new_cache(1, 4),
-            tree_mask=torch.ones(1, 1, dtype=torch.bool),
+            tree_mask=torch.ones(2, 2, dtype=torch.bool),  # one new token needs a [1, 1] mask
         )
     with pytest.raises(ValueError, match="capacity"):
         model.forward(

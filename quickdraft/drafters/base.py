@@ -22,6 +22,10 @@ class DecodeState:
     prompt_length: tokens of the prompt (equal for all rows).
     sampling: the target's sampling parameters.
     generator: the one source of randomness of the run.
+    target_hidden: [B, D], the target's final hidden state at the token before the pending one
+              (the state its pending token was predicted from), for drafters that read the
+              target's features (Medusa, EAGLE); None before any target pass has seen that
+              token (a one-token prompt).
     """
 
     tokens: torch.Tensor
@@ -29,6 +33,7 @@ class DecodeState:
     prompt_length: int
     sampling: SamplingParams
     generator: torch.Generator
+    target_hidden: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -56,6 +56,12 @@ class Cache:
         """Keep the first num_kept ([B] or scalar) entries the last forward wrote."""
         self.lengths += num_kept
 
+    def commit_path(self, path: torch.Tensor, num_kept: torch.Tensor) -> None:
+        """Keep the tree nodes ``path`` ([B, n] indices into the last forward's T tokens, root
+        first) as the next entries of each row and advance each pointer by num_kept[b] ([B]);
+        columns past a row's num_kept are scratch. Caches of models that verify trees."""
+        raise ValueError(f"{type(self).__name__}: this model's cache keeps chain drafts only")
+
     def rollback(self, lengths: torch.Tensor | int) -> None:
         """Move each row's pointer back to ``lengths`` ([B] or scalar); never forward."""
         target = torch.as_tensor(lengths, device=self.lengths.device).expand_as(self.lengths)

@@ -27,6 +27,13 @@ class TokenCache(Cache):
         super().__init__(batch_size, capacity)
         self.tokens = torch.zeros(batch_size, capacity, dtype=torch.long)
 
+    def commit_path(self, path: torch.Tensor, num_kept: torch.Tensor) -> None:
+        rows = torch.arange(self.batch_size).unsqueeze(1)
+        source = self.lengths.unsqueeze(1) + path
+        target = self.lengths.unsqueeze(1) + torch.arange(path.shape[1])
+        self.tokens[rows, target] = self.tokens[rows, source]
+        self.lengths += num_kept
+
 
 class NGramLM:
     """An n-gram language model with a logit table [(V+1)^(n-1), V]; id V is the BOS symbol."""
@@ -101,16 +108,35 @@ class NGramLM:
     def _context_index(
         self, tokens: torch.Tensor, cache: Cache, tree_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """Writes ``tokens`` into the cache; the table row [B, T] of each new position."""
-        if tree_mask is not None:
-            raise ValueError("tree_mask: toy n-gram models verify chains only")
+        """Writes ``tokens`` into the cache; the table row [B, T] of each new position. With a
+        tree mask [T, T], a new token's context is the committed prefix, then its ancestors."""
         if not isinstance(cache, TokenCache):
             raise ValueError(f"cache must be a TokenCache, got {type(cache).__name__}")
         batch, num_new = tokens.shape
         slots = cache.slots_for(num_new)  # [B, T]
         cache.tokens.scatter_(1, slots, tokens)
-        context_slots = slots.unsqueeze(-1) + torch.arange(2 - self.order, 1)  # [B, T, n-1]
-        context = cache.tokens.gather(1, context_slots.clamp_min(0).view(batch, -1))
+        back = torch.arange(
+            self.order - 2, -1, -1
+        )  # [n-1]: steps back from the token, oldest first
+        if tree_mask is None:
+            context_slots = slots.unsqueeze(-1) - back  # [B, T, n-1]
+        else:
+            if tree_mask.shape != (num_new, num_new):
+                raise ValueError(f"tree_mask must be [T, T] = [{num_new}, {num_new}]")
+            # The j-th visible new token back from t (t itself at j = 0), else the prefix.
+            visible = tree_mask.long()
+            count = visible.sum(1)  # [T] ancestors and itself
+            order = torch.where(tree_mask, visible.cumsum(1), 0)  # 1.. along the branch
+            rank = count.unsqueeze(1) - back  # [T, n-1], 1-based rank in the branch, or <= 0
+            match = order.unsqueeze(1) == rank.unsqueeze(2)  # [T, n-1, T]
+            new_index = match.long().argmax(2)  # [T, n-1]
+            in_branch = rank >= 1
+            prefix_offset = rank - 1  # <= -1 reaches into the committed prefix
+            lengths = cache.lengths.view(-1, 1, 1)
+            context_slots = torch.where(
+                in_branch, lengths + new_index, lengths + prefix_offset
+            )  # [B, T, n-1]
+        context = cache.tokens.gather(1, context_slots.clamp_min(0).reshape(batch, -1))
         context = context.view(context_slots.shape)
         context = torch.where(context_slots < 0, self.vocab_size, context)
         return (context * self._powers).sum(-1)  # [B, T]
