@@ -19,6 +19,7 @@ class Method(StrEnum):
     AR = "ar"
     DRAFT_MODEL = "draft_model"
     NGRAM = "ngram"
+    MEDUSA = "medusa"
 
 
 class AcceptRule(StrEnum):
@@ -131,6 +132,10 @@ class SpecConfig:
         target always verifies over the full vocabulary.
     shortlist_dir: the folder of the shortlist's artifacts; None uses those shipped for the
         draft model.
+    medusa_dir: medusa only: the folder of trained heads (``quickdraft train medusa``); None
+        uses those shipped for the target.
+    tree: medusa only: the draft tree, ``default`` (a sparse tree fitted to the heads) or
+        sibling counts per depth such as ``4,2,1``; num_speculative_tokens is then unused.
     """
 
     method: Method = Method.DRAFT_MODEL
@@ -141,6 +146,8 @@ class SpecConfig:
     prompt_lookup_max: int = 3
     draft_shortlist: str = "full"
     shortlist_dir: str | None = None
+    medusa_dir: str | None = None
+    tree: str = "default"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", _enum_value("method", Method, self.method))
@@ -169,6 +176,18 @@ class SpecConfig:
             raise ValueError(f"draft_{error}") from None
         if self.draft_shortlist != "full" and self.method is not Method.DRAFT_MODEL:
             raise ValueError("draft_shortlist applies to method draft_model only")
+
+        if not isinstance(self.tree, str):
+            raise ValueError(f"tree must be a string such as default or 4,2,1; got {self.tree!r}")
+        if self.method is not Method.MEDUSA:
+            if self.tree != "default":
+                raise ValueError("tree applies to method medusa only")
+            if self.medusa_dir is not None:
+                raise ValueError("medusa_dir applies to method medusa only")
+        elif self.tree != "default":
+            from quickdraft.drafters.medusa import parse_tree
+
+            parse_tree(self.tree, 64)  # the widths' syntax; their depth is checked on load
 
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
             _check_number(name, getattr(self, name), integer=True)

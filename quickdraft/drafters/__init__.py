@@ -5,6 +5,7 @@ from __future__ import annotations
 from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.base import DecodeState, Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.medusa import MedusaDrafter, build_medusa, heads_folder
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import Model
 from quickdraft.vocab import artifact_folder, build_shortlist
@@ -16,6 +17,7 @@ def _draft_model(
     draft: Model | None,
     same_tokenizer: bool | None,
     draft_name: str | None,
+    target_name: str | None,
 ) -> Drafter:
     if draft is None:
         raise ValueError("draft: method draft_model needs a draft model")
@@ -48,6 +50,7 @@ def _ngram(
     draft: Model | None,
     same_tokenizer: bool | None,
     draft_name: str | None,
+    target_name: str | None,
 ) -> Drafter:
     if draft is not None:
         raise ValueError("draft: method ngram uses no draft model")
@@ -59,9 +62,23 @@ def _ngram(
     )
 
 
+def _medusa(
+    spec: SpecConfig,
+    target: Model,
+    draft: Model | None,
+    same_tokenizer: bool | None,
+    draft_name: str | None,
+    target_name: str | None,
+) -> Drafter:
+    if draft is not None:
+        raise ValueError("draft: method medusa drafts with heads on the target, not a draft model")
+    return build_medusa(target, heads_folder(target_name, spec.medusa_dir), spec.tree)
+
+
 _BUILDERS = {
     Method.DRAFT_MODEL: _draft_model,
     Method.NGRAM: _ngram,
+    Method.MEDUSA: _medusa,
 }
 
 
@@ -72,16 +89,18 @@ def build_drafter(
     *,
     same_tokenizer: bool | None = None,
     draft_name: str | None = None,
+    target_name: str | None = None,
 ) -> Drafter | None:
     """The drafter for ``spec.method``, or None for plain autoregressive decoding.
 
     same_tokenizer: whether the draft's tokenizer equals the target's, when the caller knows
     (``HFTokenizer.same_vocabulary``); it lets padded vocabulary sizes differ.
     draft_name: the draft model's alias, which finds the shortlist artifacts shipped for it.
+    target_name: the target's alias, which finds the Medusa heads shipped for it.
     """
     if spec.method is Method.AR:
         return None
-    return _BUILDERS[spec.method](spec, target, draft, same_tokenizer, draft_name)
+    return _BUILDERS[spec.method](spec, target, draft, same_tokenizer, draft_name, target_name)
 
 
 __all__ = [
@@ -89,6 +108,7 @@ __all__ = [
     "Draft",
     "DraftModelDrafter",
     "Drafter",
+    "MedusaDrafter",
     "NGramDrafter",
     "build_drafter",
 ]

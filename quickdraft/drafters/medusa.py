@@ -1,0 +1,258 @@
+"""Medusa (Cai et al. 2024): extra heads on the target itself draft a tree of candidates.
+
+Head i reads the target's final hidden state h_t at the token before the pending one and
+predicts the token i places after the pending one (t + 1 + i): a stack of residual blocks
+x + SiLU(W x + b), then the target's own LM head (or, with ``own_head``, a head of its own).
+The blocks start at zero, so an untrained head repeats the target's next-token prediction.
+
+The draft is a tree (``tree.TreeShape``): a node at depth d with sibling rank r holds head d's
+r-th most likely token. Candidates are deterministic (point masses), which the tree rules accept
+exactly (``accept.tree_rejection_sampling``). The heads cost one extra pass of the LM head for
+all of them together: their states are stacked into one product.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from quickdraft.accept import Verdict
+from quickdraft.drafters.base import DecodeState, Draft
+from quickdraft.models.base import Model
+from quickdraft.tree import TreeShape
+
+CONFIG_FILE = "medusa.json"
+WEIGHTS_FILE = "medusa.safetensors"
+ARTIFACTS = Path(__file__).parent / "artifacts" / "medusa"
+
+# Default trees (Medusa's sparse "choices"): wide where the heads are accurate (depth 1), narrow
+# deeper. 3 heads: 4 + 6 + 4 = 14 nodes.
+DEFAULT_PATHS: dict[int, tuple[tuple[int, ...], ...]] = {
+    1: ((0,), (1,), (2,), (3,)),
+    2: ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0)),
+    3: (
+        (0,), (1,), (2,), (3,),
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+    ),
+}  # fmt: skip
+
+
+def default_tree(num_heads: int) -> TreeShape:
+    """The default tree for ``num_heads`` heads: the 3-head tree cut, or extended by one top
+    candidate per further head."""
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    if num_heads in DEFAULT_PATHS:
+        return TreeShape.from_paths(DEFAULT_PATHS[num_heads])
+    paths = list(DEFAULT_PATHS[3])
+    for depth in range(4, num_heads + 1):
+        paths.append((0,) * depth)
+    return TreeShape.from_paths(paths)
+
+
+def parse_tree(text: str | None, num_heads: int) -> TreeShape:
+    """``None`` or ``default``: ``default_tree``; ``W1,W2,..``: a full tree of those widths,
+    at most one depth per head."""
+    if text is None or text == "default":
+        return default_tree(num_heads)
+    try:
+        widths = [int(w) for w in text.split(",")]
+    except ValueError:
+        raise ValueError(f"tree: expected default or widths like 4,2,1, got {text!r}") from None
+    if len(widths) > num_heads:
+        raise ValueError(f"tree: {len(widths)} levels but the heads predict only {num_heads}")
+    return TreeShape.from_branching(widths)
+
+
+@dataclass(frozen=True, slots=True)
+class MedusaConfig:
+    hidden_size: int
+    vocab_size: int
+    num_heads: int = 3
+    num_layers: int = 1
+    own_head: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "vocab_size", "num_heads", "num_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+class ResidualBlock(nn.Module):
+    """x + SiLU(W x + b), W and b zero at initialisation (the identity)."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.linear = nn.Linear(size, size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """``num_heads`` independent heads. ``forward(h [.., d])`` -> their states [.., H, d];
+    ``logits(states, lm_head)`` -> [.., H, V] with the target's head weight [V, d] or their own.
+    """
+
+    def __init__(self, config: MedusaConfig, lm_head: torch.Tensor | None = None):
+        super().__init__()
+        self.config = config
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*(ResidualBlock(config.hidden_size) for _ in range(config.num_layers)))
+            for _ in range(config.num_heads)
+        )
+        self.lm_heads: nn.ModuleList | None = None
+        if config.own_head:
+            if lm_head is None:
+                raise ValueError("lm_head: heads of their own start from the target's head weight")
+            self.lm_heads = nn.ModuleList(
+                nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+                for _ in range(config.num_heads)
+            )
+            for head in self.lm_heads:
+                head.weight.data.copy_(lm_head[: config.vocab_size])
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.stack([block(hidden) for block in self.blocks], dim=-2)
+
+    def logits(self, states: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
+        """states [.., H, d] -> logits [.., H, V] (training; inference packs the head)."""
+        if self.lm_heads is None:
+            return F.linear(states, lm_head)
+        return torch.stack(
+            [head(states[..., i, :]) for i, head in enumerate(self.lm_heads)], dim=-2
+        )
+
+
+def save_heads(folder: str | Path, heads: MedusaHeads, metadata: dict | None = None) -> None:
+    """The heads' weights (fp16) and config; ``metadata`` (e.g. training settings) goes into
+    the config file too."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {
+        name: tensor.detach().half().contiguous() for name, tensor in heads.state_dict().items()
+    }
+    save_file(state, str(folder / WEIGHTS_FILE))
+    record = {"config": asdict(heads.config), **(metadata or {})}
+    (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def load_heads(folder: str | Path) -> MedusaHeads:
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
+        raise ValueError(f"medusa_dir: {folder} holds no {CONFIG_FILE} and {WEIGHTS_FILE}")
+    config = MedusaConfig(**json.loads((folder / CONFIG_FILE).read_text())["config"])
+    heads = MedusaHeads.__new__(MedusaHeads)
+    nn.Module.__init__(heads)
+    heads.config = config
+    heads.blocks = nn.ModuleList(
+        nn.Sequential(*(ResidualBlock(config.hidden_size) for _ in range(config.num_layers)))
+        for _ in range(config.num_heads)
+    )
+    heads.lm_heads = None
+    if config.own_head:
+        heads.lm_heads = nn.ModuleList(
+            nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            for _ in range(config.num_heads)
+        )
+    state = {name: tensor.float() for name, tensor in load_file(str(folder / WEIGHTS_FILE)).items()}
+    heads.load_state_dict(state)
+    return heads.eval()
+
+
+def heads_folder(target_name: str | None, folder: str | Path | None = None) -> Path:
+    """The explicit folder, else the heads shipped for ``target_name``."""
+    if folder is not None:
+        return Path(folder)
+    shipped = ARTIFACTS / target_name if target_name else None
+    if shipped is not None and shipped.parent == ARTIFACTS and shipped.is_dir():
+        return shipped
+    names = sorted(p.name for p in ARTIFACTS.iterdir() if p.is_dir()) if ARTIFACTS.is_dir() else []
+    raise ValueError(
+        f"medusa_dir: no Medusa heads ship for target {target_name!r} (shipped: "
+        f"{', '.join(names) or 'none'}); train them with 'quickdraft train medusa' and pass "
+        "the folder"
+    )
+
+
+class MedusaDrafter:
+    """Drafts a tree from Medusa heads over the target's hidden state (``DecodeState.
+    target_hidden``). Needs a target with a separate ``head`` (the native runner)."""
+
+    def __init__(self, target: Model, heads: MedusaHeads, tree: TreeShape | None = None):
+        config = heads.config
+        if not hasattr(target, "head"):
+            raise ValueError(
+                "target: Medusa heads need the native runner's LM head, got "
+                f"{type(target).__name__}"
+            )
+        hidden_size = getattr(getattr(target, "config", None), "hidden_size", None)
+        if hidden_size is not None and hidden_size != config.hidden_size:
+            raise ValueError(
+                f"medusa: heads of hidden size {config.hidden_size} do not fit the target's "
+                f"{hidden_size}"
+            )
+        tree = tree or default_tree(config.num_heads)
+        if tree.max_depth > config.num_heads:
+            raise ValueError(
+                f"tree: {tree.max_depth} levels deep, the heads predict only {config.num_heads}"
+            )
+        self.target, self.heads, self.tree = target, heads.eval(), tree
+        self.vocab_size = target.vocab_size
+        self.num_tokens = tree.num_nodes
+        self.depth = tree.max_depth
+        # Candidates needed per head: the widest rank at each depth, plus one.
+        self._width = [
+            int(tree.ranks[tree.depth == d].max()) + 1 for d in range(1, tree.max_depth + 1)
+        ]
+
+    def begin(self, state: DecodeState) -> None:
+        """The heads read the target's prefill; nothing of their own to prepare."""
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Draft:
+        hidden = state.target_hidden
+        if hidden is None:  # a one-token prompt: no target state yet, so no draft this step
+            return Draft.chain(torch.zeros(state.batch_size, 0, dtype=torch.long), None)
+        tree = self.tree
+        states = self.heads(hidden.float())[:, : tree.max_depth]  # [B, D, d]
+        if self.heads.lm_heads is None:
+            logits = self.target.head(states.to(hidden.dtype)).float()  # one pass for all heads
+        else:
+            logits = self.heads.logits(states, torch.empty(0))
+        logits = logits[..., : self.vocab_size]
+        candidates = [
+            logits[:, d].topk(width, dim=-1).indices for d, width in enumerate(self._width)
+        ]  # per depth [B, width], most likely first
+        tokens = torch.stack(
+            [
+                candidates[int(d) - 1][:, int(r)]
+                for d, r in zip(tree.depth, tree.ranks, strict=True)
+            ],
+            dim=1,
+        )
+        return Draft(tokens.cpu(), tree.parents, None)
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        """Nothing to learn online."""
+
+
+def build_medusa(target: Model, folder: str | Path, tree: str | None = None) -> MedusaDrafter:
+    """A drafter from the heads saved in ``folder``; ``tree`` as in ``parse_tree``."""
+    heads = load_heads(folder)
+    if heads.config.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"medusa_dir: heads trained for a vocabulary of {heads.config.vocab_size}, the "
+            f"target has {target.vocab_size}"
+        )
+    return MedusaDrafter(target, heads, parse_tree(tree, heads.config.num_heads))
