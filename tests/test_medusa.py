@@ -116,3 +116,106 @@ def test_bad_medusa_settings_name_the_field(targets, tmp_path):
     with pytest.raises(ValueError, match="hidden size"):
         MedusaDrafter(target, random_heads(32, target.vocab_size))
     assert default_tree(3).num_nodes == 14 and default_tree(5).max_depth == 5
+
+
+# -- training ------------------------------------------------------------------------------
+
+
+def test_head_labels_are_the_targets_later_choices_within_a_sequence():
+    from quickdraft.train.medusa import HeadFeatures, head_labels
+
+    features = HeadFeatures(
+        hidden=torch.zeros(5, 4, dtype=torch.half),
+        choice=torch.tensor([10, 11, 12, 20, 21]),
+        sequence=torch.tensor([0, 0, 0, 1, 1]),
+    )
+    labels, valid = head_labels(features, 2)
+    # Head 1 at position t: the choice at t + 1; head 2: at t + 2; never across sequences.
+    assert labels[valid[:, 0], 0].tolist() == [11, 12, 21]
+    assert valid[:, 0].tolist() == [True, True, False, True, False]
+    assert labels[valid[:, 1], 1].tolist() == [12]
+
+
+def synthetic_features(count=3000, hidden=16, vocab=40, seed=0):
+    """Random hidden states; the target's next choice after each is what a random teacher
+    head (a residual block with the same LM head) predicts from it: learnable by head 1."""
+    from quickdraft.train.medusa import HeadFeatures
+
+    generator = torch.Generator().manual_seed(seed)
+    lm_head = torch.randn(vocab, hidden, generator=generator)
+    states = torch.randn(count, hidden, generator=generator)
+    teacher = torch.nn.Linear(hidden, hidden)
+    with torch.no_grad():
+        teacher.weight.copy_(torch.randn(hidden, hidden, generator=generator))
+        teacher.bias.zero_()
+        wanted = ((states + torch.nn.functional.silu(teacher(states))) @ lm_head.T).argmax(-1)
+    choice = torch.roll(wanted, 1)  # the choice at t + 1 is the teacher's prediction at t
+    sequence = torch.arange(count) // 100
+    return HeadFeatures(states.half(), choice, sequence), lm_head
+
+
+def test_training_learns_and_an_interrupted_run_resumes_to_the_same_heads(tmp_path):
+    from quickdraft.train.medusa import MedusaTraining, evaluate, split, train_heads
+
+    features, lm_head = synthetic_features()
+    settings = MedusaTraining(num_heads=2, epochs=3, batch_size=64, lr=1e-2, checkpoint_every=7)
+    heads, metrics = train_heads(features, lm_head, settings, tmp_path / "a.pt")
+    _, held = split(features, settings.validation_fraction, settings.seed)
+    untrained = evaluate(MedusaHeads(heads.config), features, held, lm_head, 2)
+    assert metrics["held_out"][0]["top1"] > untrained[0]["top1"] + 0.3, (metrics, untrained)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_step_20(stage, done, total):
+        if done == 20:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_heads(features, lm_head, settings, tmp_path / "b.pt", stop_at_step_20)
+    resumed, _ = train_heads(features, lm_head, settings, tmp_path / "b.pt")
+    for (name, a), (_, b) in zip(
+        heads.state_dict().items(), resumed.state_dict().items(), strict=True
+    ):
+        torch.testing.assert_close(a, b, msg=name)
+    other = MedusaTraining(num_heads=2, epochs=4, batch_size=64, checkpoint_every=7)
+    with pytest.raises(ValueError, match="checkpoint"):
+        train_heads(features, lm_head, other, tmp_path / "b.pt")
+
+
+def test_train_medusa_command_then_generate_with_its_heads(tmp_path, smollm2, capsys):
+    import json
+
+    from quickdraft.cli import main
+
+    folder = tmp_path / "tiny"
+    tiny_hf_model("llama-tied", vocab_size=49152, layers=2).save_pretrained(folder)
+    smollm2[1].hf.save_pretrained(folder)
+    chats = [
+        {"kind": kind, "messages": [
+            {"role": "user", "content": f"Question {i} about {kind}?"},
+            {"role": "assistant", "content": f"An answer about {kind} number {i}, in words."},
+        ]}
+        for kind in ("code", "math") for i in range(12)
+    ]  # fmt: skip
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps(c) for c in chats))
+    out = tmp_path / "heads"
+    args = ["train", "medusa", "--target", str(folder), "--data", str(corpus), "--out",
+            str(out), "--heads", "2", "--budget-tokens", "400", "--epochs", "1",
+            "--cache", str(tmp_path / "cache")]  # fmt: skip
+    assert main(args) == 0
+    assert "head 2: top-1" in capsys.readouterr().out
+    assert {p.name for p in out.iterdir()} == {"medusa.json", "medusa.safetensors", "metrics.json"}
+    runs = {}
+    for method in ("ar", "medusa"):
+        argv = ["generate", "Hello there", "--target", str(folder), "--method", method,
+                "--max-new-tokens", "12", "--json"]  # fmt: skip
+        if method == "medusa":
+            argv += ["--medusa-dir", str(out), "--tree", "3,2"]
+        assert main(argv) == 0
+        runs[method] = json.loads(capsys.readouterr().out)["token_ids"]
+    assert runs["ar"] == runs["medusa"]
+    assert main(["generate", "Hi", "--target", str(folder), "--method", "ngram",
+                 "--tree", "2,2"]) == 2  # fmt: skip
+    assert "tree applies to method medusa" in capsys.readouterr().out

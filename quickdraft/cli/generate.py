@@ -24,7 +24,8 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         help="generate text with speculative decoding; with no arguments, the "
         "default model on a built-in prompt",
         description="Accepted draft tokens are shown in cyan. Acceptance rules: "
-        "rejection_sampling (lossless, default) and greedy (lossless).",
+        "rejection_sampling (lossless, default), greedy (lossless) and typical (Medusa-2's, "
+        "LOSSY: the output no longer follows the target's distribution at temperature > 0).",
     )
     generate.add_argument(
         "prompt", nargs="?", default=None, help="the prompt (default: a built-in chat prompt)"
@@ -37,8 +38,9 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument(
         "--method",
         default="auto",
-        choices=["auto", "ar", "draft_model", "ngram"],
-        help="auto: draft_model with --draft, else ngram",
+        choices=["auto", "ar", "draft_model", "ngram", "medusa"],
+        help="auto: draft_model with --draft, else ngram; medusa: heads on the target (those "
+        "shipped for it, or --medusa-dir)",
     )
     generate.add_argument("--draft", default=None, help="draft model for --method draft_model")
     generate.add_argument(
@@ -74,6 +76,16 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "--shortlist-dir",
         default=None,
         help="folder of shortlist artifacts (default: those shipped for --draft)",
+    )
+    generate.add_argument(
+        "--medusa-dir",
+        default=None,
+        help="folder of Medusa heads (default: those shipped for --target)",
+    )
+    generate.add_argument(
+        "--tree",
+        default="default",
+        help="medusa draft tree: default, or sibling counts per depth such as 4,2,1",
     )
     generate.add_argument("--prompt-lookup-min", type=int, default=1)
     generate.add_argument("--prompt-lookup-max", type=int, default=3)
@@ -122,6 +134,8 @@ def _generate(args: argparse.Namespace) -> int:
         prompt_lookup_max=args.prompt_lookup_max,
         draft_shortlist=args.shortlist,
         shortlist_dir=args.shortlist_dir,
+        medusa_dir=args.medusa_dir,
+        tree=args.tree,
     )
     sampling = SamplingParams(
         temperature=args.temperature,
@@ -146,6 +160,8 @@ def _generate(args: argparse.Namespace) -> int:
             same_tokenizer=same_vocabulary(tokenizer, draft_tokenizer),
             draft_name=args.draft,
         )
+    elif method == "medusa":
+        draft = build_drafter(spec, target, target_name=args.target)
     sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.eos_token_ids)
     chat = args.chat if args.chat is not None else args.prompt is None
     text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
@@ -179,10 +195,16 @@ def _generate(args: argparse.Namespace) -> int:
         "" if shortlist is None else f", {shortlist.name} mean {shortlist.mean_size():.0f} tokens"
     )
     console.print(
-        f"[dim]{spec.method.value}, k={spec.k}{vocab}: {out.stats.summary()}; "
+        f"[dim]{spec.method.value}, {_shape(spec, draft)}{vocab}: {out.stats.summary()}; "
         f"finish: {out.finish_reason}[/dim]"
     )
     return 0
+
+
+def _shape(spec: Any, drafter: Any) -> str:
+    if spec.method.value == "medusa":
+        return f"tree of {drafter.num_tokens} nodes, depth {drafter.depth}"
+    return f"k={spec.k}"
 
 
 class _MarkedPrinter:

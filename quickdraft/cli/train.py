@@ -67,15 +67,107 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     router.add_argument("--threads", type=_positive_int, default=None)
     router.add_argument("--seed", type=int, default=0)
 
+    medusa = kinds.add_parser(
+        "medusa",
+        help="Medusa heads on a frozen target (self-distilled: each head learns the target's "
+        "own later tokens)",
+        description="Writes medusa.json, medusa.safetensors and metrics.json into --out. "
+        "Features and checkpoints are cached under --cache, so an interrupted run resumes "
+        "where it stopped.",
+    )
+    medusa.add_argument("--target", required=True, help="the target model (native runner)")
+    medusa.add_argument(
+        "--data", nargs="+", required=True, help="corpus files or folders (.jsonl chats, text)"
+    )
+    medusa.add_argument("--out", type=Path, required=True)
+    medusa.add_argument("--heads", type=_positive_int, default=3, help="heads (default 3)")
+    medusa.add_argument(
+        "--layers", type=_positive_int, default=1, help="residual blocks per head (default 1)"
+    )
+    medusa.add_argument(
+        "--own-head",
+        action="store_true",
+        help="each head gets an LM head of its own (vocab x hidden each) instead of the target's",
+    )
+    medusa.add_argument(
+        "--budget-tokens",
+        type=_positive_int,
+        default=60_000,
+        help="training positions, balanced over kinds of text (default 60000)",
+    )
+    medusa.add_argument("--max-tokens", type=_positive_int, default=512)
+    medusa.add_argument("--epochs", type=_positive_int, default=2)
+    medusa.add_argument("--batch-size", type=_positive_int, default=32)
+    medusa.add_argument("--lr", type=float, default=1e-3)
+    medusa.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    medusa.add_argument("--threads", type=_positive_int, default=None)
+    medusa.add_argument("--seed", type=int, default=0)
+
+
+def _progress_columns() -> tuple:
+    from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+
+    return (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+    )
+
 
 def _train(args: argparse.Namespace) -> int:
     import torch
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from quickdraft.train.router import ArtifactSettings, RouterTraining, build_artifacts
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.train_kind == "medusa":
+        return _train_medusa(args)
+    return _train_router(args)
+
+
+def _train_medusa(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from quickdraft.train.medusa import MedusaTraining, build_heads
+
+    training = MedusaTraining(
+        num_heads=args.heads,
+        num_layers=args.layers,
+        own_head=args.own_head,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    with Progress(*_progress_columns(), console=console, transient=True) as progress:
+        tasks: dict[str, int] = {}
+
+        def advance(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(stage, total=total)
+            progress.update(tasks[stage], completed=done)
+
+        metrics = build_heads(
+            args.target, args.data, training, args.out, args.cache,
+            args.budget_tokens, args.max_tokens, advance,
+        )  # fmt: skip
+    console.print(
+        f"wrote {args.out} ({metrics['train_positions']} training positions, "
+        f"{metrics['held_positions']} held out)"
+    )
+    for row in metrics["held_out"]:
+        console.print(
+            f"  head {row['head']}: top-1 {row['top1']:.1%}, top-3 {row['top3']:.1%}, "
+            f"top-5 {row['top5']:.1%} of the target's own tokens"
+        )
+    return 0
+
+
+def _train_router(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from quickdraft.train.router import ArtifactSettings, RouterTraining, build_artifacts
+
     settings = ArtifactSettings(
         draft=args.draft,
         target=args.target,
@@ -94,13 +186,7 @@ def _train(args: argparse.Namespace) -> int:
         width=args.width,
         seed=args.seed,
     )
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=True) as progress:
+    with Progress(*_progress_columns(), console=console, transient=True) as progress:
         tasks: dict[str, int] = {}
 
         def advance(stage: str, done: int, total: int) -> None:

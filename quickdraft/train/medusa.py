@@ -1,0 +1,314 @@
+"""Training Medusa heads on a frozen target: ``quickdraft train medusa``.
+
+1. features: the target's final hidden state h_t and its own next-token choice (argmax) at every
+   position of a balanced sample of the corpus, cached in shards (an interrupted run resumes);
+2. heads: head i (1-based) learns from h_t the token the target itself would write i places
+   after the next one, argmax at t + i given the text (self-distillation on real text, which
+   is what greedy verification checks). Joint loss sum_i decay^(i-1) * CE_i through the target's
+   frozen LM head (Medusa-1), AdamW with one-cycle schedule; a checkpoint after every epoch
+   and every ``checkpoint_every`` steps, which an interrupted run resumes from;
+3. metrics: on held-out sequences, each head's top-1 and top-k accuracy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from quickdraft.drafters.medusa import MedusaConfig, MedusaHeads
+from quickdraft.models.llama import LlamaRunner
+from quickdraft.vocab.corpus import Sequence
+
+Progress = Callable[[str, int, int], None]
+SHARD = 64  # sequences per feature shard
+
+
+@dataclass(frozen=True, slots=True)
+class MedusaTraining:
+    num_heads: int = 3
+    num_layers: int = 1
+    own_head: bool = False
+    epochs: int = 2
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    decay: float = 0.8
+    validation_fraction: float = 0.1
+    checkpoint_every: int = 200
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "num_layers", "epochs", "batch_size", "checkpoint_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+        if not 0 < self.validation_fraction < 1:
+            raise ValueError(
+                f"validation_fraction must be in (0, 1), got {self.validation_fraction}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class HeadFeatures:
+    """Per position: hidden [P, d] fp16 (the target's final state), choice [P] (its argmax
+    there), sequence [P] (index of the sequence). Positions run from the one before a
+    sequence's first scored (reply) token to its end."""
+
+    hidden: torch.Tensor
+    choice: torch.Tensor
+    sequence: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.choice.numel()
+
+
+def fingerprint(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@torch.inference_mode()
+def extract(
+    target: LlamaRunner,
+    sequences: list[Sequence],
+    folder: Path,
+    progress: Progress | None = None,
+) -> HeadFeatures:
+    """The target's hidden states and choices over ``sequences``, in shards under ``folder``;
+    shards already there are reused."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for first in range(0, len(sequences), SHARD):
+        path = folder / f"shard-{first // SHARD:05d}.pt"
+        if not path.exists():
+            parts = [
+                _sequence(target, s, first + i) for i, s in enumerate(sequences[first:][:SHARD])
+            ]
+            shard = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+            torch.save(shard, path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").rename(path)
+        shards.append(torch.load(path))
+        if progress is not None:
+            progress("features", min(first + SHARD, len(sequences)), len(sequences))
+    merged = {key: torch.cat([s[key] for s in shards]) for key in shards[0]}
+    return HeadFeatures(**merged)
+
+
+def _sequence(target: LlamaRunner, sequence: Sequence, index: int) -> dict[str, torch.Tensor]:
+    tokens = torch.tensor([sequence.tokens])
+    length = tokens.shape[1]
+    cache = target.new_cache(1, length)
+    out = target.forward(tokens, torch.arange(length).unsqueeze(0), cache)
+    # Positions from the one before the first reply token: its state drafts the reply's start.
+    start = max(sequence.start - 1, 0)
+    return {
+        "hidden": out.hidden[0, start:].half(),
+        "choice": out.logits[0, start:].argmax(-1),
+        "sequence": torch.full((length - start,), index),
+    }
+
+
+def head_labels(features: HeadFeatures, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(labels [P, H], valid [P, H]): head i's label at position t is the target's choice at
+    t + i of the same sequence (it predicts the token i places after the next)."""
+    count = len(features)
+    labels = torch.zeros(count, num_heads, dtype=torch.long)
+    valid = torch.zeros(count, num_heads, dtype=torch.bool)
+    for i in range(1, num_heads + 1):
+        same = torch.zeros(count, dtype=torch.bool)
+        same[:-i] = features.sequence[i:] == features.sequence[:-i]
+        labels[:-i, i - 1] = features.choice[i:]
+        valid[:, i - 1] = same
+    return labels, valid
+
+
+def split(features: HeadFeatures, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks [P] of training and held-out positions, by whole sequences."""
+    sequences = features.sequence.unique()
+    generator = torch.Generator().manual_seed(seed)
+    order = sequences[torch.randperm(sequences.numel(), generator=generator)]
+    held = torch.isin(features.sequence, order[: max(1, round(fraction * sequences.numel()))])
+    return ~held, held
+
+
+def train_heads(
+    features: HeadFeatures,
+    lm_head: torch.Tensor,
+    settings: MedusaTraining,
+    checkpoint: Path,
+    progress: Progress | None = None,
+) -> tuple[MedusaHeads, dict]:
+    """Heads trained on the training split of ``features`` through the frozen ``lm_head``
+    [V, d]; resumes from ``checkpoint`` when it exists. Returns them and the metrics."""
+    train_mask, held_mask = split(features, settings.validation_fraction, settings.seed)
+    labels, valid = head_labels(features, settings.num_heads)
+    rows = torch.nonzero(train_mask & valid[:, 0]).flatten()
+    if rows.numel() == 0 or not bool((held_mask & valid[:, 0]).any()):
+        raise ValueError("features: too few positions to train on and to hold out")
+    config = MedusaConfig(
+        features.hidden.shape[1],
+        lm_head.shape[0],
+        settings.num_heads,
+        settings.num_layers,
+        settings.own_head,
+    )
+    torch.manual_seed(settings.seed)
+    heads = MedusaHeads(config, lm_head)
+    optimizer = torch.optim.AdamW(
+        heads.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+    )
+    steps_per_epoch = math.ceil(rows.numel() / settings.batch_size)
+    total = settings.epochs * steps_per_epoch
+    if total >= 20:
+        schedule: torch.optim.lr_scheduler.LRScheduler = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, settings.lr, total_steps=total, pct_start=0.1
+        )
+    else:  # too few steps for a warm-up phase
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    weights = settings.decay ** torch.arange(settings.num_heads, dtype=torch.float32)
+    history: list[dict] = []
+    done = 0
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved["settings"] != asdict(settings) or saved["positions"] != len(features):
+            raise ValueError(f"checkpoint: {checkpoint} was made with other settings or data")
+        heads.load_state_dict(saved["heads"])
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        history, done = saved["history"], saved["step"]
+
+    def save(step: int) -> None:
+        state = {
+            "settings": asdict(settings),
+            "positions": len(features),
+            "heads": heads.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(),
+            "history": history,
+            "step": step,
+        }
+        torch.save(state, checkpoint.with_suffix(".tmp"))
+        checkpoint.with_suffix(".tmp").rename(checkpoint)
+
+    generator = torch.Generator().manual_seed(settings.seed)
+    for epoch in range(settings.epochs):
+        order = rows[torch.randperm(rows.numel(), generator=generator)]  # same shuffles on resume
+        heads.train()
+        running = 0.0
+        for step, batch in enumerate(order.split(settings.batch_size)):
+            global_step = epoch * steps_per_epoch + step
+            if global_step < done:
+                continue
+            states = heads(features.hidden[batch].float())  # [b, H, d]
+            logits = heads.logits(states, lm_head)  # [b, H, V]
+            losses = F.cross_entropy(
+                logits.flatten(0, 1), labels[batch].flatten(), reduction="none"
+            ).view(len(batch), -1)
+            mask = valid[batch].float()
+            per_head = (losses * mask).sum(0) / mask.sum(0).clamp_min(1)
+            loss = (per_head * weights).sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            running += float(loss.detach())
+            if progress is not None:
+                progress("heads", global_step + 1, total)
+            if (global_step + 1) % settings.checkpoint_every == 0:
+                save(global_step + 1)
+        if (epoch + 1) * steps_per_epoch > done:
+            history.append({"epoch": epoch + 1, "train_loss": running / steps_per_epoch})
+            save((epoch + 1) * steps_per_epoch)
+    heads.eval()
+    metrics = {
+        "history": history,
+        "train_positions": int(rows.numel()),
+        "held_positions": int((held_mask & valid[:, 0]).sum()),
+        "held_out": evaluate(heads, features, held_mask, lm_head, settings.num_heads),
+    }
+    return heads, metrics
+
+
+@torch.inference_mode()
+def evaluate(
+    heads: MedusaHeads,
+    features: HeadFeatures,
+    mask: torch.Tensor,
+    lm_head: torch.Tensor,
+    num_heads: int,
+    top: tuple[int, ...] = (1, 3, 5),
+) -> list[dict]:
+    """Per head: how often the target's own token is its top-1, top-3, top-5 candidate."""
+    labels, valid = head_labels(features, num_heads)
+    rows = torch.nonzero(mask).flatten()
+    hits = torch.zeros(num_heads, len(top))
+    counts = torch.zeros(num_heads)
+    for batch in rows.split(256):
+        logits = heads.logits(heads(features.hidden[batch].float()), lm_head)
+        ranked = logits.topk(max(top), dim=-1).indices  # [b, H, K]
+        match = ranked == labels[batch].unsqueeze(-1)
+        ok = valid[batch]
+        for j, k in enumerate(top):
+            hits[:, j] += (match[..., :k].any(-1) & ok).sum(0).float()
+        counts += ok.sum(0).float()
+    return [
+        {"head": i + 1, **{f"top{k}": float(hits[i, j] / counts[i]) for j, k in enumerate(top)}}
+        for i in range(num_heads)
+    ]
+
+
+def build_heads(
+    target_name: str,
+    data: list[str],
+    training: MedusaTraining,
+    out: Path,
+    cache: Path,
+    budget_tokens: int = 60_000,
+    max_tokens: int = 512,
+    progress: Progress | None = None,
+) -> dict:
+    """The whole command: sample the corpus, extract features, train, save heads and
+    metrics into ``out``. Returns the metrics."""
+    from quickdraft.drafters.medusa import save_heads
+    from quickdraft.models.loading import load_model
+    from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
+
+    if budget_tokens < 1 or max_tokens < 2:
+        raise ValueError("budget_tokens must be >= 1 and max_tokens >= 2")
+    target, tokenizer = load_model(target_name)
+    if not isinstance(target, LlamaRunner):
+        raise ValueError(f"target: Medusa training needs the native runner, got {type(target)}")
+    records = read_records(list(data))
+    sequences = [tokenize(r, tokenizer, max_tokens) for r in records]
+    sample = balanced_sample(sequences, budget_tokens, training.seed)
+    feature_settings = {
+        "target": target_name,
+        "data": [str(d) for d in data],
+        "budget_tokens": budget_tokens,
+        "max_tokens": max_tokens,
+        "seed": training.seed,
+    }
+    folder = cache / f"medusa-features-{fingerprint(feature_settings)}"
+    features = extract(target, sample, folder, progress)
+    key = fingerprint({**feature_settings, **asdict(training)})
+    lm_head = target.head_weight.float()[: target.vocab_size]
+    heads, metrics = train_heads(features, lm_head, training, cache / f"medusa-{key}.pt", progress)
+    record = {
+        "target": target_name,
+        "features": {**feature_settings, "positions": len(features), "sequences": len(sample)},
+        "training": asdict(training),
+        **metrics,
+    }
+    save_heads(out, heads, {"target": target_name, "training": asdict(training)})
+    (out / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
