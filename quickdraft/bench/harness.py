@@ -8,6 +8,7 @@ decoding, token for token.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -31,9 +32,9 @@ class MethodRun:
 
 
 def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
-    """'ar,draft_model,ngram', each optionally with '@K' ('draft_model@3') and, for
-    draft_model, '+SHORTLIST' ('draft_model@5+dyna-pa:32', see ``quickdraft.vocab``); ar
-    always first."""
+    """'ar,draft_model,ngram,medusa', each optionally with '@K' ('draft_model@3'; for medusa
+    the tree's widths, 'medusa@4.2.1') and, for draft_model, '+SHORTLIST'
+    ('draft_model@5+dyna-pa:32', see ``quickdraft.vocab``); ar always first."""
     runs: dict[str, MethodRun] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         part, _, shortlist = part.partition("+")
@@ -45,6 +46,14 @@ def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
             raise ValueError(f"methods: unknown method {name!r}; choose from {allowed}") from None
         if method is Method.AR:
             runs["ar"] = MethodRun("ar", SpecConfig(method=Method.AR))
+            continue
+        if method is Method.MEDUSA:
+            tree = k_text.replace(".", ",") if k_text else "default"
+            label = "medusa" + (f" tree={k_text}" if k_text else "")
+            try:
+                runs[label] = MethodRun(label, SpecConfig(method=method, tree=tree))
+            except ValueError as error:
+                raise ValueError(f"methods: {part!r}: {error}") from None
             continue
         try:
             chosen = int(k_text) if k_text else (k or DEFAULT_K[method])
@@ -122,32 +131,55 @@ def run_bench(
     draft: Model | None = None,
     draft_tokenizer: Any = None,
     draft_name: str | None = None,
+    target_name: str | None = None,
+    medusa_dir: str | None = None,
+    drafters: dict[str, Any] | None = None,
     on_run: Callable[[RunRecord], None] | None = None,
 ) -> BenchRun:
     """Every method on every item, ``settings.repeats`` times, interleaved item by item.
 
     Drafters are built once per method (packing a shortlisted head is not per-request work);
-    ``draft_name`` finds the shortlist artifacts shipped for the draft."""
-    if any(m.spec.method is Method.DRAFT_MODEL for m in methods) and draft is None:
+    ``draft_name`` finds the shortlist artifacts shipped for the draft, ``target_name`` the
+    Medusa heads shipped for the target (``medusa_dir`` overrides them). ``drafters`` gives
+    prebuilt drafters by method label (a pruned draft model, say); the others are built from
+    their specs."""
+    given = dict(drafters or {})
+    needs_draft = [
+        m for m in methods if m.spec.method is Method.DRAFT_MODEL and m.label not in given
+    ]
+    if needs_draft and draft is None:
         raise ValueError("draft: method draft_model needs --draft")
     bench = BenchRun(methods, settings)
     same = None
     if draft is not None and draft_tokenizer is not None:
         same = same_vocabulary(tokenizer, draft_tokenizer)
-    drafters = {
-        run.label: build_drafter(
+    if medusa_dir is not None:
+        methods = [
+            MethodRun(m.label, dataclasses.replace(m.spec, medusa_dir=medusa_dir))
+            if m.spec.method is Method.MEDUSA
+            else m
+            for m in methods
+        ]
+        bench.methods = methods
+    built = {
+        run.label: given[run.label]
+        if run.label in given
+        else build_drafter(
             run.spec,
             target,
             draft if run.spec.method is Method.DRAFT_MODEL else None,
             same_tokenizer=same,
             draft_name=draft_name,
+            target_name=target_name,
         )
         for run in methods
     }
     for run in methods:
-        bench.drafter_vocab[run.label] = {Method.AR: None, Method.NGRAM: 0}.get(
-            run.spec.method, draft.vocab_size if draft is not None else None
-        )
+        bench.drafter_vocab[run.label] = {
+            Method.AR: None,
+            Method.NGRAM: 0,
+            Method.MEDUSA: target.vocab_size,
+        }.get(run.spec.method, getattr(built[run.label], "vocab_size", None))
     stop = tuple(getattr(tokenizer, "eos_token_ids", ()))
     sampling = SamplingParams(
         temperature=settings.temperature,
@@ -163,7 +195,7 @@ def run_bench(
                 order = methods[index % len(methods) :] + methods[: index % len(methods)]
                 index += 1
                 for run in order:
-                    drafter = drafters[run.label]
+                    drafter = built[run.label]
                     shortlist = getattr(drafter, "shortlist", None)
                     if shortlist is not None:
                         shortlist.reset_stats()

@@ -26,7 +26,11 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--methods",
         default="ar,ngram",
-        help="comma-separated; NAME@K sets k per method (e.g. draft_model@3)",
+        help="comma-separated; NAME@K sets k per method (e.g. draft_model@3); medusa@4.2.1 "
+        "sets the Medusa tree's widths",
+    )
+    bench.add_argument(
+        "--medusa-dir", default=None, help="Medusa heads (default: those shipped for --target)"
     )
     bench.add_argument("-k", "--num-speculative-tokens", type=int, default=None)
     bench.add_argument("--tasks", default="all", help="all, or a comma-separated list")
@@ -89,6 +93,8 @@ def _bench(args: argparse.Namespace) -> int:
             draft=draft,
             draft_tokenizer=draft_tokenizer,
             draft_name=args.draft,
+            target_name=args.target,
+            medusa_dir=args.medusa_dir,
             on_run=advance,
         )
     summary = summarise(bench)

@@ -1,0 +1,165 @@
+"""Exercise 3: Medusa heads on SmolLM2-135M against a draft model pruned from SmolLM2 itself.
+
+The tutorial's exercise 3 (../shared/reference/speculative-decoding-tutorial.fa.txt): train
+three Medusa heads on a small model and compare them with a classic draft model made by pruning
+the same model (its first layers, then its final norm and head: ``LlamaRunner.truncated``, no
+extra weights). One ``quickdraft bench`` run over held-out prompts of the seven task kinds (none
+of them in the heads' training corpus), every method interleaved prompt by prompt, greedy, with
+every output checked against plain decoding: per task the mean accepted length, per method the
+acceptance by position (depth, for trees), drafting time and the speedup over autoregressive
+decoding (median of per-prompt ratios).
+
+    python benchmarks/medusa_exercise3.py --threads 2 --prompts-per-task 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+
+from quickdraft.bench.harness import BenchSettings, MethodRun, run_bench, summarise
+from quickdraft.bench.tasks import TASK_KINDS, load_tasks
+from quickdraft.config import Method, SpecConfig
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.medusa import build_medusa, heads_folder
+from quickdraft.models.loading import load_model
+
+RESULTS = Path(__file__).parent / "results" / "medusa"
+TARGET = "smollm2-135m"
+console = Console(width=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts-per-task", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--pruned-layers", type=int, nargs="+", default=[4, 8], help="layers kept (of 30)"
+    )
+    parser.add_argument("-k", type=int, default=3, help="draft tokens of the pruned drafts")
+    parser.add_argument(
+        "--trees", nargs="+", default=["default"], help="Medusa trees: default or widths 4,2,1"
+    )
+    parser.add_argument("--medusa-dir", default=None, help="default: the shipped heads")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    target, tokenizer = load_model(TARGET)
+    folder = heads_folder(TARGET, args.medusa_dir)
+    methods = [MethodRun("ar", SpecConfig(method=Method.AR))]
+    drafters = {}
+    for tree in args.trees:
+        drafter = build_medusa(target, folder, tree)
+        label = f"medusa {tree} ({drafter.num_tokens} nodes)"
+        methods.append(MethodRun(label, SpecConfig(method=Method.MEDUSA, tree=tree)))
+        drafters[label] = drafter
+    for layers in args.pruned_layers:
+        label = f"pruned {layers}/{target.config.num_layers} layers k={args.k}"
+        spec = SpecConfig(method=Method.DRAFT_MODEL, num_speculative_tokens=args.k)
+        methods.append(MethodRun(label, spec))
+        drafters[label] = DraftModelDrafter(target.truncated(layers), args.k)
+
+    tasks = load_tasks(TASK_KINDS, args.prompts_per_task)
+    settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=0.0)
+    total = sum(len(v) for v in tasks.values()) * len(methods)
+    with Progress(console=console, transient=True) as progress:
+        bar = progress.add_task("bench", total=total)
+        bench = run_bench(
+            target, tokenizer, methods, tasks, settings, drafters=drafters,
+            on_run=lambda r: progress.update(bar, advance=1, description=f"{r.task} {r.method}"),
+        )  # fmt: skip
+    summary = summarise(bench)
+    result = {
+        "meta": {
+            "target": TARGET,
+            "medusa_dir": str(folder),
+            "heads": json.loads((folder / "medusa.json").read_text())["config"],
+            "pruned_layers": args.pruned_layers,
+            "k": args.k,
+            "prompts_per_task": args.prompts_per_task,
+            "max_new_tokens": args.max_new_tokens,
+            "threads": torch.get_num_threads(),
+            "machine": f"{platform.machine()}, {_cpu_name()}, torch {torch.__version__}",
+        },
+        "methods": [m.label for m in methods],
+        "summary": summary,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    report = render(result, list(tasks))
+    (args.out / "report.md").write_text(report)
+    console.print(report)
+
+
+def render(result: dict, tasks: list[str]) -> str:
+    meta, summary = result["meta"], result["summary"]
+    methods = [m for m in result["methods"] if m != "ar"]
+    heads = meta["heads"]
+    lines = [
+        f"# Exercise 3: Medusa heads against a pruned draft model, {meta['target']}",
+        "",
+        f"Machine: {meta['machine']}; {meta['threads']} threads. Greedy, "
+        f"{meta['prompts_per_task']} prompts per task kind, {meta['max_new_tokens']} new "
+        f"tokens, chat template. Medusa: {heads['num_heads']} heads of {heads['num_layers']} "
+        f"residual block(s) on the target's LM head ({meta['medusa_dir']}). Pruned drafts: "
+        f"the target's first layers, final norm and head, k = {meta['k']}.",
+        "",
+        "Mean accepted length (tokens per target forward, bonus included):",
+        "",
+        "| method | " + " | ".join(tasks) + " | mean over tasks | pooled |",
+        "|---|" + "---|" * (len(tasks) + 2),
+    ]
+    for label in methods:
+        values = [summary[t][label]["mean_accepted_length"] or 0 for t in tasks]
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{v:.2f}" for v in values)
+            + f" | {statistics.fmean(values):.2f} | "
+            f"{summary['all'][label]['mean_accepted_length']:.2f} |"
+        )
+    lines += [
+        "",
+        "Overall (speedups: median over prompts of the ratio to plain decoding in the same run):",
+        "",
+        "| method | acceptance by position (depth) | drafting ms per drafted position | "
+        "decode speedup | end-to-end speedup | identical to ar |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label in methods:
+        row = summary["all"][label]
+        rates = ", ".join(f"{x:.2f}" for x in row["acceptance_by_position"] if x is not None)
+        lines.append(
+            f"| {label} | {rates} | {row['draft_step_ms']:.2f} | "
+            f"{row['decode_speedup_over_ar']:.2f}x | {row['speedup_over_ar']:.2f}x | "
+            f"{row['identical_to_ar']} |"
+        )
+    ar = summary["all"]["ar"]
+    lines += [
+        f"| ar | | | 1.00x ({ar['decode_tokens_per_s_median']:.1f} tok/s) | 1.00x "
+        f"({ar['tokens_per_s_median']:.1f} tok/s) | |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    main()
