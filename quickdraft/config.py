@@ -185,9 +185,9 @@ class SpecConfig:
             if self.medusa_dir is not None:
                 raise ValueError("medusa_dir applies to method medusa only")
         elif self.tree != "default":
-            from quickdraft.drafters.medusa import parse_tree
+            from quickdraft.drafters.medusa import check_tree
 
-            parse_tree(self.tree, 64)  # the widths' syntax; their depth is checked on load
+            check_tree(self.tree)  # the syntax; the depth is checked against the heads on load
 
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
             _check_number(name, getattr(self, name), integer=True)

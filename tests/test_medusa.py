@@ -219,3 +219,19 @@ def test_train_medusa_command_then_generate_with_its_heads(tmp_path, smollm2, ca
     assert main(["generate", "Hi", "--target", str(folder), "--method", "ngram",
                  "--tree", "2,2"]) == 2  # fmt: skip
     assert "tree applies to method medusa" in capsys.readouterr().out
+
+
+def test_fitted_trees_take_the_most_likely_paths():
+    from quickdraft.drafters.medusa import fit_tree
+
+    accuracy = [[0.6, 0.1, 0.05], [0.4, 0.1], [0.3]]
+    shape = fit_tree(accuracy, 5)
+    # Paths by probability: (0) .6, (0,0) .24, (1) .1, (0,0,0) .072, (0,1) .06.
+    assert shape.parents.tolist() == [-1, -1, 0, 0, 2]
+    assert shape.depth.tolist() == [1, 1, 2, 2, 3]
+    assert fit_tree(accuracy, 100).num_nodes == 3 + 3 * 2 + 3 * 2  # every path the heads allow
+    with pytest.raises(ValueError, match="nodes"):
+        fit_tree(accuracy, 0)
+    assert SpecConfig(method=Method.MEDUSA, tree="fit:8").tree == "fit:8"
+    with pytest.raises(ValueError, match="fit:N"):
+        SpecConfig(method=Method.MEDUSA, tree="fit:x")

@@ -14,6 +14,7 @@ all of them together: their states are stacked into one product.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from quickdraft.tree import TreeShape
 CONFIG_FILE = "medusa.json"
 WEIGHTS_FILE = "medusa.safetensors"
 ARTIFACTS = Path(__file__).parent / "artifacts" / "medusa"
+DEFAULT_NODES = 16
 
 # Default trees (Medusa's sparse "choices"): wide where the heads are accurate (depth 1), narrow
 # deeper. 3 heads: 4 + 6 + 4 = 14 nodes.
@@ -57,11 +59,62 @@ def default_tree(num_heads: int) -> TreeShape:
     return TreeShape.from_paths(paths)
 
 
-def parse_tree(text: str | None, num_heads: int) -> TreeShape:
-    """``None`` or ``default``: ``default_tree``; ``W1,W2,..``: a full tree of those widths,
-    at most one depth per head."""
+def fit_tree(rank_accuracy: Sequence[Sequence[float]], nodes: int) -> TreeShape:
+    """Medusa's tree construction: the ``nodes`` paths most likely to be accepted, taking head
+    d's r-th candidate to be right with probability rank_accuracy[d][r] independently of the
+    others. A path's probability is the product along it, so it never exceeds its prefix's
+    (nor, with accuracies falling with rank, its elder sibling's): the best paths always form
+    a tree. Its expected accepted length is 1 + the sum of the chosen paths' probabilities."""
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
+    if not rank_accuracy or not all(rank_accuracy):
+        raise ValueError("rank_accuracy: one non-empty list of accuracies per head")
+    chosen: list[tuple[int, ...]] = []
+    # (probability of the path, the path, probability of its parent path)
+    frontier = [(float(rank_accuracy[0][0]), (0,), 1.0)]
+    while frontier and len(chosen) < nodes:
+        frontier.sort(key=lambda item: -item[0])
+        probability, path, parent = frontier.pop(0)
+        chosen.append(path)
+        depth, rank = len(path), path[-1]
+        accuracy = rank_accuracy[depth - 1]
+        if rank + 1 < len(accuracy):  # the next sibling
+            frontier.append((parent * accuracy[rank + 1], (*path[:-1], rank + 1), parent))
+        if depth < len(rank_accuracy):  # the first child
+            frontier.append((probability * rank_accuracy[depth][0], (*path, 0), probability))
+    return TreeShape.from_paths(chosen)
+
+
+def check_tree(text: str) -> None:
+    """The syntax of a tree option (``default``, ``fit:N``, ``W1,W2,..``), before any heads
+    are loaded."""
+    if text == "default":
+        return
+    if text.startswith("fit:"):
+        if not text[4:].isdigit() or int(text[4:]) < 1:
+            raise ValueError(f"tree: expected fit:N with N >= 1 nodes, got {text!r}")
+        return
+    parse_tree(text, 64)
+
+
+def parse_tree(
+    text: str | None, num_heads: int, rank_accuracy: Sequence[Sequence[float]] | None = None
+) -> TreeShape:
+    """``None`` or ``default``: fitted to the heads' measured accuracies with 16 nodes when
+    they are known, else ``default_tree``; ``fit:N``: fitted with N nodes; ``W1,W2,..``: a
+    full tree of those widths, at most one depth per head."""
     if text is None or text == "default":
+        if rank_accuracy:
+            return fit_tree(rank_accuracy, DEFAULT_NODES)
         return default_tree(num_heads)
+    if text.startswith("fit:"):
+        try:
+            nodes = int(text[4:])
+        except ValueError:
+            raise ValueError(f"tree: expected fit:N with N nodes, got {text!r}") from None
+        if not rank_accuracy:
+            raise ValueError("tree: fit:N needs heads with measured rank accuracies")
+        return fit_tree(rank_accuracy, nodes)
     try:
         widths = [int(w) for w in text.split(",")]
     except ValueError:
@@ -107,6 +160,8 @@ class MedusaHeads(nn.Module):
     def __init__(self, config: MedusaConfig, lm_head: torch.Tensor | None = None):
         super().__init__()
         self.config = config
+        # Held-out accuracy of each head's r-th candidate, when known (set by training / load).
+        self.rank_accuracy: list[list[float]] | None = None
         self.blocks = nn.ModuleList(
             nn.Sequential(*(ResidualBlock(config.hidden_size) for _ in range(config.num_layers)))
             for _ in range(config.num_heads)
@@ -151,7 +206,8 @@ def load_heads(folder: str | Path) -> MedusaHeads:
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
         raise ValueError(f"medusa_dir: {folder} holds no {CONFIG_FILE} and {WEIGHTS_FILE}")
-    config = MedusaConfig(**json.loads((folder / CONFIG_FILE).read_text())["config"])
+    record = json.loads((folder / CONFIG_FILE).read_text())
+    config = MedusaConfig(**record["config"])
     heads = MedusaHeads.__new__(MedusaHeads)
     nn.Module.__init__(heads)
     heads.config = config
@@ -167,6 +223,7 @@ def load_heads(folder: str | Path) -> MedusaHeads:
         )
     state = {name: tensor.float() for name, tensor in load_file(str(folder / WEIGHTS_FILE)).items()}
     heads.load_state_dict(state)
+    heads.rank_accuracy = record.get("rank_accuracy")
     return heads.eval()
 
 
@@ -255,4 +312,5 @@ def build_medusa(target: Model, folder: str | Path, tree: str | None = None) -> 
             f"medusa_dir: heads trained for a vocabulary of {heads.config.vocab_size}, the "
             f"target has {target.vocab_size}"
         )
-    return MedusaDrafter(target, heads, parse_tree(tree, heads.config.num_heads))
+    shape = parse_tree(tree, heads.config.num_heads, heads.rank_accuracy)
+    return MedusaDrafter(target, heads, shape)

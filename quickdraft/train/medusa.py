@@ -246,23 +246,29 @@ def evaluate(
     mask: torch.Tensor,
     lm_head: torch.Tensor,
     num_heads: int,
-    top: tuple[int, ...] = (1, 3, 5),
+    ranks: int = 10,
 ) -> list[dict]:
-    """Per head: how often the target's own token is its top-1, top-3, top-5 candidate."""
+    """Per head: how often the target's own token is its top-1, top-3, top-5 candidate, and
+    ``rank_accuracy``: how often it is exactly its r-th candidate, r = 1..ranks (what
+    ``drafters.medusa.fit_tree`` builds trees from)."""
     labels, valid = head_labels(features, num_heads)
     rows = torch.nonzero(mask).flatten()
-    hits = torch.zeros(num_heads, len(top))
+    hits = torch.zeros(num_heads, ranks)
     counts = torch.zeros(num_heads)
     for batch in rows.split(256):
         logits = heads.logits(heads(features.hidden[batch].float()), lm_head)
-        ranked = logits.topk(max(top), dim=-1).indices  # [b, H, K]
-        match = ranked == labels[batch].unsqueeze(-1)
-        ok = valid[batch]
-        for j, k in enumerate(top):
-            hits[:, j] += (match[..., :k].any(-1) & ok).sum(0).float()
-        counts += ok.sum(0).float()
+        ranked = logits.topk(ranks, dim=-1).indices  # [b, H, R]
+        match = (ranked == labels[batch].unsqueeze(-1)) & valid[batch].unsqueeze(-1)
+        hits += match.sum(0).float()
+        counts += valid[batch].sum(0).float()
+    rank_accuracy = hits / counts.clamp_min(1).unsqueeze(1)  # [H, R]
+    cumulative = rank_accuracy.cumsum(1)
     return [
-        {"head": i + 1, **{f"top{k}": float(hits[i, j] / counts[i]) for j, k in enumerate(top)}}
+        {
+            "head": i + 1,
+            **{f"top{k}": float(cumulative[i, k - 1]) for k in (1, 3, 5) if k <= ranks},
+            "rank_accuracy": [round(float(x), 5) for x in rank_accuracy[i]],
+        }
         for i in range(num_heads)
     ]
 
@@ -309,6 +315,9 @@ def build_heads(
         "training": asdict(training),
         **metrics,
     }
-    save_heads(out, heads, {"target": target_name, "training": asdict(training)})
+    accuracy = [row["rank_accuracy"] for row in metrics["held_out"]]
+    save_heads(
+        out, heads, {"target": target_name, "training": asdict(training), "rank_accuracy": accuracy}
+    )
     (out / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
