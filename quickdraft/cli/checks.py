@@ -34,6 +34,7 @@ def _conformance(args: argparse.Namespace) -> int:
         "top_p",
         "k",
         "shortlist",
+        "draft",
         "accepted length",
         "bins",
         "p-value",
@@ -54,6 +55,7 @@ def _conformance(args: argparse.Namespace) -> int:
             f"{case.top_p:g}",
             str(case.k),
             case.shortlist,
+            _draft_shape(case.tree, case.k),
             f"{result.mean_accepted_length:.2f}",
             str(result.bins),
             f"{result.p_value:.3g}",
@@ -137,3 +139,13 @@ def _demo(args: argparse.Namespace) -> int:
             console.print(text)
             console.print(out.stats.summary() + "\n")
     return 0
+
+
+def _draft_shape(tree: str, k: int) -> str:
+    """'chain' or the tree: 'sampled tree (10 nodes)' / 'top-k tree (7 nodes)'."""
+    if not tree:
+        return "chain"
+    from quickdraft.conformance import toy_tree
+
+    kind = "sampled" if tree.startswith("sample") else "top-k"
+    return f"{kind} tree ({toy_tree(tree).num_nodes} nodes)"
