@@ -235,3 +235,36 @@ def test_fitted_trees_take_the_most_likely_paths():
     assert SpecConfig(method=Method.MEDUSA, tree="fit:8").tree == "fit:8"
     with pytest.raises(ValueError, match="fit:N"):
         SpecConfig(method=Method.MEDUSA, tree="fit:x")
+
+
+def test_pruned_draft_with_a_distilled_exit_agrees_more_and_stays_exact(targets, tmp_path):
+    from quickdraft.drafters.draft_model import DraftModelDrafter
+    from quickdraft.models.pruned import PrunedModel
+    from quickdraft.train.medusa import MedusaTraining, train_exit
+    from quickdraft.vocab.corpus import Sequence
+
+    target = targets["llama-tied"]
+    generator = torch.Generator().manual_seed(0)
+    # Text the target itself wrote (greedy continuations of random prompts): what it agrees with.
+    sequences = []
+    for _ in range(40):
+        prompt = torch.randint(0, 101, (4,), generator=generator).tolist()
+        reply = generate(target, prompt, sampling=SamplingParams(temperature=0, max_new_tokens=28))
+        sequences.append(Sequence(prompt + reply.token_ids, 4, "text"))
+    training = MedusaTraining(epochs=3, batch_size=32, lr=3e-3)
+    adapter, metrics = train_exit(target, 1, sequences, training, tmp_path)
+    plain = PrunedModel(target, 1)
+    distilled = PrunedModel(target, 1, adapter)
+    tokens = torch.tensor([sequences[0].tokens])
+    positions = torch.arange(tokens.shape[1]).unsqueeze(0)
+    reference = plain.runner.forward(tokens, positions, plain.new_cache(1, 40)).logits
+    torch.testing.assert_close(
+        plain.forward(tokens, positions, plain.new_cache(1, 40)).logits, reference
+    )
+    assert metrics["held_out"][0]["top1"] > 0.5
+    accepted = {}
+    for name, model in (("plain", plain), ("distilled", distilled)):
+        out = generate(target, PROMPTS[0], sampling=GREEDY, draft=DraftModelDrafter(model, 3))
+        assert out.token_ids == generate(target, PROMPTS[0], sampling=GREEDY).token_ids
+        accepted[name] = out.stats.mean_accepted_length
+    assert accepted["distilled"] >= accepted["plain"]

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from quickdraft.drafters.medusa import MedusaConfig, MedusaHeads
 from quickdraft.models.llama import LlamaRunner
@@ -43,6 +45,9 @@ class MedusaTraining:
     validation_fraction: float = 0.1
     checkpoint_every: int = 200
     seed: int = 0
+    # Head i learns the target's choice at t + i - 1 + label_offset: 1 for Medusa heads (head 1
+    # predicts the token after the next), 0 for an early-exit head on a pruned model.
+    label_offset: int = 1
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "num_layers", "epochs", "batch_size", "checkpoint_every"):
@@ -57,6 +62,8 @@ class MedusaTraining:
             raise ValueError(
                 f"validation_fraction must be in (0, 1), got {self.validation_fraction}"
             )
+        if self.label_offset not in (0, 1):
+            raise ValueError(f"label_offset must be 0 or 1, got {self.label_offset}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,17 +90,18 @@ def extract(
     sequences: list[Sequence],
     folder: Path,
     progress: Progress | None = None,
+    teacher: LlamaRunner | None = None,
 ) -> HeadFeatures:
     """The target's hidden states and choices over ``sequences``, in shards under ``folder``;
-    shards already there are reused."""
+    shards already there are reused. With a ``teacher``, the choices are the teacher's (a
+    pruned model's states, labelled by the full model's choices)."""
     folder.mkdir(parents=True, exist_ok=True)
     shards = []
     for first in range(0, len(sequences), SHARD):
         path = folder / f"shard-{first // SHARD:05d}.pt"
         if not path.exists():
-            parts = [
-                _sequence(target, s, first + i) for i, s in enumerate(sequences[first:][:SHARD])
-            ]
+            chunk = sequences[first : first + SHARD]
+            parts = [_sequence(target, s, first + i, teacher) for i, s in enumerate(chunk)]
             shard = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
             torch.save(shard, path.with_suffix(".tmp"))
             path.with_suffix(".tmp").rename(path)
@@ -104,31 +112,41 @@ def extract(
     return HeadFeatures(**merged)
 
 
-def _sequence(target: LlamaRunner, sequence: Sequence, index: int) -> dict[str, torch.Tensor]:
+def _sequence(
+    target: LlamaRunner, sequence: Sequence, index: int, teacher: LlamaRunner | None
+) -> dict[str, torch.Tensor]:
     tokens = torch.tensor([sequence.tokens])
     length = tokens.shape[1]
-    cache = target.new_cache(1, length)
-    out = target.forward(tokens, torch.arange(length).unsqueeze(0), cache)
+    positions = torch.arange(length).unsqueeze(0)
+    out = target.forward(tokens, positions, target.new_cache(1, length))
+    logits = out.logits
+    if teacher is not None:
+        logits = teacher.forward(tokens, positions, teacher.new_cache(1, length)).logits
     # Positions from the one before the first reply token: its state drafts the reply's start.
     start = max(sequence.start - 1, 0)
     return {
         "hidden": out.hidden[0, start:].half(),
-        "choice": out.logits[0, start:].argmax(-1),
+        "choice": logits[0, start:].argmax(-1),
         "sequence": torch.full((length - start,), index),
     }
 
 
-def head_labels(features: HeadFeatures, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def head_labels(
+    features: HeadFeatures, num_heads: int, offset: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(labels [P, H], valid [P, H]): head i's label at position t is the target's choice at
-    t + i of the same sequence (it predicts the token i places after the next)."""
+    t + i - 1 + offset of the same sequence (offset 1: the token i places after the next)."""
     count = len(features)
     labels = torch.zeros(count, num_heads, dtype=torch.long)
     valid = torch.zeros(count, num_heads, dtype=torch.bool)
     for i in range(1, num_heads + 1):
-        same = torch.zeros(count, dtype=torch.bool)
-        same[:-i] = features.sequence[i:] == features.sequence[:-i]
-        labels[:-i, i - 1] = features.choice[i:]
-        valid[:, i - 1] = same
+        shift = i - 1 + offset
+        if shift == 0:
+            labels[:, i - 1] = features.choice
+            valid[:, i - 1] = True
+            continue
+        labels[:-shift, i - 1] = features.choice[shift:]
+        valid[:-shift, i - 1] = features.sequence[shift:] == features.sequence[:-shift]
     return labels, valid
 
 
@@ -151,7 +169,7 @@ def train_heads(
     """Heads trained on the training split of ``features`` through the frozen ``lm_head``
     [V, d]; resumes from ``checkpoint`` when it exists. Returns them and the metrics."""
     train_mask, held_mask = split(features, settings.validation_fraction, settings.seed)
-    labels, valid = head_labels(features, settings.num_heads)
+    labels, valid = head_labels(features, settings.num_heads, settings.label_offset)
     rows = torch.nonzero(train_mask & valid[:, 0]).flatten()
     if rows.numel() == 0 or not bool((held_mask & valid[:, 0]).any()):
         raise ValueError("features: too few positions to train on and to hold out")
@@ -234,7 +252,9 @@ def train_heads(
         "history": history,
         "train_positions": int(rows.numel()),
         "held_positions": int((held_mask & valid[:, 0]).sum()),
-        "held_out": evaluate(heads, features, held_mask, lm_head, settings.num_heads),
+        "held_out": evaluate(
+            heads, features, held_mask, lm_head, settings.num_heads, offset=settings.label_offset
+        ),
     }
     return heads, metrics
 
@@ -247,11 +267,12 @@ def evaluate(
     lm_head: torch.Tensor,
     num_heads: int,
     ranks: int = 10,
+    offset: int = 1,
 ) -> list[dict]:
     """Per head: how often the target's own token is its top-1, top-3, top-5 candidate, and
     ``rank_accuracy``: how often it is exactly its r-th candidate, r = 1..ranks (what
     ``drafters.medusa.fit_tree`` builds trees from)."""
-    labels, valid = head_labels(features, num_heads)
+    labels, valid = head_labels(features, num_heads, offset)
     rows = torch.nonzero(mask).flatten()
     hits = torch.zeros(num_heads, ranks)
     counts = torch.zeros(num_heads)
@@ -321,3 +342,32 @@ def build_heads(
     )
     (out / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def train_exit(
+    target: LlamaRunner,
+    num_layers: int,
+    sequences: list[Sequence],
+    training: MedusaTraining,
+    cache: Path,
+    progress: Progress | None = None,
+) -> tuple[nn.Module, dict]:
+    """An exit adapter for ``target`` pruned to ``num_layers`` layers: residual blocks on the
+    pruned model's final state, trained toward the full model's own next-token choices through
+    the shared LM head. Returns the adapter (for ``models.pruned.PrunedModel``) and metrics."""
+    settings = dataclasses.replace(training, num_heads=1, label_offset=0)
+    pruned = target.truncated(num_layers)
+    key = {
+        "target_layers": target.config.num_layers,
+        "num_layers": num_layers,
+        "vocab": target.vocab_size,
+        "hidden": target.config.hidden_size,
+        "sequences": fingerprint({"tokens": [s.tokens for s in sequences]}),
+    }
+    features = extract(
+        pruned, sequences, cache / f"exit-features-{fingerprint(key)}", progress, target
+    )
+    lm_head = target.head_weight.float()[: target.vocab_size]
+    checkpoint = cache / f"exit-{fingerprint({**key, **dataclasses.asdict(settings)})}.pt"
+    heads, metrics = train_heads(features, lm_head, settings, checkpoint, progress)
+    return heads.blocks[0], metrics
