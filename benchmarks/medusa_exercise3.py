@@ -3,7 +3,8 @@
 The tutorial's exercise 3 (../shared/reference/speculative-decoding-tutorial.fa.txt): train
 three Medusa heads on a small model and compare them with a classic draft model made by pruning
 the same model (its first layers, then its final norm and head: ``LlamaRunner.truncated``, no
-extra weights). One ``quickdraft bench`` run over held-out prompts of the seven task kinds (none
+extra weights), as it is and with an exit adapter distilled briefly toward the full model's
+choices (``models.pruned.PrunedModel``, ``train.medusa.train_exit``). One ``quickdraft bench`` run over held-out prompts of the seven task kinds (none
 of them in the heads' training corpus), every method interleaved prompt by prompt, greedy, with
 every output checked against plain decoding: per task the mean accepted length, per method the
 acceptance by position (depth, for trees), drafting time and the speedup over autoregressive
@@ -30,8 +31,12 @@ from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.medusa import build_medusa, heads_folder
 from quickdraft.models.loading import load_model
+from quickdraft.models.pruned import PrunedModel
+from quickdraft.train.medusa import MedusaTraining, train_exit
+from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
 
 RESULTS = Path(__file__).parent / "results" / "medusa"
+CORPUS = Path(__file__).parent / "data" / "shortlist_corpus.jsonl"
 TARGET = "smollm2-135m"
 console = Console(width=120)
 
@@ -49,6 +54,16 @@ def main() -> None:
         "--trees", nargs="+", default=["default"], help="Medusa trees: default or widths 4,2,1"
     )
     parser.add_argument("--medusa-dir", default=None, help="default: the shipped heads")
+    parser.add_argument(
+        "--distill",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run each pruned draft with an exit adapter distilled toward the full model",
+    )
+    parser.add_argument("--distill-tokens", type=int, default=30_000)
+    parser.add_argument("--distill-epochs", type=int, default=2)
+    parser.add_argument("--data", default=str(CORPUS), help="distillation text")
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache/quickdraft/train")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -62,11 +77,26 @@ def main() -> None:
         label = f"medusa {tree} ({drafter.num_tokens} nodes)"
         methods.append(MethodRun(label, SpecConfig(method=Method.MEDUSA, tree=tree)))
         drafters[label] = drafter
+    spec = SpecConfig(method=Method.DRAFT_MODEL, num_speculative_tokens=args.k)
+    distilled = {}
+    if args.distill:
+        records = read_records([args.data])
+        sequences = [tokenize(r, tokenizer, 512) for r in records]
+        sample = balanced_sample(sequences, args.distill_tokens, 0)
+        training = MedusaTraining(epochs=args.distill_epochs, batch_size=32, lr=1e-3)
+        for layers in args.pruned_layers:
+            console.print(f"distilling an exit adapter for {layers} layers ...")
+            adapter, metrics = train_exit(target, layers, sample, training, args.cache)
+            distilled[layers] = {"adapter": adapter, "held_out_top1": metrics["held_out"][0]}
     for layers in args.pruned_layers:
         label = f"pruned {layers}/{target.config.num_layers} layers k={args.k}"
-        spec = SpecConfig(method=Method.DRAFT_MODEL, num_speculative_tokens=args.k)
         methods.append(MethodRun(label, spec))
-        drafters[label] = DraftModelDrafter(target.truncated(layers), args.k)
+        drafters[label] = DraftModelDrafter(PrunedModel(target, layers), args.k)
+        if layers in distilled:
+            label = f"pruned {layers}/{target.config.num_layers} + exit k={args.k}"
+            methods.append(MethodRun(label, spec))
+            model = PrunedModel(target, layers, distilled[layers]["adapter"])
+            drafters[label] = DraftModelDrafter(model, args.k)
 
     tasks = load_tasks(TASK_KINDS, args.prompts_per_task)
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=0.0)
@@ -84,6 +114,15 @@ def main() -> None:
             "medusa_dir": str(folder),
             "heads": json.loads((folder / "medusa.json").read_text())["config"],
             "pruned_layers": args.pruned_layers,
+            "distilled": {
+                str(layers): {
+                    "tokens": args.distill_tokens,
+                    "epochs": args.distill_epochs,
+                    "data": args.data,
+                    "held_out_agreement": d["held_out_top1"],
+                }
+                for layers, d in distilled.items()
+            },
             "k": args.k,
             "prompts_per_task": args.prompts_per_task,
             "max_new_tokens": args.max_new_tokens,
@@ -111,7 +150,14 @@ def render(result: dict, tasks: list[str]) -> str:
         f"{meta['prompts_per_task']} prompts per task kind, {meta['max_new_tokens']} new "
         f"tokens, chat template. Medusa: {heads['num_heads']} heads of {heads['num_layers']} "
         f"residual block(s) on the target's LM head ({meta['medusa_dir']}). Pruned drafts: "
-        f"the target's first layers, final norm and head, k = {meta['k']}.",
+        f"the target's first layers, final norm and head, k = {meta['k']}; '+ exit' adds a "
+        "residual block before the head, distilled toward the full model's own next tokens "
+        "(held-out agreement: "
+        + ", ".join(
+            f"{layers} layers {d['held_out_agreement']['top1']:.1%}"
+            for layers, d in meta["distilled"].items()
+        )
+        + ").",
         "",
         "Mean accepted length (tokens per target forward, bonus included):",
         "",
