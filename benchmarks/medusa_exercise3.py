@@ -4,7 +4,8 @@ The tutorial's exercise 3 (../shared/reference/speculative-decoding-tutorial.fa.
 three Medusa heads on a small model and compare them with a classic draft model made by pruning
 the same model (its first layers, then its final norm and head: ``LlamaRunner.truncated``, no
 extra weights), as it is and with an exit adapter distilled briefly toward the full model's
-choices (``models.pruned.PrunedModel``, ``train.medusa.train_exit``). One ``quickdraft bench`` run over held-out prompts of the seven task kinds (none
+choices (``models.pruned.PrunedModel``, ``train.medusa.train_exit``). One ``quickdraft bench``
+run over held-out prompts of the seven task kinds (none
 of them in the heads' training corpus), every method interleaved prompt by prompt, greedy, with
 every output checked against plain decoding: per task the mean accepted length, per method the
 acceptance by position (depth, for trees), drafting time and the speedup over autoregressive
