@@ -126,7 +126,13 @@ def main() -> None:
         "dynaspec-f": f"dyna:{args.dyna}",
         "dynaspec-pa": f"dyna-pa:{args.dyna_pa}",
     }
-    configs = {**shortlists, "dynaspec-pa, router thread": shortlists["dynaspec-pa"]}
+    # The floor: a 1,024-token list leaves the step without (almost) any head, what no
+    # shortlist can go below.
+    configs = {
+        **shortlists,
+        "head floor (fr:1024)": "fr:1024",
+        "dynaspec-pa, router thread": shortlists["dynaspec-pa"],
+    }
     console.print("draft step micro-benchmark ...")
     step_ms = micro(draft, draft_tokenizer, configs, args.k, args.micro_repeats)
     if args.micro_only:
@@ -211,6 +217,7 @@ def main() -> None:
         "meta": meta,
         "per_task": rows,
         "overall": overall,
+        "head_floor_ms": step_ms["head floor (fr:1024)"],
         "router_thread_ms": step_ms["dynaspec-pa, router thread"],
         "router_inline_twin_ms": step_ms["dynaspec-pa, router thread (inline twin)"],
         "summary": summary,
@@ -280,6 +287,10 @@ def render(result: dict, tasks: list[str]) -> str:
     lines += [
         f"| ar | | | | | {overall['ar']['decode_tokens_per_s']:.2f} | "
         f"{overall['ar']['tokens_per_s']:.2f} | | |",
+        "",
+        f"Head floor: a 1,024-token list (fr:1024) drafts at {result['head_floor_ms']:.2f} ms "
+        f"per token ({result['head_floor_ms'] / full['draft_step_ms_micro'] - 1:+.1%} against "
+        "the full head, micro): no shortlist can take the step further down on this machine.",
         "",
         f"DynaSpec-PA with the router on a second thread: {result['router_thread_ms']:.2f} ms "
         f"per drafted token (micro) against {result['router_inline_twin_ms']:.2f} inline in "
