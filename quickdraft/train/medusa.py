@@ -48,6 +48,9 @@ class MedusaTraining:
     # Head i learns the target's choice at t + i - 1 + label_offset: 1 for Medusa heads (head 1
     # predicts the token after the next), 0 for an early-exit head on a pruned model.
     label_offset: int = 1
+    # Soft labels: the target's whole distribution there (its LM head on its hidden state at
+    # that position, cross-entropy to it: Medusa-2's self-distillation), else its argmax.
+    soft_labels: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "num_layers", "epochs", "batch_size", "checkpoint_every"):
@@ -229,9 +232,15 @@ def train_heads(
                 continue
             states = heads(features.hidden[batch].float())  # [b, H, d]
             logits = heads.logits(states, lm_head)  # [b, H, V]
-            losses = F.cross_entropy(
-                logits.flatten(0, 1), labels[batch].flatten(), reduction="none"
-            ).view(len(batch), -1)
+            if settings.soft_labels:
+                targets = soft_targets(features, batch, lm_head, settings)  # [b, H, V]
+                losses = F.cross_entropy(
+                    logits.flatten(0, 1), targets.flatten(0, 1), reduction="none"
+                ).view(len(batch), -1)
+            else:
+                losses = F.cross_entropy(
+                    logits.flatten(0, 1), labels[batch].flatten(), reduction="none"
+                ).view(len(batch), -1)
             mask = valid[batch].float()
             per_head = (losses * mask).sum(0) / mask.sum(0).clamp_min(1)
             loss = (per_head * weights).sum()
@@ -257,6 +266,18 @@ def train_heads(
         ),
     }
     return heads, metrics
+
+
+@torch.no_grad()
+def soft_targets(
+    features: HeadFeatures, batch: torch.Tensor, lm_head: torch.Tensor, settings: MedusaTraining
+) -> torch.Tensor:
+    """[b, H, V]: the target's distribution at the position each head's label comes from
+    (rows past a sequence's end are masked out of the loss by the caller)."""
+    last = len(features) - 1
+    shifts = torch.arange(settings.num_heads) + settings.label_offset  # [H]
+    where = (batch.unsqueeze(1) + shifts).clamp_max(last)  # [b, H]
+    return torch.softmax(F.linear(features.hidden[where].float(), lm_head), dim=-1)
 
 
 @torch.inference_mode()
