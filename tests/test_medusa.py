@@ -274,3 +274,34 @@ def test_pruned_draft_with_a_distilled_exit_agrees_more_and_stays_exact(targets,
         assert out.token_ids == generate(target, PROMPTS[0], sampling=GREEDY).token_ids
         accepted[name] = out.stats.mean_accepted_length
     assert accepted["distilled"] >= accepted["plain"]
+
+
+def test_shipped_heads_on_smollm2_are_the_default_and_token_identical(smollm2):
+    target, tokenizer = smollm2
+    drafter = build_drafter(SpecConfig(method=Method.MEDUSA), target, target_name="smollm2-135m")
+    assert isinstance(drafter, MedusaDrafter) and drafter.depth == 3
+    assert drafter.heads.rank_accuracy is not None  # the tree is fitted to them
+    sampling = SamplingParams(temperature=0, max_new_tokens=40)
+    accepted = []
+    for text in ("Write a Python function that reverses a list.", "What is 12 times 7?"):
+        prompt = tokenizer.apply_chat(text)
+        expected = generate(target, prompt, sampling=sampling).token_ids
+        out = generate(target, prompt, sampling=sampling, draft=drafter)
+        assert out.token_ids == expected
+        accepted.append(out.stats.mean_accepted_length)
+    assert max(accepted) > 1.3  # trained heads are accepted (untrained ones repeat a token)
+
+
+def test_heads_of_their_own_round_trip(targets, tmp_path):
+    target = targets["llama-untied"]
+    heads = random_heads(
+        target.config.hidden_size, target.vocab_size, 2, own=target.head_weight.float()
+    )
+    save_heads(tmp_path, heads)
+    loaded = load_heads(tmp_path)
+    hidden = torch.randn(2, target.config.hidden_size)
+    lm_head = torch.empty(0)
+    torch.testing.assert_close(
+        loaded.logits(loaded(hidden), lm_head), heads.logits(heads(hidden), lm_head),
+        atol=0.05, rtol=0.01,
+    )  # fmt: skip

@@ -208,19 +208,9 @@ def load_heads(folder: str | Path) -> MedusaHeads:
         raise ValueError(f"medusa_dir: {folder} holds no {CONFIG_FILE} and {WEIGHTS_FILE}")
     record = json.loads((folder / CONFIG_FILE).read_text())
     config = MedusaConfig(**record["config"])
-    heads = MedusaHeads.__new__(MedusaHeads)
-    nn.Module.__init__(heads)
-    heads.config = config
-    heads.blocks = nn.ModuleList(
-        nn.Sequential(*(ResidualBlock(config.hidden_size) for _ in range(config.num_layers)))
-        for _ in range(config.num_heads)
-    )
-    heads.lm_heads = None
-    if config.own_head:
-        heads.lm_heads = nn.ModuleList(
-            nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-            for _ in range(config.num_heads)
-        )
+    # Heads of their own are overwritten by the file: any starting weight will do.
+    placeholder = torch.zeros(config.vocab_size, config.hidden_size) if config.own_head else None
+    heads = MedusaHeads(config, placeholder)
     state = {name: tensor.float() for name, tensor in load_file(str(folder / WEIGHTS_FILE)).items()}
     heads.load_state_dict(state)
     heads.rank_accuracy = record.get("rank_accuracy")
