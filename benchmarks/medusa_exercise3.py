@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from quickdraft.bench.harness import BenchSettings, MethodRun, run_bench, summarise
+from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
 from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.draft_model import DraftModelDrafter
@@ -128,7 +128,7 @@ def main() -> None:
             "prompts_per_task": args.prompts_per_task,
             "max_new_tokens": args.max_new_tokens,
             "threads": torch.get_num_threads(),
-            "machine": f"{platform.machine()}, {_cpu_name()}, torch {torch.__version__}",
+            "machine": describe_machine(),
         },
         "methods": [m.label for m in methods],
         "summary": summary,
@@ -196,16 +196,6 @@ def render(result: dict, tasks: list[str]) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from quickdraft.bench.harness import BenchSettings, parse_methods, run_bench, summarise
+from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import DecodeState
@@ -141,7 +141,7 @@ def main() -> None:
             "draft_weights": weights,
             "k": args.k,
             "threads": torch.get_num_threads(),
-            "machine": f"{platform.machine()}, {_cpu_name()}, torch {torch.__version__}",
+            "machine": describe_machine(),
             "shortlists": configs,
             "draft_step_ms": step_ms,
             "vs_full": {label: ms / step_ms["full"] - 1 for label, ms in step_ms.items()},
@@ -182,8 +182,7 @@ def main() -> None:
         "prompts_per_task": args.prompts_per_task,
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
-        f"{_cpu_name()}, torch {torch.__version__}",
+        "machine": describe_machine(),
     }
     rows = {
         name: {
@@ -311,16 +310,6 @@ def _num_clusters() -> int:
     from quickdraft.vocab.shortlist import load_clusters
 
     return int(load_clusters(artifact_folder(DRAFT)).max()) + 1
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

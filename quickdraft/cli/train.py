@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from quickdraft.cli.common import _positive_int, console
 
@@ -115,6 +117,18 @@ def _progress_columns() -> tuple:
     )
 
 
+def _stages(progress: Any) -> Callable[[str, int, int], None]:
+    """A progress callback (stage, done, total) with one bar per stage."""
+    tasks: dict[str, int] = {}
+
+    def advance(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = progress.add_task(stage, total=total)
+        progress.update(tasks[stage], completed=done)
+
+    return advance
+
+
 def _train(args: argparse.Namespace) -> int:
     import torch
 
@@ -140,13 +154,7 @@ def _train_medusa(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     with Progress(*_progress_columns(), console=console, transient=True) as progress:
-        tasks: dict[str, int] = {}
-
-        def advance(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = progress.add_task(stage, total=total)
-            progress.update(tasks[stage], completed=done)
-
+        advance = _stages(progress)
         metrics = build_heads(
             args.target, args.data, training, args.out, args.cache,
             args.budget_tokens, args.max_tokens, advance,
@@ -187,13 +195,7 @@ def _train_router(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     with Progress(*_progress_columns(), console=console, transient=True) as progress:
-        tasks: dict[str, int] = {}
-
-        def advance(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = progress.add_task(stage, total=total)
-            progress.update(tasks[stage], completed=done)
-
+        advance = _stages(progress)
         metrics = build_artifacts(settings, training, args.out, args.cache, advance)
     held = metrics["log"]["history"][-1]["held_loss"] if metrics["log"]["history"] else None
     console.print(f"wrote {args.out} ({metrics['features']['rows']} training rows)")
