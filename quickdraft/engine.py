@@ -181,9 +181,9 @@ class SpeculativeDecoder:
             else:
                 cache.commit_path(kept, num_kept)
             last = kept.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # made next_token
-            state.target_hidden = verified.hidden[
-                torch.arange(batch), last.to(verified.hidden.device)
-            ]
+            hidden = verified.hidden
+            rows = torch.arange(batch, device=hidden.device)
+            state.target_hidden = hidden[rows, last.to(hidden.device)]
             if self.drafter is not None:
                 self.drafter.observe(state, verdict)
 
