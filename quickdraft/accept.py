@@ -160,6 +160,16 @@ TYPICAL_EPSILON = 0.09
 TYPICAL_DELTA = 0.3
 
 
+def _walk_start(batch: int, shape: TreeShape, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The state of a root-to-leaf walk before its first step: rows [B], node [B] (-1, the
+    root), done [B] bool, path [B, D] (-1 padded), num_accepted [B]."""
+    rows = torch.arange(batch, device=device)
+    node = torch.full((batch,), -1, dtype=torch.long, device=device)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    path = torch.full((batch, max(shape.max_depth, 1)), -1, dtype=torch.long, device=device)
+    return rows, node, done, path, torch.zeros(batch, dtype=torch.long, device=device)
+
+
 def tree_rejection_sampling(
     draft_tokens: torch.Tensor,
     shape: TreeShape,
@@ -186,13 +196,9 @@ def tree_rejection_sampling(
     is exact whatever the candidates, so probabilities only raise acceptance, never exactness.
     """
     batch = draft_tokens.shape[0]
-    rows = torch.arange(batch, device=draft_tokens.device)
-    node = torch.full((batch,), -1, dtype=torch.long, device=rows.device)
+    rows, node, done, path, num_accepted = _walk_start(batch, shape, draft_tokens.device)
     q = target_probs[:, 0].clone()  # [B, V] the distribution the next token must follow
     final = torch.empty_like(q)
-    done = torch.zeros(batch, dtype=torch.bool, device=rows.device)
-    path = torch.full((batch, max(shape.max_depth, 1)), -1, dtype=torch.long, device=rows.device)
-    num_accepted = torch.zeros(batch, dtype=torch.long, device=rows.device)
     for depth in range(shape.max_depth + 1):
         kids = shape.children.to(rows.device)[node + 1]  # [B, W]
         chosen = torch.full_like(node, -1)
@@ -241,12 +247,8 @@ def tree_greedy(
     any drafter. With distinct siblings the walk is the longest path that matches.
     """
     batch = draft_tokens.shape[0]
-    rows = torch.arange(batch, device=draft_tokens.device)
-    node = torch.full((batch,), -1, dtype=torch.long, device=rows.device)
-    done = torch.zeros(batch, dtype=torch.bool, device=rows.device)
-    path = torch.full((batch, max(shape.max_depth, 1)), -1, dtype=torch.long, device=rows.device)
-    num_accepted = torch.zeros(batch, dtype=torch.long, device=rows.device)
-    next_token = torch.zeros(batch, dtype=torch.long, device=rows.device)
+    rows, node, done, path, num_accepted = _walk_start(batch, shape, draft_tokens.device)
+    next_token = torch.zeros_like(num_accepted)
     for depth in range(shape.max_depth + 1):
         choice = sample(target_probs[rows, node + 1], generator)  # [B] the target's token
         kids = shape.children.to(rows.device)[node + 1]  # [B, W]

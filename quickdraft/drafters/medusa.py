@@ -258,10 +258,9 @@ class MedusaDrafter:
         self.vocab_size = target.vocab_size
         self.num_tokens = tree.num_nodes
         self.depth = tree.max_depth
-        # Candidates needed per head: the widest rank at each depth, plus one.
-        self._width = [
-            int(tree.ranks[tree.depth == d].max()) + 1 for d in range(1, tree.max_depth + 1)
-        ]
+        # Candidates needed: the widest rank at any depth, plus one; node n takes candidate
+        # ranks[n] of head depth[n].
+        self._width = int(tree.ranks.max()) + 1 if tree.num_nodes else 1
 
     def begin(self, state: DecodeState) -> None:
         """The heads read the target's prefill; nothing of their own to prepare."""
@@ -277,17 +276,8 @@ class MedusaDrafter:
             logits = self.target.head(states.to(hidden.dtype)).float()  # one pass for all heads
         else:
             logits = self.heads.logits(states, torch.empty(0))
-        logits = logits[..., : self.vocab_size]
-        candidates = [
-            logits[:, d].topk(width, dim=-1).indices for d, width in enumerate(self._width)
-        ]  # per depth [B, width], most likely first
-        tokens = torch.stack(
-            [
-                candidates[int(d) - 1][:, int(r)]
-                for d, r in zip(tree.depth, tree.ranks, strict=True)
-            ],
-            dim=1,
-        )
+        candidates = logits[..., : self.vocab_size].topk(self._width, dim=-1).indices  # [B, D, W]
+        tokens = candidates[:, tree.depth - 1, tree.ranks]  # [B, N]
         return Draft(tokens.cpu(), tree.parents, None)
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
