@@ -61,3 +61,23 @@ def smollm2():
     from quickdraft.models.loading import load_model
 
     return load_model("smollm2-135m")
+
+
+def tiny_folder_and_corpus(tmp_path, smollm2, family: str):
+    """A tiny model of ``family`` saved as a folder with SmolLM2's tokenizer (vocabulary
+    49,152), and a small chat corpus of two kinds: what the train commands read."""
+    import json
+
+    folder = tmp_path / "tiny"
+    tiny_hf_model(family, vocab_size=49152, layers=2).save_pretrained(folder)
+    smollm2[1].hf.save_pretrained(folder)
+    chats = [
+        {"kind": kind, "messages": [
+            {"role": "user", "content": f"Question {i} about {kind}?"},
+            {"role": "assistant", "content": f"An answer about {kind} number {i}, in words."},
+        ]}
+        for kind in ("code", "math") for i in range(12)
+    ]  # fmt: skip
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps(c) for c in chats))
+    return folder, corpus

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import FAMILIES, tiny_hf_model
+from conftest import FAMILIES, tiny_folder_and_corpus, tiny_hf_model
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.config import Method
@@ -194,18 +194,7 @@ def test_train_medusa_command_then_generate_with_its_heads(tmp_path, smollm2, ca
 
     from quickdraft.cli import main
 
-    folder = tmp_path / "tiny"
-    tiny_hf_model("llama-tied", vocab_size=49152, layers=2).save_pretrained(folder)
-    smollm2[1].hf.save_pretrained(folder)
-    chats = [
-        {"kind": kind, "messages": [
-            {"role": "user", "content": f"Question {i} about {kind}?"},
-            {"role": "assistant", "content": f"An answer about {kind} number {i}, in words."},
-        ]}
-        for kind in ("code", "math") for i in range(12)
-    ]  # fmt: skip
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("\n".join(json.dumps(c) for c in chats))
+    folder, corpus = tiny_folder_and_corpus(tmp_path, smollm2, "llama-tied")
     out = tmp_path / "heads"
     args = ["train", "medusa", "--target", str(folder), "--data", str(corpus), "--out",
             str(out), "--heads", "2", "--budget-tokens", "400", "--epochs", "1",

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_hf_model
+from conftest import tiny_folder_and_corpus, tiny_hf_model
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.draft_model import DraftModelDrafter
@@ -416,18 +416,7 @@ def test_core_and_prompt_tokens_join_the_clusters_without_duplicates(pair):
 def test_train_router_command_then_generate_with_its_artifacts(tmp_path, smollm2, capsys):
     from quickdraft.cli import main
 
-    folder = tmp_path / "tiny"
-    tiny_hf_model("qwen2-bias", vocab_size=49152, layers=2).save_pretrained(folder)
-    smollm2[1].hf.save_pretrained(folder)
-    chats = [
-        {"kind": kind, "messages": [
-            {"role": "user", "content": f"Question {i} about {kind}?"},
-            {"role": "assistant", "content": f"An answer about {kind} number {i}, in words."},
-        ]}
-        for kind in ("code", "math") for i in range(12)
-    ]  # fmt: skip
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("\n".join(json.dumps(c) for c in chats))
+    folder, corpus = tiny_folder_and_corpus(tmp_path, smollm2, "qwen2-bias")
     out = tmp_path / "artifacts"
     args = ["train", "router", "--draft", str(folder), "--target", str(folder), "--data",
             str(corpus), "--out", str(out), "--clusters", "4", "--core", "256",
