@@ -20,6 +20,7 @@ class Method(StrEnum):
     DRAFT_MODEL = "draft_model"
     NGRAM = "ngram"
     MEDUSA = "medusa"
+    EAGLE = "eagle"
 
 
 class AcceptRule(StrEnum):
@@ -134,8 +135,12 @@ class SpecConfig:
         draft model.
     medusa_dir: medusa only: the folder of trained heads (``quickdraft train medusa``); None
         uses those shipped for the target.
-    tree: medusa only: the draft tree, ``default`` (a sparse tree fitted to the heads) or
-        sibling counts per depth such as ``4,2,1``; num_speculative_tokens is then unused.
+    tree: medusa and eagle: the draft tree; num_speculative_tokens is then unused. Medusa:
+        ``default`` (a sparse tree fitted to the heads), ``fit:N`` or sibling counts per depth
+        such as ``4,2,1``. EAGLE: ``default`` or ``DEPTH,TOPK,TOKENS`` of its dynamic tree
+        (EAGLE-2), such as ``4,4,12``; TOPK 1 drafts a chain.
+    eagle_dir: eagle only: the folder of a trained EAGLE drafter (``quickdraft train eagle``);
+        None uses the one shipped for the target.
     """
 
     method: Method = Method.DRAFT_MODEL
@@ -148,6 +153,7 @@ class SpecConfig:
     shortlist_dir: str | None = None
     medusa_dir: str | None = None
     tree: str = "default"
+    eagle_dir: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", _enum_value("method", Method, self.method))
@@ -179,15 +185,20 @@ class SpecConfig:
 
         if not isinstance(self.tree, str):
             raise ValueError(f"tree must be a string such as default or 4,2,1; got {self.tree!r}")
-        if self.method is not Method.MEDUSA:
-            if self.tree != "default":
-                raise ValueError("tree applies to method medusa only")
-            if self.medusa_dir is not None:
-                raise ValueError("medusa_dir applies to method medusa only")
-        elif self.tree != "default":
+        if self.method not in (Method.MEDUSA, Method.EAGLE) and self.tree != "default":
+            raise ValueError("tree applies to methods medusa and eagle only")
+        if self.method is not Method.MEDUSA and self.medusa_dir is not None:
+            raise ValueError("medusa_dir applies to method medusa only")
+        if self.method is not Method.EAGLE and self.eagle_dir is not None:
+            raise ValueError("eagle_dir applies to method eagle only")
+        if self.method is Method.MEDUSA and self.tree != "default":
             from quickdraft.drafters.medusa import check_tree
 
             check_tree(self.tree)  # the syntax; the depth is checked against the heads on load
+        if self.method is Method.EAGLE:
+            from quickdraft.drafters.eagle import DynamicTree
+
+            DynamicTree.parse(self.tree)
 
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
             _check_number(name, getattr(self, name), integer=True)

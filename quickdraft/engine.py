@@ -75,6 +75,15 @@ class SpeculativeDecoder:
                 f"drafter: its vocabulary ({drafter.vocab_size}) differs from the target's "
                 f"({target.vocab_size})"
             )
+        taps = tuple(getattr(drafter, "target_taps", ()))
+        if taps and not set(taps) <= set(getattr(target, "tap_layers", ())):
+            tapping = getattr(target, "with_taps", None)
+            if tapping is None:
+                raise ValueError(
+                    f"target: the drafter reads target layers {list(taps)}, which "
+                    f"{type(target).__name__} cannot return"
+                )
+            target = tapping(taps)  # a view of the same weights that also returns them
         self.target = target
         self.drafter = drafter
         self.accept_fn = accept_fn
@@ -124,6 +133,8 @@ class SpeculativeDecoder:
             prefill = target.forward(prompts[:, :-1], positions, cache)
             cache.commit(prompt_len - 1)
             state.target_hidden = prefill.hidden[:, -1]
+            state.fresh_hidden, state.fresh_taps = prefill.hidden, prefill.taps
+            state.fresh_count = torch.full((batch,), prompt_len - 1)
         output = StepOutput(state, sampling, self.tokenizer)
         if self.drafter is not None:
             self.drafter.begin(state)  # the drafter's own prompt pass counts as prefill
@@ -184,6 +195,10 @@ class SpeculativeDecoder:
             hidden = verified.hidden
             rows = torch.arange(batch, device=hidden.device)
             state.target_hidden = hidden[rows, last.to(hidden.device)]
+            fresh = kept.to(hidden.device)
+            state.fresh_hidden = hidden[rows.unsqueeze(1), fresh]
+            state.fresh_taps = {i: t[rows.unsqueeze(1), fresh] for i, t in verified.taps.items()}
+            state.fresh_count = num_kept
             if self.drafter is not None:
                 self.drafter.observe(state, verdict)
 

@@ -102,7 +102,7 @@ def test_heads_round_trip_and_build_from_a_spec(targets, tmp_path):
 
 def test_bad_medusa_settings_name_the_field(targets, tmp_path):
     target = targets["llama-tied"]
-    with pytest.raises(ValueError, match="tree applies to method medusa"):
+    with pytest.raises(ValueError, match="tree applies to methods medusa and eagle"):
         SpecConfig(method=Method.NGRAM, tree="2,2")
     with pytest.raises(ValueError, match="tree"):
         SpecConfig(method=Method.MEDUSA, tree="two")
@@ -213,7 +213,7 @@ def test_train_medusa_command_then_generate_with_its_heads(tmp_path, smollm2, ca
     assert runs["ar"] == runs["medusa"]
     assert main(["generate", "Hi", "--target", str(folder), "--method", "ngram",
                  "--tree", "2,2"]) == 2  # fmt: skip
-    assert "tree applies to method medusa" in capsys.readouterr().out
+    assert "tree applies to methods medusa and eagle" in capsys.readouterr().out
 
 
 def test_fitted_trees_take_the_most_likely_paths():

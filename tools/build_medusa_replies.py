@@ -128,6 +128,12 @@ def batched(args: argparse.Namespace, out: Path) -> None:
 
     model, tokenizer = load_model(args.model)
     prompts = code_prompts(args.skip_code + args.code * 20, args.seed)[args.skip_code :]
+    # Appending to an earlier run: never answer the same prompt twice.
+    done = set()
+    if out.exists():
+        for line in out.read_text(encoding="utf-8").splitlines():
+            done.add(json.loads(line)["messages"][0]["content"])
+    prompts = [p for p in prompts if p not in done]
     by_length: dict[int, list[tuple[str, list[int]]]] = {}
     for prompt in prompts:
         ids = tokenizer.apply_chat([{"role": "user", "content": prompt}])

@@ -32,9 +32,10 @@ class MethodRun:
 
 
 def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
-    """'ar,draft_model,ngram,medusa', each optionally with '@K' ('draft_model@3'; for medusa
-    the tree's widths, 'medusa@4.2.1') and, for draft_model, '+SHORTLIST'
-    ('draft_model@5+dyna-pa:32', see ``quickdraft.vocab``); ar always first."""
+    """'ar,draft_model,ngram,medusa,eagle', each optionally with '@K' ('draft_model@3'; for
+    medusa the tree's widths, 'medusa@4.2.1'; for eagle its dynamic tree's depth, top-k and
+    tokens, 'eagle@4.4.12') and, for draft_model, '+SHORTLIST' ('draft_model@5+dyna-pa:32',
+    see ``quickdraft.vocab``); ar always first."""
     runs: dict[str, MethodRun] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         part, _, shortlist = part.partition("+")
@@ -47,9 +48,9 @@ def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
         if method is Method.AR:
             runs["ar"] = MethodRun("ar", SpecConfig(method=Method.AR))
             continue
-        if method is Method.MEDUSA:
+        if method in (Method.MEDUSA, Method.EAGLE):
             tree = k_text.replace(".", ",") if k_text else "default"
-            label = "medusa" + (f" tree={k_text}" if k_text else "")
+            label = name + (f" tree={k_text}" if k_text else "")
             try:
                 runs[label] = MethodRun(label, SpecConfig(method=method, tree=tree))
             except ValueError as error:
@@ -133,6 +134,7 @@ def run_bench(
     draft_name: str | None = None,
     target_name: str | None = None,
     medusa_dir: str | None = None,
+    eagle_dir: str | None = None,
     drafters: dict[str, Any] | None = None,
     on_run: Callable[[RunRecord], None] | None = None,
 ) -> BenchRun:
@@ -140,7 +142,8 @@ def run_bench(
 
     Drafters are built once per method (packing a shortlisted head is not per-request work);
     ``draft_name`` finds the shortlist artifacts shipped for the draft, ``target_name`` the
-    Medusa heads shipped for the target (``medusa_dir`` overrides them). ``drafters`` gives
+    Medusa heads and EAGLE drafter shipped for the target (``medusa_dir`` and ``eagle_dir``
+    override them). ``drafters`` gives
     prebuilt drafters by method label (a pruned draft model, say); the others are built from
     their specs."""
     given = dict(drafters or {})
@@ -153,14 +156,17 @@ def run_bench(
     same = None
     if draft is not None and draft_tokenizer is not None:
         same = same_vocabulary(tokenizer, draft_tokenizer)
-    if medusa_dir is not None:
+    folders = {Method.MEDUSA: ("medusa_dir", medusa_dir), Method.EAGLE: ("eagle_dir", eagle_dir)}
+    for method, (field_name, folder) in folders.items():
+        if folder is None:
+            continue
         methods = [
-            MethodRun(m.label, dataclasses.replace(m.spec, medusa_dir=medusa_dir))
-            if m.spec.method is Method.MEDUSA
+            MethodRun(m.label, dataclasses.replace(m.spec, **{field_name: folder}))
+            if m.spec.method is method
             else m
             for m in methods
         ]
-        bench.methods = methods
+    bench.methods = methods
     built = {
         run.label: given[run.label]
         if run.label in given
@@ -175,11 +181,14 @@ def run_bench(
         for run in methods
     }
     for run in methods:
+        drafter = built[run.label]
         bench.drafter_vocab[run.label] = {
             Method.AR: None,
             Method.NGRAM: 0,
             Method.MEDUSA: target.vocab_size,
-        }.get(run.spec.method, getattr(built[run.label], "vocab_size", None))
+        }.get(run.spec.method, getattr(drafter, "vocab_size", None))
+        if run.spec.method is Method.EAGLE:  # it scores its draft vocabulary only
+            bench.drafter_vocab[run.label] = int(drafter.draft_vocab.numel())
     stop = tuple(getattr(tokenizer, "eos_token_ids", ()))
     sampling = SamplingParams(
         temperature=settings.temperature,

@@ -13,7 +13,7 @@ from quickdraft.cli.bench import _add_bench, _add_pick, _bench, _pick
 from quickdraft.cli.checks import _conformance, _demo, _theory
 from quickdraft.cli.common import _positive_int, console
 from quickdraft.cli.generate import _add_generate, _generate
-from quickdraft.cli.train import _add_train, _train
+from quickdraft.cli.train import _add_export, _add_train, _export, _train
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_pick(commands)
     _add_train(commands)
+    _add_export(commands)
     return parser
 
 
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             "bench": _bench,
             "pick": _pick,
             "train": _train,
+            "export": _export,
         }
         return commands[args.command](args)
     except ValueError as error:

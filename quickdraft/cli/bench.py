@@ -27,10 +27,13 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         "--methods",
         default="ar,ngram",
         help="comma-separated; NAME@K sets k per method (e.g. draft_model@3); medusa@4.2.1 "
-        "sets the Medusa tree's widths",
+        "sets the Medusa tree's widths, eagle@4.4.12 the EAGLE tree's depth, top-k and tokens",
     )
     bench.add_argument(
         "--medusa-dir", default=None, help="Medusa heads (default: those shipped for --target)"
+    )
+    bench.add_argument(
+        "--eagle-dir", default=None, help="EAGLE drafter (default: the one shipped for --target)"
     )
     bench.add_argument("-k", "--num-speculative-tokens", type=int, default=None)
     bench.add_argument("--tasks", default="all", help="all, or a comma-separated list")
@@ -95,6 +98,7 @@ def _bench(args: argparse.Namespace) -> int:
             draft_name=args.draft,
             target_name=args.target,
             medusa_dir=args.medusa_dir,
+            eagle_dir=args.eagle_dir,
             on_run=advance,
         )
     summary = summarise(bench)

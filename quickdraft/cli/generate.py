@@ -38,9 +38,10 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument(
         "--method",
         default="auto",
-        choices=["auto", "ar", "draft_model", "ngram", "medusa"],
+        choices=["auto", "ar", "draft_model", "ngram", "medusa", "eagle"],
         help="auto: draft_model with --draft, else ngram; medusa: heads on the target (those "
-        "shipped for it, or --medusa-dir)",
+        "shipped for it, or --medusa-dir); eagle: a feature-level draft layer with dynamic "
+        "trees (the one shipped for the target, or --eagle-dir)",
     )
     generate.add_argument("--draft", default=None, help="draft model for --method draft_model")
     generate.add_argument(
@@ -83,9 +84,15 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         help="folder of Medusa heads (default: those shipped for --target)",
     )
     generate.add_argument(
+        "--eagle-dir",
+        default=None,
+        help="folder of an EAGLE drafter (default: the one shipped for --target)",
+    )
+    generate.add_argument(
         "--tree",
         default="default",
-        help="medusa draft tree: default, or sibling counts per depth such as 4,2,1",
+        help="draft tree. medusa: default, fit:N, or sibling counts per depth such as 4,2,1; "
+        "eagle: default or DEPTH,TOPK,TOKENS of its dynamic tree, such as 4,4,12",
     )
     generate.add_argument("--prompt-lookup-min", type=int, default=1)
     generate.add_argument("--prompt-lookup-max", type=int, default=3)
@@ -136,6 +143,7 @@ def _generate(args: argparse.Namespace) -> int:
         shortlist_dir=args.shortlist_dir,
         medusa_dir=args.medusa_dir,
         tree=args.tree,
+        eagle_dir=args.eagle_dir,
     )
     sampling = SamplingParams(
         temperature=args.temperature,
@@ -160,7 +168,7 @@ def _generate(args: argparse.Namespace) -> int:
             same_tokenizer=same_vocabulary(tokenizer, draft_tokenizer),
             draft_name=args.draft,
         )
-    elif method == "medusa":
+    elif method in ("medusa", "eagle"):
         draft = build_drafter(spec, target, target_name=args.target)
     sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.eos_token_ids)
     chat = args.chat if args.chat is not None else args.prompt is None
@@ -204,6 +212,9 @@ def _generate(args: argparse.Namespace) -> int:
 def _shape(spec: Any, drafter: Any) -> str:
     if spec.method.value == "medusa":
         return f"tree of {drafter.num_tokens} nodes, depth {drafter.depth}"
+    if spec.method.value == "eagle":
+        tree = drafter.tree
+        return f"dynamic tree: depth {tree.depth}, top-{tree.topk}, {tree.tokens} tokens"
     return f"k={spec.k}"
 
 

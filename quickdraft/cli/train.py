@@ -101,9 +101,104 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     medusa.add_argument("--epochs", type=_positive_int, default=2)
     medusa.add_argument("--batch-size", type=_positive_int, default=32)
     medusa.add_argument("--lr", type=float, default=1e-3)
+    medusa.add_argument(
+        "--train-vocab",
+        type=int,
+        default=0,
+        help="score only the N most frequent target tokens in the loss (0: all, the default); "
+        "the heads still rank the whole vocabulary when drafting",
+    )
     medusa.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     medusa.add_argument("--threads", type=_positive_int, default=None)
     medusa.add_argument("--seed", type=int, default=0)
+    _add_train_eagle(kinds)
+
+
+def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
+    eagle = kinds.add_parser(
+        "eagle",
+        help="an EAGLE draft layer on a frozen target's features (EAGLE-1, or EAGLE-3 with "
+        "fused features and training-time test)",
+        description="Writes eagle.json, eagle.safetensors and metrics.json into --out. The "
+        "target's features are cached in fp16 under --cache (within --max-cache-gb) and "
+        "checkpoints too, so an interrupted run resumes where it stopped. On several GPUs, "
+        "run it unchanged under `accelerate launch`.",
+    )
+    eagle.add_argument("--target", required=True, help="the target model (native runner)")
+    eagle.add_argument(
+        "--data", nargs="+", required=True, help="corpus files or folders (.jsonl chats, text)"
+    )
+    eagle.add_argument("--out", type=Path, required=True)
+    eagle.add_argument("--variant", choices=["eagle1", "eagle3"], default="eagle3")
+    eagle.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=None,
+        help="training-time test steps (default 3 for eagle3, 1 for eagle1)",
+    )
+    eagle.add_argument(
+        "--draft-vocab",
+        type=_positive_int,
+        default=8192,
+        help="tokens the draft scores: the most frequent of the training text (default 8192)",
+    )
+    eagle.add_argument(
+        "--budget-tokens",
+        type=_positive_int,
+        default=150_000,
+        help="scored (reply) positions, balanced over kinds of text (default 150000)",
+    )
+    eagle.add_argument("--max-tokens", type=_positive_int, default=512)
+    eagle.add_argument(
+        "--context",
+        type=int,
+        default=64,
+        help="prompt tokens kept before each reply as the draft's context (default 64)",
+    )
+    eagle.add_argument("--max-cache-gb", type=float, default=8.0)
+    eagle.add_argument("--epochs", type=_positive_int, default=3)
+    eagle.add_argument("--batch-size", type=_positive_int, default=8, help="sequences")
+    eagle.add_argument("--lr", type=float, default=1e-3)
+    eagle.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    eagle.add_argument("--threads", type=_positive_int, default=None)
+    eagle.add_argument("--seed", type=int, default=0)
+
+
+def _train_eagle(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from quickdraft.train.eagle import EagleTraining, build_eagle
+
+    steps = args.steps or (3 if args.variant == "eagle3" else 1)
+    training = EagleTraining(
+        variant=args.variant,
+        steps=steps,
+        draft_vocab=args.draft_vocab,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    with Progress(*_progress_columns(), console=console, transient=True) as progress:
+        advance = _stages(progress)
+        metrics = build_eagle(
+            args.target, args.data, training, args.out, args.cache, args.budget_tokens,
+            args.max_tokens, args.context, args.max_cache_gb, advance,
+        )  # fmt: skip
+    held = metrics["held_out"]
+    console.print(
+        f"wrote {args.out} ({metrics['train_sequences']} training sequences, "
+        f"{metrics['held_sequences']} held out, {held['positions']} held-out positions)"
+    )
+    for step, (agree, inside) in enumerate(
+        zip(held["agreement_by_step"], held["in_draft_vocab_by_step"], strict=True)
+    ):
+        console.print(
+            f"  step {step + 1}: top-1 is the target's own token {agree:.1%} "
+            f"(in the draft vocabulary {inside:.1%})"
+        )
+    console.print(f"  expected chain accepted length {held['expected_chain_accepted_length']}")
+    return 0
 
 
 def _progress_columns() -> tuple:
@@ -136,6 +231,8 @@ def _train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.train_kind == "medusa":
         return _train_medusa(args)
+    if args.train_kind == "eagle":
+        return _train_eagle(args)
     return _train_router(args)
 
 
@@ -152,6 +249,7 @@ def _train_medusa(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
+        train_vocab=args.train_vocab,
     )
     with Progress(*_progress_columns(), console=console, transient=True) as progress:
         advance = _stages(progress)
@@ -206,4 +304,57 @@ def _train_router(args: argparse.Namespace) -> int:
             f"target token {row['target_recall']:.1%}, agreeing draft "
             f"{row['agreeing_draft_recall']:.1%}"
         )
+    return 0
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export", help="write trained drafters in the layouts other inference engines load"
+    )
+    kinds = export.add_subparsers(dest="export_kind", required=True)
+    eagle = kinds.add_parser(
+        "eagle",
+        help="an EAGLE drafter as a vLLM / SGLang draft model folder (config.json + "
+        "model.safetensors)",
+    )
+    eagle.add_argument(
+        "--target", required=True, help="the target it was trained for (its LM head rows)"
+    )
+    eagle.add_argument(
+        "--eagle-dir", default=None, help="the drafter (default: the one shipped for --target)"
+    )
+    eagle.add_argument("--out", type=Path, required=True)
+    eagle.add_argument(
+        "--engine",
+        choices=["vllm", "sglang"],
+        default="vllm",
+        help="EAGLE-1 folders differ (vLLM's fc has no bias, SGLang's has one); EAGLE-3 "
+        "folders load in both",
+    )
+
+
+def _export(args: argparse.Namespace) -> int:
+    from quickdraft.drafters.eagle import eagle_folder, load_eagle
+    from quickdraft.drafters.eagle_export import export_eagle
+    from quickdraft.models.loading import load_model
+
+    net = load_eagle(eagle_folder(args.target, args.eagle_dir))
+    target, _ = load_model(args.target)
+    head = getattr(target, "head_weight", None)
+    if head is None:
+        raise ValueError(f"target: {args.target} loads without the native runner's LM head")
+    if net.config.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"eagle_dir: drafter trained for a vocabulary of {net.config.vocab_size}, the "
+            f"target has {target.vocab_size}"
+        )
+    folder = export_eagle(
+        net, head.float(), args.out, args.engine, getattr(target, "max_positions", 8192)
+    )
+    method = "eagle3" if net.config.variant == "eagle3" else "eagle"
+    console.print(f"wrote {folder} ({net.config.variant}, for {args.engine})")
+    console.print(
+        f"  vllm serve <target> --speculative-config "
+        f'\'{{"method": "{method}", "model": "{folder}", "num_speculative_tokens": 3}}\''
+    )
     return 0

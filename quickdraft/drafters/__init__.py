@@ -5,6 +5,7 @@ from __future__ import annotations
 from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.base import DecodeState, Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.eagle import EagleDrafter, build_eagle, eagle_folder
 from quickdraft.drafters.medusa import MedusaDrafter, build_medusa, heads_folder
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import Model
@@ -75,10 +76,24 @@ def _medusa(
     return build_medusa(target, heads_folder(target_name, spec.medusa_dir), spec.tree)
 
 
+def _eagle(
+    spec: SpecConfig,
+    target: Model,
+    draft: Model | None,
+    same_tokenizer: bool | None,
+    draft_name: str | None,
+    target_name: str | None,
+) -> Drafter:
+    if draft is not None:
+        raise ValueError("draft: method eagle drafts with its own layer, not a draft model")
+    return build_eagle(target, eagle_folder(target_name, spec.eagle_dir), spec.tree)
+
+
 _BUILDERS = {
     Method.DRAFT_MODEL: _draft_model,
     Method.NGRAM: _ngram,
     Method.MEDUSA: _medusa,
+    Method.EAGLE: _eagle,
 }
 
 
@@ -96,7 +111,8 @@ def build_drafter(
     same_tokenizer: whether the draft's tokenizer equals the target's, when the caller knows
     (``HFTokenizer.same_vocabulary``); it lets padded vocabulary sizes differ.
     draft_name: the draft model's alias, which finds the shortlist artifacts shipped for it.
-    target_name: the target's alias, which finds the Medusa heads shipped for it.
+    target_name: the target's alias, which finds the Medusa heads and EAGLE drafter shipped
+    for it.
     """
     if spec.method is Method.AR:
         return None
@@ -108,6 +124,7 @@ __all__ = [
     "Draft",
     "DraftModelDrafter",
     "Drafter",
+    "EagleDrafter",
     "MedusaDrafter",
     "NGramDrafter",
     "build_drafter",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -26,6 +26,15 @@ class DecodeState:
               (the state its pending token was predicted from), for drafters that read the
               target's features (Medusa, EAGLE); None before any target pass has seen that
               token (a one-token prompt).
+    fresh_hidden: [B, M, D], the target's final hidden states at the tokens its last pass
+              kept, in order: row b's first fresh_count[b] are the tokens at positions
+              lengths - 1 - fresh_count .. lengths - 2 (after the prefill, the whole prompt
+              but its last token; after a verify, the old pending token and the accepted
+              drafts); the rest is padding. For drafters that keep a cache of the target's
+              features (EAGLE). None when no target pass has run.
+    fresh_taps: the same positions of the target's tapped layers ({layer: [B, M, D]}), for
+              drafters that declare ``target_taps``.
+    fresh_count: [B] long.
     """
 
     tokens: torch.Tensor
@@ -34,6 +43,9 @@ class DecodeState:
     sampling: SamplingParams
     generator: torch.Generator
     target_hidden: torch.Tensor | None = None
+    fresh_hidden: torch.Tensor | None = None
+    fresh_taps: dict[int, torch.Tensor] = field(default_factory=dict)
+    fresh_count: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -76,6 +88,9 @@ class Drafter(Protocol):
     begin(state):          once, after the target's prefill, before the first propose().
     propose(state):        a Draft of this step's candidates.
     observe(state, verdict): after verification; drafters that learn online update here.
+
+    A drafter that reads intermediate layers of the target declares them as ``target_taps``
+    (a tuple of decoder layer indices, whose outputs arrive in ``DecodeState.fresh_taps``).
     """
 
     vocab_size: int

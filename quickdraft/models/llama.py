@@ -251,6 +251,17 @@ class LlamaRunner:
         clone.tap_layers = tuple(i for i in self.tap_layers if i < num_layers)
         return clone
 
+    def with_taps(self, layers: tuple[int, ...]) -> LlamaRunner:
+        """A view of this model, sharing its weights, that also returns the outputs of
+        ``layers`` (and of those it already taps) in ``ModelOutput.taps``."""
+        for layer in layers:
+            if not 0 <= layer < self.config.num_layers:
+                raise ValueError(f"tap_layers: {layer} is not in 0..{self.config.num_layers - 1}")
+        clone = object.__new__(LlamaRunner)
+        clone.__dict__.update(self.__dict__)
+        clone.tap_layers = tuple(sorted(set(self.tap_layers) | set(layers)))
+        return clone
+
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         config = self.config
         return KVCache(

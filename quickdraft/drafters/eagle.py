@@ -1,0 +1,339 @@
+"""EAGLE drafting: a feature-level draft layer that grows a dynamic tree (EAGLE-2).
+
+The draft layer (``eagle_net.EagleNet``) keeps a KV cache of its own, one entry per committed
+token: the entry at position p reads the target's feature at p and the embedding of token p + 1.
+Each step:
+
+1. catch up: the target's features at the tokens its last pass kept (``DecodeState.
+   fresh_hidden`` / ``fresh_taps``) become real entries; the output of the last one (the
+   pending token's entry) scores the first draft level;
+2. expand (EAGLE-2): at each depth the ``topk`` nodes with the highest score, the product of the
+   draft probabilities along their path, get an entry of their own (the parent's output as
+   feature, their token's embedding), attending to the committed entries and their ancestors
+   only; each proposes its ``topk`` most likely children;
+3. rerank: the ``tokens`` nodes with the highest scores over every depth form the draft. A
+   node's score never exceeds its parent's, so the chosen set is always a tree.
+
+Candidates are deterministic (point masses), which the tree rules accept exactly at any
+temperature (``accept.tree_rejection_sampling``). In a batch, every row drafts its own tokens
+but the rows share one tree shape (the engine verifies one shape per step): expansion and
+rerank then rank nodes by their scores summed over rows; with one row this is EAGLE-2 exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from quickdraft.accept import Verdict
+from quickdraft.drafters.base import DecodeState, Draft
+from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
+from quickdraft.models.base import Model
+from quickdraft.models.kv_cache import KVCache
+from quickdraft.models.llama import Linear
+
+CONFIG_FILE = "eagle.json"
+WEIGHTS_FILE = "eagle.safetensors"
+ARTIFACTS = Path(__file__).parent / "artifacts" / "eagle"
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicTree:
+    """EAGLE-2's tree settings: ``depth`` draft levels, ``topk`` nodes expanded per level with
+    ``topk`` children each, ``tokens`` nodes kept after the rerank (the verify budget)."""
+
+    depth: int = 4
+    topk: int = 4
+    tokens: int = 12
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "topk", "tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"tree: {name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def parse(cls, text: str | None) -> DynamicTree:
+        """``default`` or ``DEPTH,TOPK,TOKENS`` (such as ``5,4,16``); TOPK 1 is a chain."""
+        if text is None or text == "default":
+            return cls()
+        try:
+            depth, topk, tokens = (int(part) for part in text.split(","))
+        except ValueError:
+            raise ValueError(
+                f"tree: expected default or DEPTH,TOPK,TOKENS such as 4,4,12; got {text!r}"
+            ) from None
+        return cls(depth, topk, tokens)
+
+
+def save_eagle(folder: str | Path, net: EagleNet, metadata: dict | None = None) -> None:
+    """The network's weights (fp16, its draft vocabulary as int64) and config."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {
+        name: tensor.detach().contiguous() if name == "draft_vocab" else tensor.detach().half()
+        for name, tensor in net.state_dict().items()
+    }
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / WEIGHTS_FILE))
+    record = {"config": net.config.to_dict(), **(metadata or {})}
+    (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def load_eagle(folder: str | Path) -> EagleNet:
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
+        raise ValueError(f"eagle_dir: {folder} holds no {CONFIG_FILE} and {WEIGHTS_FILE}")
+    record = json.loads((folder / CONFIG_FILE).read_text())
+    net = EagleNet(EagleConfig(**record["config"]))
+    state = load_file(str(folder / WEIGHTS_FILE))
+    net.load_state_dict({k: v if k == "draft_vocab" else v.float() for k, v in state.items()})
+    return net.eval()
+
+
+def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> Path:
+    """The explicit folder, else the drafter shipped for ``target_name``."""
+    if folder is not None:
+        return Path(folder)
+    shipped = ARTIFACTS / target_name if target_name else None
+    if shipped is not None and shipped.parent == ARTIFACTS and shipped.is_dir():
+        return shipped
+    names = sorted(p.name for p in ARTIFACTS.iterdir() if p.is_dir()) if ARTIFACTS.is_dir() else []
+    raise ValueError(
+        f"eagle_dir: no EAGLE drafter ships for target {target_name!r} (shipped: "
+        f"{', '.join(names) or 'none'}); train one with 'quickdraft train eagle' and pass "
+        "the folder"
+    )
+
+
+class EagleDrafter:
+    """Drafts a dynamic tree with an EAGLE network over the target's features. Needs the native
+    runner (its embedding, LM head rows and, for EAGLE-3, layer taps)."""
+
+    def __init__(self, target: Model, net: EagleNet, tree: DynamicTree | None = None):
+        config = net.config
+        for name in ("embed", "head_weight", "config"):
+            if not hasattr(target, name):
+                raise ValueError(
+                    f"target: EAGLE reads the native runner's embedding and LM head, got "
+                    f"{type(target).__name__}"
+                )
+        target_config = target.config  # type: ignore[attr-defined]
+        if target_config.hidden_size != config.hidden_size:
+            raise ValueError(
+                f"eagle: a drafter of hidden size {config.hidden_size} does not fit the "
+                f"target's {target_config.hidden_size}"
+            )
+        if target.vocab_size != config.vocab_size:
+            raise ValueError(
+                f"eagle_dir: drafter trained for a vocabulary of {config.vocab_size}, the "
+                f"target has {target.vocab_size}"
+            )
+        self.target, self.net = target, _packed(net.eval())
+        self.tree = tree or DynamicTree()
+        self.vocab_size = target.vocab_size
+        self.num_tokens = self.tree.tokens
+        self.depth = self.tree.depth
+        # Target decoder layers whose outputs the drafter reads (the engine asks the target
+        # for them): the inputs of the feature layers are the outputs of the layers below.
+        self.target_taps = tuple(layer - 1 for layer in config.feature_layers)
+        self.embed = target.embed  # type: ignore[attr-defined]
+        vocab = net.draft_vocab
+        self.draft_vocab = vocab
+        head = target.head_weight[vocab].to(torch.float32)  # type: ignore[attr-defined]
+        self.head = Linear(head.contiguous())  # packed once: the draft vocabulary's rows
+        self.cache: KVCache | None = None
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    def begin(self, state: DecodeState) -> None:
+        config = self.net.config
+        self.cache = KVCache(
+            1,
+            state.batch_size,
+            state.capacity + self.tree.depth * self.tree.topk + 1,
+            config.num_kv_heads,
+            config.head_dim,
+            dtype=torch.float32,
+            device="cpu",
+        )
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> Draft:
+        assert self.cache is not None, "begin() first"
+        if state.fresh_hidden is None:  # a one-token prompt: no target feature yet
+            return Draft.chain(torch.zeros(state.batch_size, 0, dtype=torch.long), None)
+        root = self._catch_up(state)  # [B, d]: the pending token's entry's output
+        return self._expand(state, root)
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        """The accepted tokens' real features arrive with the next propose (catch-up)."""
+
+    # -- steps --------------------------------------------------------------------------
+
+    def _catch_up(self, state: DecodeState) -> torch.Tensor:
+        """Step 1: real entries for the target's fresh features; returns the output of each
+        row's last one."""
+        net, cache = self.net, self.cache
+        assert cache is not None and state.fresh_hidden is not None
+        count = state.fresh_count  # [B]
+        hidden = state.fresh_hidden.float()
+        taps = [state.fresh_taps[layer].float() for layer in self.target_taps]
+        feature = net.fuse(hidden, taps)  # [B, M, d]
+        batch, num = feature.shape[:2]
+        first = state.lengths - 1 - count  # position of each row's first fresh feature
+        positions = first.unsqueeze(1) + torch.arange(num)  # [B, M]
+        following = state.tokens.gather(1, (positions + 1).clamp_max(state.capacity - 1))
+        attn_input, residual = net.project(self.embed[following].float(), feature)
+        ancestors = torch.ones(num, num, dtype=torch.bool).tril()
+        output = self._attend(attn_input, residual, positions, ancestors, 0)
+        cache.commit(count)
+        last = (count - 1).clamp_min(0)
+        return output[torch.arange(batch), last]
+
+    def _attend(
+        self,
+        attn_input: torch.Tensor,
+        residual: torch.Tensor,
+        positions: torch.Tensor,
+        ancestors: torch.Tensor,
+        offset: int,
+    ) -> torch.Tensor:
+        """One pass of the layer for T new entries written at scratch slots offset..offset+T-1
+        past each row's committed length. ancestors: [T, offset + T] bool, which scratch
+        entries each new one sees (itself and its ancestors); committed entries are always
+        visible. Returns the outputs [B, T, d]."""
+        net, cache = self.net, self.cache
+        assert cache is not None
+        num = attn_input.shape[1]
+        q, k, v = net.qkv(attn_input, positions)
+        lengths = cache.lengths
+        slots = lengths.unsqueeze(1) + offset + torch.arange(num)
+        cache.write(0, k.transpose(1, 2), v.transpose(1, 2), slots)
+        used = int(lengths.max()) + offset + num
+        keys, values = cache.view(0, used)
+        relative = torch.arange(used) - lengths.unsqueeze(1)  # [B, used]
+        prefix = (relative < 0).unsqueeze(1)  # [B, 1, used]
+        columns = relative.clamp(0, offset + num - 1)
+        scratch = (relative >= 0) & (relative < offset + num)
+        visible = scratch.unsqueeze(1) & ancestors[:, columns].permute(1, 0, 2)  # [B, T, used]
+        mask = (prefix | visible).unsqueeze(1)
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1]
+        )
+        return net.finish(attended, residual)
+
+    def _log_probs(self, output: torch.Tensor) -> torch.Tensor:
+        """[.., d] -> log-probabilities over the draft vocabulary [.., S]."""
+        return self.head(self.net.head_input(output)).float().log_softmax(-1)
+
+    def _expand(self, state: DecodeState, root: torch.Tensor) -> Draft:
+        """Steps 2 and 3: grow the tree level by level, then keep the best ``tokens`` nodes."""
+        tree, net = self.tree, self.net
+        batch = root.shape[0]
+        top = self._log_probs(root).topk(tree.topk, dim=-1)  # [B, K]
+        # Every candidate node so far: token [B], score [B] (log of its path probability),
+        # parent (candidate index, -1 for the root's children), depth.
+        tokens = [self.draft_vocab[top.indices]]  # per level: [B, C]
+        scores = [top.values]
+        parents = [torch.full((tree.topk,), -1)]
+        level_start = [0]
+        # Expanded nodes: their entries sit at scratch slots 0.. in this order.
+        entry_of: dict[int, int] = {}  # candidate index -> scratch entry
+        entry_parent: list[int] = []  # scratch entry -> its parent's entry (-1: committed)
+        # The outputs the current level's nodes read as features, and which slot of them
+        # each parent's is (the root's children read the root's output).
+        outputs_of_level = root.unsqueeze(1)
+        parent_slot = {-1: 0}
+        anchor = state.lengths - 2  # position of the pending token's entry
+        for level in range(1, tree.depth):
+            width = min(tree.topk, scores[-1].shape[1])
+            chosen = scores[-1].sum(0).topk(width).indices  # [W] within the level, shared
+            base = level_start[-1]
+            level_parents = parents[-1][chosen]  # candidate index of each one's parent
+            feature_index = torch.tensor([parent_slot[int(p)] for p in level_parents])
+            feature = outputs_of_level[:, feature_index]  # [B, W, d]
+            chosen_tokens = tokens[-1][:, chosen]  # [B, W]
+            attn_input, residual = net.project(self.embed[chosen_tokens].float(), feature)
+            offset = len(entry_parent)
+            for slot, candidate in enumerate(chosen.tolist()):
+                parent = int(parents[-1][candidate])
+                entry_parent.append(entry_of[parent] if parent >= 0 else -1)
+                entry_of[base + candidate] = offset + slot
+            ancestors = _ancestors(entry_parent)[offset:]  # [W, offset + W]
+            positions = (anchor + level).unsqueeze(1).expand(batch, width)
+            output = self._attend(attn_input, residual, positions, ancestors, offset)
+            log_probs = self._log_probs(output).topk(tree.topk, dim=-1)  # [B, W, K]
+            level_scores = scores[-1][:, chosen].unsqueeze(-1) + log_probs.values
+            tokens.append(self.draft_vocab[log_probs.indices].flatten(1))
+            scores.append(level_scores.flatten(1))
+            parents.append((base + chosen).repeat_interleave(tree.topk))
+            # The next level reads these outputs: candidate (w, k) has parent slot w.
+            parent_slot = {base + int(c): w for w, c in enumerate(chosen.tolist())}
+            outputs_of_level = output
+            level_start.append(base + scores[-2].shape[1])
+        return self._rerank(tokens, scores, parents)
+
+    def _rerank(
+        self, tokens: list[torch.Tensor], scores: list[torch.Tensor], parents: list[torch.Tensor]
+    ) -> Draft:
+        """Step 3: the ``tokens`` best candidates, parents before children and, among
+        siblings, best first."""
+        all_tokens = torch.cat(tokens, 1)  # [B, C]
+        total = torch.cat(scores, 1).sum(0).tolist()  # summed over rows: one shared shape
+        all_parents = torch.cat(parents).tolist()
+        depth = [d for d, level in enumerate(scores) for _ in range(level.shape[1])]
+        keep = min(self.tree.tokens, len(total))
+        # Higher score first; ties by depth, so a parent always precedes its child.
+        best = sorted(range(len(total)), key=lambda i: (-total[i], depth[i]))[:keep]
+        index: dict[int, int] = {-1: -1}
+        order: list[int] = []
+        for level in range(len(scores)):
+            nodes = [i for i in best if depth[i] == level]
+            for node in sorted(nodes, key=lambda i: (index[all_parents[i]], -total[i])):
+                index[node] = len(order)
+                order.append(node)
+        parent_ids = torch.tensor([index[all_parents[i]] for i in order], dtype=torch.long)
+        return Draft(all_tokens[:, order], parent_ids, None)
+
+
+class _PackedLinear(torch.nn.Module):
+    """An inference-only stand-in for an ``nn.Linear``: the runner's prepacked product, whose
+    cost stays nearly flat from 1 to 16 rows on CPU where ``F.linear``'s does not."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.linear = Linear(linear.weight.detach().float().contiguous(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def _packed(net: EagleNet) -> EagleNet:
+    """A copy of ``net`` for drafting, its linear layers prepacked."""
+    copy = EagleNet(net.config)
+    copy.load_state_dict(net.state_dict())
+    for module in list(copy.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, name, _PackedLinear(child))
+    return copy.eval()
+
+
+def _ancestors(entry_parent: list[int]) -> torch.Tensor:
+    """[E, E] bool: entry e sees entry s when s is e or one of its ancestors."""
+    count = len(entry_parent)
+    mask = torch.eye(count, dtype=torch.bool)
+    for entry, parent in enumerate(entry_parent):
+        if parent >= 0:
+            mask[entry] |= mask[parent]
+    return mask
+
+
+def build_eagle(target: Model, folder: str | Path, tree: str | None = None) -> EagleDrafter:
+    """A drafter from the network saved in ``folder``; ``tree`` as in ``DynamicTree.parse``."""
+    return EagleDrafter(target, load_eagle(folder), DynamicTree.parse(tree))

@@ -1,0 +1,454 @@
+"""Training EAGLE drafters on a frozen target: ``quickdraft train eagle``.
+
+1. features: the target's final hidden states (and, for EAGLE-3, the inputs of its three
+   feature layers) over a balanced sample of the corpus, fp16, cached in shards on disk within
+   a size bound; each sequence keeps ``context`` tokens before its reply, so the draft layer
+   learns to attend to a prompt as it will when drafting;
+2. draft vocabulary: the ``draft_vocab`` most frequent tokens of the training text (the
+   target's own replies, when the corpus is self-generated), filled up in id order;
+3. training: the draft net unrolled for ``steps`` steps over whole sequences
+   (``EagleNet.unroll``: step j drafts token t + 2 + j from its own step j - 1 state, the
+   training-time test of EAGLE-3); each step's loss is the cross-entropy to the target's own
+   distribution over the draft vocabulary at that position, weighted ``decay``^j; EAGLE-1 adds
+   the feature regression (smooth L1 to the target's next feature) and noise on its input
+   features, as in the paper. AdamW, one-cycle schedule, gradient clipping; checkpoints after
+   every epoch and every ``checkpoint_every`` steps, which an interrupted run resumes from;
+   several GPUs through ``accelerate`` (each process takes its share of the batches);
+4. metrics: on held-out sequences, each step's top-1 agreement with the target's own token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from quickdraft.drafters.eagle_net import EagleConfig, EagleNet, EagleVariant
+from quickdraft.models.llama import LlamaRunner
+from quickdraft.train.medusa import fingerprint
+from quickdraft.vocab.corpus import Sequence
+
+Progress = Callable[[str, int, int], None]
+SHARD = 64  # sequences per feature shard
+
+
+@dataclass(frozen=True, slots=True)
+class EagleTraining:
+    variant: EagleVariant = EagleVariant.EAGLE3
+    steps: int = 3  # training-time test steps (EAGLE-1: 1)
+    draft_vocab: int = 8192
+    epochs: int = 3
+    batch_size: int = 8  # sequences
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    decay: float = 0.8
+    regression_weight: float = 1.0  # EAGLE-1's feature loss (its token loss weighs 0.1)
+    noise: float = 0.2  # EAGLE-1: uniform noise of this width on the input features
+    clip: float = 0.5
+    validation_fraction: float = 0.1
+    checkpoint_every: int = 200
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "variant", EagleVariant(self.variant))
+        except ValueError:
+            raise ValueError(f"variant must be eagle1 or eagle3, got {self.variant!r}") from None
+        for name in ("steps", "draft_vocab", "epochs", "batch_size", "checkpoint_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
+        if not 0 < self.validation_fraction < 1:
+            raise ValueError(
+                f"validation_fraction must be in (0, 1), got {self.validation_fraction}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class EagleFeatures:
+    """Per kept sequence (lists of equal length): tokens [T] long, hidden [T, d] fp16 (the
+    target's final normed states), taps [T, 3, d] fp16 or None (EAGLE-1), start (the first
+    reply token's index within the kept tokens)."""
+
+    tokens: list[torch.Tensor]
+    hidden: list[torch.Tensor]
+    taps: list[torch.Tensor | None]
+    start: list[int]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def feature_bytes(sequences: list[Sequence], context: int, hidden: int, taps: int) -> int:
+    """What ``extract`` stores on disk (fp16)."""
+    kept = sum(len(s.tokens) - max(0, s.start - context) for s in sequences)
+    return kept * hidden * 2 * (1 + taps)
+
+
+@torch.inference_mode()
+def extract(
+    target: LlamaRunner,
+    sequences: list[Sequence],
+    layers: tuple[int, ...],
+    context: int,
+    folder: Path,
+    progress: Progress | None = None,
+) -> EagleFeatures:
+    """The target's features over ``sequences``, in shards under ``folder`` (reused when
+    there). ``layers``: the feature layers (their inputs are the outputs of the layers below)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tapped = target.with_taps(tuple(layer - 1 for layer in layers)) if layers else target
+    merged: dict[str, list] = {"tokens": [], "hidden": [], "taps": [], "start": []}
+    for first in range(0, len(sequences), SHARD):
+        path = folder / f"shard-{first // SHARD:05d}.pt"
+        if not path.exists():
+            shard: dict[str, list] = {key: [] for key in merged}
+            for sequence in sequences[first : first + SHARD]:
+                tokens = torch.tensor([sequence.tokens])
+                length = tokens.shape[1]
+                out = tapped.forward(
+                    tokens, torch.arange(length).unsqueeze(0), tapped.new_cache(1, length)
+                )
+                keep = max(0, sequence.start - context)
+                shard["tokens"].append(tokens[0, keep:].clone())
+                shard["hidden"].append(out.hidden[0, keep:].half().clone())
+                taps = [out.taps[layer - 1][0, keep:] for layer in layers]
+                shard["taps"].append(torch.stack(taps, 1).half().clone() if taps else None)
+                shard["start"].append(sequence.start - keep)
+            torch.save(shard, path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").rename(path)
+        shard = torch.load(path)
+        for key in merged:
+            merged[key] += shard[key]
+        if progress is not None:
+            progress("features", min(first + SHARD, len(sequences)), len(sequences))
+    return EagleFeatures(**merged)
+
+
+def draft_vocabulary(features: EagleFeatures, size: int, vocab_size: int) -> torch.Tensor:
+    """[size] ids: the most frequent tokens of the features' sequences (their replies first,
+    then their prompts), the rest in id order (byte-level BPE ids run roughly from frequent
+    merges to rare ones)."""
+    replies: Counter[int] = Counter()
+    prompts: Counter[int] = Counter()
+    for tokens, start in zip(features.tokens, features.start, strict=True):
+        replies.update(tokens[start:].tolist())
+        prompts.update(tokens[:start].tolist())
+    ranked = [t for t, _ in replies.most_common()]
+    seen = set(ranked)
+    ranked += [t for t, _ in prompts.most_common() if t not in seen]
+    seen.update(ranked)
+    ranked += [t for t in range(vocab_size) if t not in seen]
+    return torch.tensor(ranked[:size], dtype=torch.long)
+
+
+def _split(count: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
+    held = max(1, round(fraction * count))
+    return order[held:], order[:held]
+
+
+def _batches(lengths: list[int], indices: list[int], size: int, seed: int) -> list[list[int]]:
+    """Sequences of similar length together (less padding), batches in random order."""
+    ordered = sorted(indices, key=lambda i: lengths[i])
+    batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [batches[i] for i in order]
+
+
+def _collate(features: EagleFeatures, batch: list[int], steps: int, device: torch.device) -> dict:
+    """Padded tensors of a batch: tokens [b, T + steps] (padding 0), hidden [b, T, d],
+    taps [b, T, 3, d] or None, real [b, T + steps] bool, start [b]."""
+    length = max(features.tokens[i].numel() for i in batch)
+    width = features.hidden[batch[0]].shape[-1]
+    tokens = torch.zeros(len(batch), length + steps, dtype=torch.long)
+    hidden = torch.zeros(len(batch), length, width)
+    real = torch.zeros(len(batch), length + steps, dtype=torch.bool)
+    taps = None
+    if features.taps[batch[0]] is not None:
+        taps = torch.zeros(len(batch), length, features.taps[batch[0]].shape[1], width)
+    for row, i in enumerate(batch):
+        n = features.tokens[i].numel()
+        tokens[row, :n] = features.tokens[i]
+        hidden[row, :n] = features.hidden[i].float()
+        real[row, :n] = True
+        if taps is not None:
+            taps[row, :n] = features.taps[i].float()
+    start = torch.tensor([features.start[i] for i in batch])
+    out = {"tokens": tokens, "hidden": hidden, "taps": taps, "real": real, "start": start}
+    return {k: v.to(device) if v is not None else None for k, v in out.items()}
+
+
+def step_losses(
+    net: EagleNet, embed: torch.Tensor, head: torch.Tensor, batch: dict, settings: EagleTraining,
+    noise: bool,
+) -> tuple[list[torch.Tensor], list[dict]]:  # fmt: skip
+    """Every unrolled step's loss, and what evaluation needs of it: the draft's and the
+    target's argmax over the draft vocabulary and the target's hidden state there.
+
+    embed: the target's embedding [V, d]; head: its LM head rows of the draft vocabulary
+    [S, d]. Step j at anchor t is scored where token t + 2 + j is a reply token; its label
+    is the target's distribution there (its LM head on its hidden state at t + 1 + j)."""
+    tokens, hidden, real = batch["tokens"], batch["hidden"], batch["real"]
+    anchors = hidden.shape[1] - 1  # anchor t needs token t + 1
+    taps = None if batch["taps"] is None else list(batch["taps"][:, :anchors].unbind(2))
+    feature = hidden[:, :anchors]
+    if noise and net.config.variant is EagleVariant.EAGLE1 and settings.noise > 0:
+        feature = feature + (torch.rand_like(feature) - 0.5) * settings.noise
+    features = net.fuse(feature, taps)
+    embeds = embed[tokens[:, 1 : anchors + settings.steps]].float()  # e_{t+1+j}
+    outputs = net.unroll(embeds, features, settings.steps, ~real[:, :anchors])
+    anchor = torch.arange(anchors, device=hidden.device)
+    losses, seen = [], []
+    for j, output in enumerate(outputs):
+        label_at = anchor + 1 + j  # [A]
+        valid = real[:, label_at] & (label_at.unsqueeze(0) >= (batch["start"] - 1).unsqueeze(1))
+        rows, columns = valid.nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        teacher = hidden[rows, label_at[columns]]  # [n, d]
+        with torch.no_grad():
+            target_logits = teacher @ head.T  # [n, S]
+        drafted = output[rows, columns]
+        draft_logits = net.head_input(drafted) @ head.T
+        loss = F.cross_entropy(draft_logits, target_logits.softmax(-1))
+        if net.config.variant is EagleVariant.EAGLE1:
+            loss = 0.1 * loss + settings.regression_weight * F.smooth_l1_loss(drafted, teacher)
+        losses.append(loss * settings.decay**j)
+        seen.append(
+            {
+                "step": j,
+                "draft": draft_logits.detach().argmax(-1),
+                "target": target_logits.argmax(-1),
+                "teacher": teacher,
+            }
+        )
+    return losses, seen
+
+
+def train_net(
+    features: EagleFeatures,
+    config: EagleConfig,
+    draft_vocab: torch.Tensor,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    settings: EagleTraining,
+    checkpoint: Path,
+    progress: Progress | None = None,
+) -> tuple[EagleNet, dict]:
+    """A draft net trained on the training split of ``features`` with the target's frozen
+    ``embed`` [V, d] and ``lm_head`` [V, d]; resumes from ``checkpoint`` when it exists.
+    Returns the net and its metrics."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    device = accelerator.device
+    train_ids, held_ids = _split(len(features), settings.validation_fraction, settings.seed)
+    if not train_ids:
+        raise ValueError("features: too few sequences to train on and to hold out")
+    torch.manual_seed(settings.seed)
+    net = EagleNet(config)
+    net.draft_vocab = draft_vocab.clone()
+    optimizer = torch.optim.AdamW(
+        net.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+    )
+    lengths = [t.numel() for t in features.tokens]
+    per_epoch = math.ceil(len(train_ids) / settings.batch_size)
+    total = settings.epochs * per_epoch
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    if total >= 20:
+        schedule = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, settings.lr, total_steps=total, pct_start=0.1
+        )
+    else:  # too few steps for a warm-up phase
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    history: list[dict] = []
+    done = 0
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved["settings"] != _settings_record(settings) or saved["sequences"] != len(features):
+            raise ValueError(f"checkpoint: {checkpoint} was made with other settings or data")
+        net.load_state_dict(saved["net"])
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        history, done = saved["history"], saved["step"]
+    net, optimizer = accelerator.prepare(net, optimizer)
+    model = accelerator.unwrap_model(net)
+    embed, head = embed.to(device), lm_head[draft_vocab].to(device)
+
+    def save(step: int) -> None:
+        if not accelerator.is_main_process:
+            return
+        state = {
+            "settings": _settings_record(settings),
+            "sequences": len(features),
+            "net": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(),
+            "history": history,
+            "step": step,
+        }
+        torch.save(state, checkpoint.with_suffix(".tmp"))
+        checkpoint.with_suffix(".tmp").rename(checkpoint)
+
+    for epoch in range(settings.epochs):
+        batches = _batches(lengths, train_ids, settings.batch_size, settings.seed + epoch)
+        net.train()
+        running, counted = 0.0, 0
+        for step, batch_ids in enumerate(batches):
+            global_step = epoch * per_epoch + step
+            if global_step < done:
+                continue
+            # Each process takes every n-th batch; the schedule advances with all of them.
+            if step % accelerator.num_processes == accelerator.process_index:
+                batch = _collate(features, batch_ids, settings.steps, device)
+                losses, _ = step_losses(model, embed, head, batch, settings, noise=True)
+                if losses:
+                    loss = torch.stack(losses).sum()
+                    optimizer.zero_grad(set_to_none=True)
+                    accelerator.backward(loss)
+                    accelerator.clip_grad_norm_(net.parameters(), settings.clip)
+                    optimizer.step()
+                    running, counted = running + float(loss.detach()), counted + 1
+            schedule.step()
+            if progress is not None:
+                progress("draft layer", global_step + 1, total)
+            if (global_step + 1) % settings.checkpoint_every == 0:
+                save(global_step + 1)
+        if (epoch + 1) * per_epoch > done:
+            history.append({"epoch": epoch + 1, "train_loss": running / max(counted, 1)})
+            save((epoch + 1) * per_epoch)
+    model.eval()
+    held = evaluate(model, features, held_ids, embed, lm_head.to(device), settings, device)
+    metrics = {
+        "history": history,
+        "train_sequences": len(train_ids),
+        "held_sequences": len(held_ids),
+        "held_out": held,
+    }
+    return model.cpu(), metrics
+
+
+def _settings_record(settings: EagleTraining) -> dict:
+    record = asdict(settings)
+    record["variant"] = str(settings.variant)
+    return record
+
+
+@torch.inference_mode()
+def evaluate(
+    net: EagleNet,
+    features: EagleFeatures,
+    ids: list[int],
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    settings: EagleTraining,
+    device: torch.device,
+) -> dict:
+    """On held-out sequences, per unrolled step: how often the draft's top token is the
+    target's own (its argmax over the whole vocabulary, which a draft vocabulary can miss),
+    and how often the target's token lies in the draft vocabulary at all. Step j is teacher-
+    forced along the text, so along a self-generated reply its agreement is the chance that
+    draft position j + 1 is accepted given the ones before it were."""
+    vocab = net.draft_vocab.to(device)
+    head = lm_head[vocab]
+    hits = torch.zeros(settings.steps)
+    inside = torch.zeros(settings.steps)
+    counts = torch.zeros(settings.steps)
+    lengths = [t.numel() for t in features.tokens]
+    for batch_ids in _batches(lengths, ids, settings.batch_size, 0):
+        batch = _collate(features, batch_ids, settings.steps, device)
+        _, seen = step_losses(net, embed, head, batch, settings, noise=False)
+        for record in seen:
+            j = record["step"]
+            choice = (record["teacher"] @ lm_head.T).argmax(-1)  # the target's own token
+            hits[j] += float((vocab[record["draft"]] == choice).sum())
+            inside[j] += float(torch.isin(choice, vocab).sum())
+            counts[j] += choice.numel()
+    agreement = hits / counts.clamp_min(1)
+    return {
+        "agreement_by_step": [round(float(x), 4) for x in agreement],
+        "in_draft_vocab_by_step": [round(float(x), 4) for x in inside / counts.clamp_min(1)],
+        "positions": int(counts[0]),
+        # A greedy chain accepts position j + 1 only when every earlier one was accepted.
+        "expected_chain_accepted_length": round(float(1 + agreement.cumprod(0).sum()), 3),
+    }
+
+
+def build_eagle(
+    target_name: str,
+    data: list[str],
+    settings: EagleTraining,
+    out: Path,
+    cache: Path,
+    budget_tokens: int = 150_000,
+    max_tokens: int = 512,
+    context: int = 64,
+    max_cache_gb: float = 8.0,
+    progress: Progress | None = None,
+) -> dict:
+    """The whole command: sample the corpus, extract features, choose the draft vocabulary,
+    train, save the drafter (``drafters.eagle.save_eagle``) and metrics into ``out``."""
+    from quickdraft.drafters.eagle import save_eagle
+    from quickdraft.models.loading import load_model
+    from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
+
+    if budget_tokens < 1 or max_tokens < 2 or context < 0:
+        raise ValueError("budget_tokens must be >= 1, max_tokens >= 2 and context >= 0")
+    if not max_cache_gb > 0:
+        raise ValueError(f"max_cache_gb must be > 0, got {max_cache_gb}")
+    target, tokenizer = load_model(target_name)
+    if not isinstance(target, LlamaRunner):
+        raise ValueError(f"target: EAGLE training needs the native runner, got {type(target)}")
+    if settings.draft_vocab > target.vocab_size:
+        raise ValueError(
+            f"draft_vocab: {settings.draft_vocab} exceeds the target's vocabulary "
+            f"({target.vocab_size})"
+        )
+    config = EagleConfig.for_target(target.config, settings.variant, settings.draft_vocab)
+    records = read_records(list(data))
+    sequences = [tokenize(r, tokenizer, max_tokens) for r in records]
+    sample = balanced_sample(sequences, budget_tokens, settings.seed)
+    size = feature_bytes(sample, context, config.hidden_size, len(config.feature_layers))
+    if size > max_cache_gb * 2**30:
+        raise ValueError(
+            f"max_cache_gb: the features would take {size / 2**30:.1f} GB; lower "
+            "--budget-tokens or --context, or raise --max-cache-gb"
+        )
+    feature_settings = {
+        "target": target_name,
+        "data": [str(d) for d in data],
+        "budget_tokens": budget_tokens,
+        "max_tokens": max_tokens,
+        "context": context,
+        "layers": list(config.feature_layers),
+        "seed": settings.seed,
+    }
+    folder = cache / f"eagle-features-{fingerprint(feature_settings)}"
+    features = extract(target, sample, config.feature_layers, context, folder, progress)
+    vocab = draft_vocabulary(features, settings.draft_vocab, target.vocab_size)
+    key = fingerprint({**feature_settings, **_settings_record(settings)})
+    embed = target.embed.float()
+    lm_head = target.head_weight.float()[: target.vocab_size]
+    net, metrics = train_net(
+        features, config, vocab, embed, lm_head, settings, cache / f"eagle-{key}.pt", progress
+    )
+    record = {
+        "target": target_name,
+        "features": {**feature_settings, "sequences": len(sample), "bytes": size},
+        "training": _settings_record(settings),
+        **metrics,
+    }
+    save_eagle(out, net, {"target": target_name, "training": _settings_record(settings)})
+    (out / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
