@@ -51,6 +51,10 @@ SHORTLIST_ROWS = ("fr:3", "fr-pa:6", "dyna:2", "dyna-pa:3")
 # Tree rows: siblings sampled without replacement from the draft (2 + 4 + 4 nodes, depth 3), and
 # a Medusa-style tree of deterministic top-ranked candidates (point masses, 7 nodes, depth 3).
 TREE_ROWS = ("sample:2,2,1", "top:0|1|2|0.0|0.1|1.0|0.0.0")
+# EAGLE rows: a tiny random Llama target over the same 8 tokens and an untrained EAGLE-3
+# drafter on its features, growing a dynamic tree (depth 3, top-3, 6 nodes) from a draft
+# vocabulary of 6 of the 8 tokens. Its shape changes from step to step with the drafts.
+EAGLE_ROWS = ("eagle:3,3,6",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +98,51 @@ def default_cases() -> list[Case]:
     trees = itertools.product(LOSSLESS_RULES, TREE_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
     for rule, tree, (t, top_k, top_p) in trees:
         cases.append(Case(rule, t, top_k, top_p, toy_tree(tree).max_depth, tree=tree))
+    eagle = itertools.product(LOSSLESS_RULES, EAGLE_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
+    for rule, tree, (t, top_k, top_p) in eagle:
+        cases.append(Case(rule, t, top_k, top_p, int(tree[6:].split(",")[0]), tree=tree))
     return cases
+
+
+def toy_llama(seed: int = 0) -> Model:
+    """A 2-layer Llama over the toy vocabulary with random, peaked weights (native runner)."""
+    from quickdraft.models.llama import LlamaRunner
+
+    config = {
+        "model_type": "llama", "vocab_size": TOY_VOCAB, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": False,
+    }  # fmt: skip
+    generator = torch.Generator().manual_seed(seed + 11)
+
+    def weight(rows: int, columns: int, scale: float) -> torch.Tensor:
+        return torch.randn(rows, columns, generator=generator) * scale / columns**0.5
+
+    weights = {"model.embed_tokens.weight": weight(TOY_VOCAB, 32, 6.0)}
+    for i in range(2):
+        prefix = f"model.layers.{i}."
+        for name, rows, columns in (
+            ("self_attn.q_proj", 32, 32), ("self_attn.k_proj", 16, 32),
+            ("self_attn.v_proj", 16, 32), ("self_attn.o_proj", 32, 32),
+            ("mlp.gate_proj", 64, 32), ("mlp.up_proj", 64, 32), ("mlp.down_proj", 32, 64),
+        ):  # fmt: skip
+            weights[prefix + name + ".weight"] = weight(rows, columns, 2.0)
+        weights[prefix + "input_layernorm.weight"] = torch.ones(32)
+        weights[prefix + "post_attention_layernorm.weight"] = torch.ones(32)
+    weights["model.norm.weight"] = torch.ones(32)
+    weights["lm_head.weight"] = weight(TOY_VOCAB, 32, 1.5)  # about the n-gram toy's spread
+    return LlamaRunner.from_state_dict(config, weights)
+
+
+def toy_eagle(target: Model, tree: str, seed: int = 0) -> Drafter:
+    """An untrained EAGLE-3 drafter on ``toy_llama``'s features; ``tree`` is ``eagle:D,K,N``."""
+    from quickdraft.drafters.eagle import DynamicTree, EagleDrafter
+    from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
+
+    torch.manual_seed(seed + 13)
+    net = EagleNet(EagleConfig.for_target(target.config, "eagle3", 6))  # type: ignore
+    net.draft_vocab = torch.randperm(TOY_VOCAB)[:6]
+    return EagleDrafter(target, net, DynamicTree.parse(tree.partition(":")[2]))
 
 
 def toy_tree(text: str) -> TreeShape:
@@ -248,6 +296,9 @@ def run_case(
     """
     start = time.perf_counter()
     target, draft = toy_pair(seed)
+    if case.tree.startswith("eagle"):
+        target = toy_llama(seed)
+        drafter = drafter or toy_eagle(target, case.tree, seed)
     if drafter is None and case.tree:
         shape = toy_tree(case.tree)
         drafter = NGramTreeDrafter(draft, shape, sampled=case.tree.startswith("sample"))

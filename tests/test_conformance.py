@@ -35,14 +35,18 @@ CASES = default_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 56
+    assert len(CASES) == 60
     assert {case.rule for case in CASES} == set(LOSSLESS_RULES)
     shortlisted = {case.shortlist for case in CASES} - {"full"}
     assert {s.split(":")[0] for s in shortlisted} == {"fr", "fr-pa", "dyna", "dyna-pa"}
-    trees = [case for case in CASES if case.tree]
+    trees = [case for case in CASES if case.tree and not case.tree.startswith("eagle")]
     assert {case.tree.split(":")[0] for case in trees} == {"sample", "top"}
     assert {case.rule for case in trees} == set(LOSSLESS_RULES)
     assert all(toy_tree(case.tree).max_depth == case.k == 3 for case in trees)
+    eagle = [case for case in CASES if case.tree.startswith("eagle")]
+    assert {case.rule for case in eagle} == set(LOSSLESS_RULES)
+    assert {case.temperature for case in eagle} == {1.0, 0.6}
+    assert all(case.k == 3 for case in eagle)
 
 
 @pytest.mark.parametrize(
@@ -193,7 +197,7 @@ def test_unrenormalised_shortlist_probabilities_are_caught():
 def test_conformance_command_passes_and_prints_the_table(capsys):
     assert main(["conformance", "--samples", "4000"]) == 0
     out = capsys.readouterr().out
-    assert "56/56 rows pass" in out and "rejection_sampling" in out and "greedy" in out
+    assert "60/60 rows pass" in out and "rejection_sampling" in out and "greedy" in out
 
 
 # Broken tree variants.

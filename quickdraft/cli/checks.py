@@ -142,9 +142,12 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _draft_shape(tree: str, k: int) -> str:
-    """'chain' or the tree: 'sampled tree (10 nodes)' / 'top-k tree (7 nodes)'."""
+    """'chain' or the tree: 'sampled tree (10 nodes)' / 'top-k tree (7 nodes)' / 'EAGLE
+    dynamic tree (6 nodes)'."""
     if not tree:
         return "chain"
+    if tree.startswith("eagle"):
+        return f"EAGLE dynamic tree ({tree.split(',')[-1]} nodes)"
     from quickdraft.conformance import toy_tree
 
     kind = "sampled" if tree.startswith("sample") else "top-k"

@@ -58,7 +58,10 @@ class EagleConfig:
     feature_layers: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "variant", EagleVariant(self.variant))
+        try:
+            object.__setattr__(self, "variant", EagleVariant(self.variant))
+        except ValueError:
+            raise ValueError(f"variant must be eagle1 or eagle3, got {self.variant!r}") from None
         object.__setattr__(self, "feature_layers", tuple(self.feature_layers))
         for name in (
             "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
@@ -93,6 +96,8 @@ class EagleConfig:
     ) -> EagleConfig:
         """The target's layer shape (a ``LlamaConfig``); EAGLE-3's default layers are 2,
         L/2 and L-3 of L, the choice of the paper's code and of vLLM and SGLang."""
+        if variant not in set(EagleVariant):
+            raise ValueError(f"variant must be eagle1 or eagle3, got {variant!r}")
         variant = EagleVariant(variant)
         layers = target_config.num_layers
         if feature_layers is None:

@@ -116,13 +116,14 @@ def extract(
             for sequence in sequences[first : first + SHARD]:
                 tokens = torch.tensor([sequence.tokens])
                 length = tokens.shape[1]
-                out = tapped.forward(
+                # The body only: the LM head's logits are not needed here.
+                hidden, tapped_states = tapped.body(
                     tokens, torch.arange(length).unsqueeze(0), tapped.new_cache(1, length)
                 )
                 keep = max(0, sequence.start - context)
                 shard["tokens"].append(tokens[0, keep:].clone())
-                shard["hidden"].append(out.hidden[0, keep:].half().clone())
-                taps = [out.taps[layer - 1][0, keep:] for layer in layers]
+                shard["hidden"].append(hidden[0, keep:].half().clone())
+                taps = [tapped_states[layer - 1][0, keep:] for layer in layers]
                 shard["taps"].append(torch.stack(taps, 1).half().clone() if taps else None)
                 shard["start"].append(sequence.start - keep)
             torch.save(shard, path.with_suffix(".tmp"))
