@@ -294,3 +294,35 @@ def test_heads_of_their_own_round_trip(targets, tmp_path):
         loaded.logits(loaded(hidden), lm_head), heads.logits(heads(hidden), lm_head),
         atol=0.05, rtol=0.01,
     )  # fmt: skip
+
+
+def test_heads_trained_on_a_token_subset_draft_from_it(tmp_path, smollm2, capsys):
+    """--train-vocab: the loss scores the target's most frequent choices only; the heads keep
+    that list, rank only it when drafting, and decoding stays token-identical."""
+    import json
+
+    from quickdraft.cli import main
+
+    folder, corpus = tiny_folder_and_corpus(tmp_path, smollm2, "llama-untied")
+    out = tmp_path / "heads"
+    args = ["train", "medusa", "--target", str(folder), "--data", str(corpus), "--out",
+            str(out), "--heads", "2", "--budget-tokens", "400", "--epochs", "1",
+            "--train-vocab", "256", "--cache", str(tmp_path / "cache")]  # fmt: skip
+    assert main(args) == 0
+    heads = load_heads(out)
+    assert heads.vocab is not None and heads.vocab.numel() == 256
+    assert heads.vocab.unique().numel() == 256
+    runs = {}
+    for method in ("ar", "medusa"):
+        argv = ["generate", "Hello there", "--target", str(folder), "--method", method,
+                "--max-new-tokens", "12", "--json"]  # fmt: skip
+        if method == "medusa":
+            argv += ["--medusa-dir", str(out), "--tree", "3,2"]
+        capsys.readouterr()
+        assert main(argv) == 0
+        runs[method] = json.loads(capsys.readouterr().out)["token_ids"]
+    assert runs["ar"] == runs["medusa"]
+    with pytest.raises(ValueError, match="train_vocab"):
+        from quickdraft.train.medusa import MedusaTraining
+
+        MedusaTraining(train_vocab=100, soft_labels=False)

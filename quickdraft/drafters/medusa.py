@@ -26,6 +26,7 @@ from torch import nn
 from quickdraft.accept import Verdict
 from quickdraft.drafters.base import DecodeState, Draft
 from quickdraft.models.base import Model
+from quickdraft.models.llama import Linear
 from quickdraft.tree import TreeShape
 
 CONFIG_FILE = "medusa.json"
@@ -162,6 +163,9 @@ class MedusaHeads(nn.Module):
         self.config = config
         # Held-out accuracy of each head's r-th candidate, when known (set by training / load).
         self.rank_accuracy: list[list[float]] | None = None
+        # The tokens the heads were trained to rank (``train_vocab``), None for the whole
+        # vocabulary. Drafting then scores these rows only, as in training.
+        self.vocab: torch.Tensor | None = None
         self.blocks = nn.ModuleList(
             nn.Sequential(*(ResidualBlock(config.hidden_size) for _ in range(config.num_layers)))
             for _ in range(config.num_heads)
@@ -197,6 +201,8 @@ def save_heads(folder: str | Path, heads: MedusaHeads, metadata: dict | None = N
     state = {
         name: tensor.detach().half().contiguous() for name, tensor in heads.state_dict().items()
     }
+    if heads.vocab is not None:
+        state["vocab"] = heads.vocab.long().contiguous()
     save_file(state, str(folder / WEIGHTS_FILE))
     record = {"config": asdict(heads.config), **(metadata or {})}
     (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
@@ -211,8 +217,9 @@ def load_heads(folder: str | Path) -> MedusaHeads:
     # Heads of their own are overwritten by the file: any starting weight will do.
     placeholder = torch.zeros(config.vocab_size, config.hidden_size) if config.own_head else None
     heads = MedusaHeads(config, placeholder)
-    state = {name: tensor.float() for name, tensor in load_file(str(folder / WEIGHTS_FILE)).items()}
-    heads.load_state_dict(state)
+    state = load_file(str(folder / WEIGHTS_FILE))
+    heads.vocab = state.pop("vocab", None)
+    heads.load_state_dict({name: tensor.float() for name, tensor in state.items()})
     heads.rank_accuracy = record.get("rank_accuracy")
     return heads.eval()
 
@@ -255,6 +262,11 @@ class MedusaDrafter:
                 f"tree: {tree.max_depth} levels deep, the heads predict only {config.num_heads}"
             )
         self.target, self.heads, self.tree = target, heads.eval(), tree
+        # Heads trained on a frequent-token subset rank those rows only: a packed head of them.
+        self._subset: tuple[torch.Tensor, Linear] | None = None
+        if heads.vocab is not None and heads.lm_heads is None:
+            rows = target.head_weight[heads.vocab].float().contiguous()  # type: ignore[attr-defined]
+            self._subset = (heads.vocab, Linear(rows))
         self.vocab_size = target.vocab_size
         self.num_tokens = tree.num_nodes
         self.depth = tree.max_depth
@@ -272,11 +284,15 @@ class MedusaDrafter:
             return Draft.chain(torch.zeros(state.batch_size, 0, dtype=torch.long), None)
         tree = self.tree
         states = self.heads(hidden.float())[:, : tree.max_depth]  # [B, D, d]
-        if self.heads.lm_heads is None:
-            logits = self.target.head(states.to(hidden.dtype)).float()  # one pass for all heads
+        if self._subset is not None:
+            vocab, head = self._subset
+            candidates = vocab[head(states).topk(self._width, dim=-1).indices]  # [B, D, W]
         else:
-            logits = self.heads.logits(states, torch.empty(0))
-        candidates = logits[..., : self.vocab_size].topk(self._width, dim=-1).indices  # [B, D, W]
+            if self.heads.lm_heads is None:
+                logits = self.target.head(states.to(hidden.dtype)).float()  # all heads at once
+            else:
+                logits = self.heads.logits(states, torch.empty(0))
+            candidates = logits[..., : self.vocab_size].topk(self._width, dim=-1).indices
         tokens = candidates[:, tree.depth - 1, tree.ranks]  # [B, N]
         return Draft(tokens.cpu(), tree.parents, None)
 

@@ -210,7 +210,8 @@ def train_heads(
     if settings.train_vocab:
         counts = torch.bincount(features.choice[rows], minlength=lm_head.shape[0])
         order = torch.sort(counts, descending=True, stable=True).indices
-        loss_head = lm_head[order[: settings.train_vocab]]
+        heads.vocab = order[: settings.train_vocab].clone()
+        loss_head = lm_head[heads.vocab]
     history: list[dict] = []
     done = 0
     if checkpoint.exists():
@@ -311,9 +312,13 @@ def evaluate(
     rows = torch.nonzero(mask).flatten()
     hits = torch.zeros(num_heads, ranks)
     counts = torch.zeros(num_heads)
+    vocab = heads.vocab  # heads trained on a token subset rank it alone, as when drafting
+    head = lm_head if vocab is None else lm_head[vocab]
     for batch in rows.split(256):
-        logits = heads.logits(heads(features.hidden[batch].float()), lm_head)
+        logits = heads.logits(heads(features.hidden[batch].float()), head)
         ranked = logits.topk(ranks, dim=-1).indices  # [b, H, R]
+        if vocab is not None:
+            ranked = vocab[ranked]
         match = (ranked == labels[batch].unsqueeze(-1)) & valid[batch].unsqueeze(-1)
         hits += match.sum(0).float()
         counts += valid[batch].sum(0).float()
