@@ -21,6 +21,7 @@ class Method(StrEnum):
     NGRAM = "ngram"
     MEDUSA = "medusa"
     EAGLE = "eagle"
+    LOOKAHEAD = "lookahead"
 
 
 class AcceptRule(StrEnum):
@@ -141,6 +142,9 @@ class SpecConfig:
         (EAGLE-2), such as ``4,4,12``; TOPK 1 drafts a chain.
     eagle_dir: eagle only: the folder of a trained EAGLE drafter (``quickdraft train eagle``);
         None uses the one shipped for the target.
+    lookahead_window, lookahead_ngram, lookahead_candidates: lookahead only: the Jacobi
+        window W, the n-gram size N and the cap G on verified candidates; None picks the
+        defaults measured for the target's device (``drafters.lookahead.DEFAULTS``).
     """
 
     method: Method = Method.DRAFT_MODEL
@@ -154,6 +158,9 @@ class SpecConfig:
     medusa_dir: str | None = None
     tree: str = "default"
     eagle_dir: str | None = None
+    lookahead_window: int | None = None
+    lookahead_ngram: int | None = None
+    lookahead_candidates: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", _enum_value("method", Method, self.method))
@@ -199,6 +206,15 @@ class SpecConfig:
             from quickdraft.drafters.eagle import DynamicTree
 
             DynamicTree.parse(self.tree)
+        names = ("lookahead_window", "lookahead_ngram", "lookahead_candidates")
+        given = {name[len("lookahead_") :]: getattr(self, name) for name in names}
+        given = {name: value for name, value in given.items() if value is not None}
+        if given and self.method is not Method.LOOKAHEAD:
+            raise ValueError("lookahead_* settings apply to method lookahead only")
+        if given:
+            from quickdraft.drafters.lookahead import LookaheadConfig
+
+            LookaheadConfig(**given)  # each value's range
 
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
             _check_number(name, getattr(self, name), integer=True)

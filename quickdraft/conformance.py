@@ -55,6 +55,9 @@ TREE_ROWS = ("sample:2,2,1", "top:0|1|2|0.0|0.1|1.0|0.0.0")
 # drafter on its features, growing a dynamic tree (depth 3, top-3, 6 nodes) from a draft
 # vocabulary of 6 of the 8 tokens. Its shape changes from step to step with the drafts.
 EAGLE_ROWS = ("eagle:3,3,6",)
+# Lookahead rows: the toy target itself runs the Jacobi window (W 2, 3 levels) beside up to 2
+# pool candidates of 3 tokens (N 4); pool and window change with every step.
+LOOKAHEAD_ROWS = ("lookahead:2,4,2",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,9 @@ def default_cases() -> list[Case]:
     eagle = itertools.product(LOSSLESS_RULES, EAGLE_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
     for rule, tree, (t, top_k, top_p) in eagle:
         cases.append(Case(rule, t, top_k, top_p, int(tree[6:].split(",")[0]), tree=tree))
+    lookahead = itertools.product(LOSSLESS_RULES, LOOKAHEAD_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
+    for rule, tree, (t, top_k, top_p) in lookahead:
+        cases.append(Case(rule, t, top_k, top_p, int(tree.split(",")[1]) - 1, tree=tree))
     return cases
 
 
@@ -299,6 +305,12 @@ def run_case(
     if case.tree.startswith("eagle"):
         target = toy_llama(seed)
         drafter = drafter or toy_eagle(target, case.tree, seed)
+    if case.tree.startswith("lookahead") and drafter is None:
+        from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
+
+        window, ngram, candidates = (int(v) for v in case.tree.partition(":")[2].split(","))
+        config = LookaheadConfig(window=window, ngram=ngram, candidates=candidates, seed=seed)
+        drafter = LookaheadDrafter(TOY_VOCAB, config)
     if drafter is None and case.tree:
         shape = toy_tree(case.tree)
         drafter = NGramTreeDrafter(draft, shape, sampled=case.tree.startswith("sample"))

@@ -115,7 +115,9 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         batch, prompt_len = prompts.shape
         k, target = self.k, self.target
-        capacity = prompt_len + sampling.max_new_tokens + k + 1
+        # The verify pass writes the pending token, k draft nodes and any side branch.
+        side = int(getattr(self.drafter, "side_tokens", 0))
+        capacity = prompt_len + sampling.max_new_tokens + k + side + 1
         generator = make_generator(sampling.seed)
         stats = Stats(k=self.depth, batch_size=batch)
 
@@ -149,19 +151,30 @@ class SpeculativeDecoder:
 
             # 3. Verify: one target forward over [pending, draft nodes]; a tree draft attends
             #    along its branches only.
-            shape = None if draft.is_chain else TreeShape.from_parents(draft.parents)
+            #    A side branch (lookahead) rides along after the draft, seen by nothing else.
+            side = draft.side
+            tree = side is not None or not draft.is_chain
+            shape = TreeShape.from_parents(draft.parents) if tree else None
             lengths = state.lengths
             inputs = torch.cat([tokens.gather(1, (lengths - 1).unsqueeze(1)), draft.tokens], 1)
             offsets = torch.arange(inputs.shape[1]) if shape is None else shape.position_offsets
+            mask = None if shape is None else shape.mask
+            if side is not None:
+                assert shape is not None
+                inputs = torch.cat([inputs, side.tokens], 1)
+                offsets = torch.cat([offsets, side.offsets])
+                mask = _with_side(shape.mask, side.mask)
             positions = (lengths - 1).unsqueeze(1) + offsets
-            verified = target.forward(
-                inputs, positions, cache, tree_mask=None if shape is None else shape.mask
-            )
+            verified = target.forward(inputs, positions, cache, tree_mask=mask)
             stats.target_forwards += 1
+            verified_logits = verified.logits
+            if side is not None:
+                state.side_logits = verified_logits[:, draft.tokens.shape[1] + 1 :]
+                verified_logits = verified_logits[:, : draft.tokens.shape[1] + 1]
 
             # 4. Accept: the accepted drafts (a path, for a tree), and the corrected or bonus
             #    token.
-            target_probs = probs_from_logits(verified.logits.cpu(), sampling)
+            target_probs = probs_from_logits(verified_logits.cpu(), sampling)
             if shape is None:
                 verdict = self.accept_fn(draft.tokens, draft.probs, target_probs, generator)
                 path = torch.arange(draft.tokens.shape[1]).expand(batch, -1)
@@ -229,6 +242,17 @@ class SpeculativeDecoder:
             )
         if sampling.stop and self.tokenizer is None:
             raise ValueError("stop: stop strings need a tokenizer")
+
+
+def _with_side(tree_mask: torch.Tensor, side_mask: torch.Tensor) -> torch.Tensor:
+    """[1 + N + E]^2: the draft's tree mask, then the side branch, which sees the pending
+    token (index 0) and its own tokens as ``side_mask`` says; the draft never sees it."""
+    nodes, extra = tree_mask.shape[0], side_mask.shape[0]
+    mask = torch.zeros(nodes + extra, nodes + extra, dtype=torch.bool)
+    mask[:nodes, :nodes] = tree_mask
+    mask[nodes:, 0] = True
+    mask[nodes:, nodes:] = side_mask
+    return mask
 
 
 class StepOutput:

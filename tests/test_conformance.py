@@ -35,11 +35,11 @@ CASES = default_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 60
+    assert len(CASES) == 64
     assert {case.rule for case in CASES} == set(LOSSLESS_RULES)
     shortlisted = {case.shortlist for case in CASES} - {"full"}
     assert {s.split(":")[0] for s in shortlisted} == {"fr", "fr-pa", "dyna", "dyna-pa"}
-    trees = [case for case in CASES if case.tree and not case.tree.startswith("eagle")]
+    trees = [case for case in CASES if case.tree.startswith(("sample", "top"))]
     assert {case.tree.split(":")[0] for case in trees} == {"sample", "top"}
     assert {case.rule for case in trees} == set(LOSSLESS_RULES)
     assert all(toy_tree(case.tree).max_depth == case.k == 3 for case in trees)
@@ -47,6 +47,9 @@ def test_grid_covers_both_rules_and_every_setting():
     assert {case.rule for case in eagle} == set(LOSSLESS_RULES)
     assert {case.temperature for case in eagle} == {1.0, 0.6}
     assert all(case.k == 3 for case in eagle)
+    lookahead = [case for case in CASES if case.tree.startswith("lookahead")]
+    assert {case.rule for case in lookahead} == set(LOSSLESS_RULES)
+    assert {case.temperature for case in lookahead} == {1.0, 0.6}
 
 
 @pytest.mark.parametrize(
@@ -197,7 +200,7 @@ def test_unrenormalised_shortlist_probabilities_are_caught():
 def test_conformance_command_passes_and_prints_the_table(capsys):
     assert main(["conformance", "--samples", "4000"]) == 0
     out = capsys.readouterr().out
-    assert "60/60 rows pass" in out and "rejection_sampling" in out and "greedy" in out
+    assert "64/64 rows pass" in out and "rejection_sampling" in out and "greedy" in out
 
 
 # Broken tree variants.

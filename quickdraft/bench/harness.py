@@ -34,8 +34,8 @@ class MethodRun:
 def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
     """'ar,draft_model,ngram,medusa,eagle', each optionally with '@K' ('draft_model@3'; for
     medusa the tree's widths, 'medusa@4.2.1'; for eagle its dynamic tree's depth, top-k and
-    tokens, 'eagle@4.4.12') and, for draft_model, '+SHORTLIST' ('draft_model@5+dyna-pa:32',
-    see ``quickdraft.vocab``); ar always first."""
+    tokens, 'eagle@4.4.12'; for lookahead W.N.G, 'lookahead@4.4.3') and, for draft_model,
+    '+SHORTLIST' ('draft_model@5+dyna-pa:32', see ``quickdraft.vocab``); ar always first."""
     runs: dict[str, MethodRun] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         part, _, shortlist = part.partition("+")
@@ -47,6 +47,23 @@ def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
             raise ValueError(f"methods: unknown method {name!r}; choose from {allowed}") from None
         if method is Method.AR:
             runs["ar"] = MethodRun("ar", SpecConfig(method=Method.AR))
+            continue
+        if method is Method.LOOKAHEAD:
+            label = "lookahead" + (f" W.N.G={k_text}" if k_text else "")
+            try:
+                values = [int(v) for v in k_text.split(".")] if k_text else []
+                if values and len(values) != 3:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(
+                    f"methods: {part!r}: lookahead takes @W.N.G, such as lookahead@4.4.3"
+                ) from None
+            names = ("lookahead_window", "lookahead_ngram", "lookahead_candidates")
+            try:
+                spec = SpecConfig(method=method, **dict(zip(names, values, strict=False)))
+            except ValueError as error:
+                raise ValueError(f"methods: {part!r}: {error}") from None
+            runs[label] = MethodRun(label, spec)
             continue
         if method in (Method.MEDUSA, Method.EAGLE):
             tree = k_text.replace(".", ",") if k_text else "default"
@@ -186,6 +203,7 @@ def run_bench(
             Method.AR: None,
             Method.NGRAM: 0,
             Method.MEDUSA: target.vocab_size,
+            Method.LOOKAHEAD: 0,
         }.get(run.spec.method, getattr(drafter, "vocab_size", None))
         if run.spec.method is Method.EAGLE:  # it scores its draft vocabulary only
             bench.drafter_vocab[run.label] = int(drafter.draft_vocab.numel())

@@ -27,7 +27,8 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         "--methods",
         default="ar,ngram",
         help="comma-separated; NAME@K sets k per method (e.g. draft_model@3); medusa@4.2.1 "
-        "sets the Medusa tree's widths, eagle@4.4.12 the EAGLE tree's depth, top-k and tokens",
+        "sets the Medusa tree's widths, eagle@4.4.12 the EAGLE tree's depth, top-k and tokens, "
+        "lookahead@4.4.3 its window, n-gram size and candidates",
     )
     bench.add_argument(
         "--medusa-dir", default=None, help="Medusa heads (default: those shipped for --target)"

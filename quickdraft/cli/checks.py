@@ -148,6 +148,9 @@ def _draft_shape(tree: str, k: int) -> str:
         return "chain"
     if tree.startswith("eagle"):
         return f"EAGLE dynamic tree ({tree.split(',')[-1]} nodes)"
+    if tree.startswith("lookahead"):
+        window, ngram, candidates = tree.partition(":")[2].split(",")
+        return f"lookahead W={window} N={ngram} G={candidates}"
     from quickdraft.conformance import toy_tree
 
     kind = "sampled" if tree.startswith("sample") else "top-k"

@@ -38,10 +38,11 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument(
         "--method",
         default="auto",
-        choices=["auto", "ar", "draft_model", "ngram", "medusa", "eagle"],
+        choices=["auto", "ar", "draft_model", "ngram", "medusa", "eagle", "lookahead"],
         help="auto: draft_model with --draft, else ngram; medusa: heads on the target (those "
         "shipped for it, or --medusa-dir); eagle: a feature-level draft layer with dynamic "
-        "trees (the one shipped for the target, or --eagle-dir)",
+        "trees (the one shipped for the target, or --eagle-dir); lookahead: Jacobi iteration "
+        "and an n-gram pool, no drafter",
     )
     generate.add_argument("--draft", default=None, help="draft model for --method draft_model")
     generate.add_argument(
@@ -94,6 +95,17 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         help="draft tree. medusa: default, fit:N, or sibling counts per depth such as 4,2,1; "
         "eagle: default or DEPTH,TOPK,TOKENS of its dynamic tree, such as 4,4,12",
     )
+    for name, what in (
+        ("window", "Jacobi window W"),
+        ("ngram", "n-gram size N"),
+        ("candidates", "pool candidates verified per step G"),
+    ):
+        generate.add_argument(
+            f"--lookahead-{name}",
+            type=int,
+            default=None,
+            help=f"lookahead: the {what} (default: measured for the device)",
+        )
     generate.add_argument("--prompt-lookup-min", type=int, default=1)
     generate.add_argument("--prompt-lookup-max", type=int, default=3)
     generate.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
@@ -144,6 +156,9 @@ def _generate(args: argparse.Namespace) -> int:
         medusa_dir=args.medusa_dir,
         tree=args.tree,
         eagle_dir=args.eagle_dir,
+        lookahead_window=args.lookahead_window,
+        lookahead_ngram=args.lookahead_ngram,
+        lookahead_candidates=args.lookahead_candidates,
     )
     sampling = SamplingParams(
         temperature=args.temperature,
@@ -168,7 +183,7 @@ def _generate(args: argparse.Namespace) -> int:
             same_tokenizer=same_vocabulary(tokenizer, draft_tokenizer),
             draft_name=args.draft,
         )
-    elif method in ("medusa", "eagle"):
+    elif method in ("medusa", "eagle", "lookahead"):
         draft = build_drafter(spec, target, target_name=args.target)
     sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.eos_token_ids)
     chat = args.chat if args.chat is not None else args.prompt is None
@@ -212,6 +227,9 @@ def _generate(args: argparse.Namespace) -> int:
 def _shape(spec: Any, drafter: Any) -> str:
     if spec.method.value == "medusa":
         return f"tree of {drafter.num_tokens} nodes, depth {drafter.depth}"
+    if spec.method.value == "lookahead":
+        config = drafter.config
+        return f"W={config.window} N={config.ngram} G={config.candidates}"
     if spec.method.value == "eagle":
         tree = drafter.tree
         return f"dynamic tree: depth {tree.depth}, top-{tree.topk}, {tree.tokens} tokens"

@@ -6,6 +6,7 @@ from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.base import DecodeState, Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.eagle import EagleDrafter, build_eagle, eagle_folder
+from quickdraft.drafters.lookahead import LookaheadDrafter, build_lookahead
 from quickdraft.drafters.medusa import MedusaDrafter, build_medusa, heads_folder
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import Model
@@ -89,11 +90,25 @@ def _eagle(
     return build_eagle(target, eagle_folder(target_name, spec.eagle_dir), spec.tree)
 
 
+def _lookahead(
+    spec: SpecConfig,
+    target: Model,
+    draft: Model | None,
+    same_tokenizer: bool | None,
+    draft_name: str | None,
+    target_name: str | None,
+) -> Drafter:
+    if draft is not None:
+        raise ValueError("draft: method lookahead uses no draft model")
+    return build_lookahead(spec, target)
+
+
 _BUILDERS = {
     Method.DRAFT_MODEL: _draft_model,
     Method.NGRAM: _ngram,
     Method.MEDUSA: _medusa,
     Method.EAGLE: _eagle,
+    Method.LOOKAHEAD: _lookahead,
 }
 
 
@@ -125,6 +140,7 @@ __all__ = [
     "DraftModelDrafter",
     "Drafter",
     "EagleDrafter",
+    "LookaheadDrafter",
     "MedusaDrafter",
     "NGramDrafter",
     "build_drafter",

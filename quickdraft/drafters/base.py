@@ -35,6 +35,8 @@ class DecodeState:
     fresh_taps: the same positions of the target's tapped layers ({layer: [B, M, D]}), for
               drafters that declare ``target_taps``.
     fresh_count: [B] long.
+    side_logits: [B, E, V], the target's logits at the last draft's side branch
+              (``SideBranch``), set before ``observe``; None when it had none.
     """
 
     tokens: torch.Tensor
@@ -46,6 +48,7 @@ class DecodeState:
     fresh_hidden: torch.Tensor | None = None
     fresh_taps: dict[int, torch.Tensor] = field(default_factory=dict)
     fresh_count: torch.Tensor | None = None
+    side_logits: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -54,6 +57,24 @@ class DecodeState:
     @property
     def capacity(self) -> int:
         return self.tokens.shape[1]
+
+
+@dataclass(frozen=True, slots=True)
+class SideBranch:
+    """Tokens the target runs in the verify pass beside the draft, for the drafter's own use
+    (lookahead decoding's Jacobi branch). They are never accepted, nothing of the draft sees
+    them, and their cache entries are dropped; the target's logits at them come back in
+    ``DecodeState.side_logits``.
+
+    tokens:  [B, E] long.
+    offsets: [E] long, position offsets from the pending token.
+    mask:    [E, E] bool, which side tokens each one attends to (itself included); every side
+             token also sees the committed prefix and the pending token, never draft nodes.
+    """
+
+    tokens: torch.Tensor
+    offsets: torch.Tensor
+    mask: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +91,7 @@ class Draft:
     tokens: torch.Tensor
     parents: torch.Tensor
     probs: torch.Tensor | None
+    side: SideBranch | None = None
 
     @staticmethod
     def chain(tokens: torch.Tensor, probs: torch.Tensor | None) -> Draft:
@@ -90,7 +112,9 @@ class Drafter(Protocol):
     observe(state, verdict): after verification; drafters that learn online update here.
 
     A drafter that reads intermediate layers of the target declares them as ``target_taps``
-    (a tuple of decoder layer indices, whose outputs arrive in ``DecodeState.fresh_taps``).
+    (a tuple of decoder layer indices, whose outputs arrive in ``DecodeState.fresh_taps``);
+    one that sends a side branch (``SideBranch``) declares its largest size as
+    ``side_tokens``, so the target's cache has room for it.
     """
 
     vocab_size: int

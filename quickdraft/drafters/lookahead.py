@@ -1,0 +1,210 @@
+"""Lookahead decoding (Fu et al. 2024): Jacobi iteration and an n-gram pool, no drafter model.
+
+Each verify pass of the target carries two branches:
+
+* the *verification branch*: up to G candidate continuations of the pending token, (N-1)-grams
+  from the pool that start with it, merged into a trie (a draft tree, accepted exactly by the
+  tree rules: the candidates are deterministic, point masses);
+* the *lookahead branch* (``SideBranch``): a window of W future positions over the last N-1
+  Jacobi iterations ("levels"). The token at level j, column i sits j + 1 + i positions after
+  the pending token and attends to level 0's columns 0..i and to column i of levels 1..j, so
+  column i reads as one guessed continuation; the target's argmax at the last level's tokens
+  is the next Jacobi iteration. Once N-1 levels exist, each column plus its new token is an
+  n-gram for the pool, and the oldest level is dropped.
+
+The pool is also fed by the text itself (the prompt's and the output's n-grams), and it lives
+on the drafter, so later requests of one session reuse it. Nothing of the lookahead branch is
+ever accepted or kept in the cache, so the output is exactly the target's at any temperature.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft.accept import Verdict
+from quickdraft.config import SpecConfig
+from quickdraft.drafters.base import DecodeState, Draft, SideBranch
+from quickdraft.models.base import Model
+
+
+@dataclass(frozen=True, slots=True)
+class LookaheadConfig:
+    """window W (future positions per level), ngram N (n-gram size: N-1 levels, candidates
+    of N-1 tokens), candidates G (pool entries verified per step), pool_size (n-grams kept per
+    first token, most recent first)."""
+
+    window: int = 4
+    ngram: int = 4
+    candidates: int = 3
+    pool_size: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, low in (("window", 1), ("ngram", 2), ("candidates", 1), ("pool_size", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"lookahead_{name} must be an integer >= {low}, got {value!r}")
+
+
+def side_mask(levels: int, window: int) -> torch.Tensor:
+    """[E, E] with E = levels * window, index j * window + i: (j, i) sees level 0's columns
+    0..i and column i of levels 1..j."""
+    size = levels * window
+    mask = torch.zeros(size, size, dtype=torch.bool)
+    for j in range(levels):
+        for i in range(window):
+            row = j * window + i
+            mask[row, : i + 1] = True  # level 0, columns 0..i
+            for level in range(1, j + 1):
+                mask[row, level * window + i] = True
+    return mask
+
+
+class LookaheadDrafter:
+    """Lookahead decoding as a drafter: ``propose`` returns the pool's candidates as a draft
+    tree with the Jacobi window as its side branch; ``observe`` reads the target's logits at
+    the window (``DecodeState.side_logits``) and updates window and pool."""
+
+    def __init__(self, vocab_size: int, config: LookaheadConfig | None = None):
+        self.config = config or LookaheadConfig()
+        self.vocab_size = vocab_size
+        self.num_tokens = self.config.candidates * (self.config.ngram - 1)
+        self.depth = self.config.ngram - 1
+        self.side_tokens = (self.config.ngram - 1) * self.config.window  # the window, full
+        # first token -> its continuations ((N-1)-tuples), most recent first; one pool for
+        # every row and every request of the session.
+        self.pool: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+        self._rng = random.Random(self.config.seed)
+        self.levels: list[torch.Tensor] = []  # each [B, W]
+        self._masks: dict[int, torch.Tensor] = {}
+
+    # -- pool -------------------------------------------------------------------------
+
+    def _remember(self, gram: tuple[int, ...]) -> None:
+        entries = self.pool.setdefault(gram[0], OrderedDict())
+        entries.pop(gram[1:], None)
+        entries[gram[1:]] = None
+        entries.move_to_end(gram[1:], last=False)
+        while len(entries) > self.config.pool_size:
+            entries.popitem(last=True)
+
+    def _remember_text(self, tokens: list[int]) -> None:
+        n = self.config.ngram
+        for start in range(len(tokens) - n + 1):
+            self._remember(tuple(tokens[start : start + n]))
+
+    # -- the protocol -------------------------------------------------------------------
+
+    def begin(self, state: DecodeState) -> None:
+        """A fresh window of random prompt tokens (the paper's initialisation); the prompt's
+        own n-grams join the pool."""
+        window = self.config.window
+        rows = []
+        for b in range(state.batch_size):
+            prompt = state.tokens[b, : int(state.lengths[b])].tolist()
+            self._remember_text(prompt)
+            rows.append([self._rng.choice(prompt) for _ in range(window)])
+        self.levels = [torch.tensor(rows, dtype=torch.long)]
+
+    def propose(self, state: DecodeState) -> Draft:
+        tokens, parents = self._candidates(state)
+        levels = len(self.levels)
+        window = self.config.window
+        mask = self._masks.get(levels)
+        if mask is None:
+            mask = self._masks[levels] = side_mask(levels, window)
+        offsets = torch.tensor([j + 1 + i for j in range(levels) for i in range(window)])
+        side = SideBranch(torch.cat(self.levels, 1), offsets, mask)
+        return Draft(tokens, parents, None, side)
+
+    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+        """Step the Jacobi window with the target's argmax at its last level; collect the
+        columns' n-grams when the window is full; add the accepted text's n-grams."""
+        assert state.side_logits is not None, "the engine returns the side branch's logits"
+        window, levels = self.config.window, len(self.levels)
+        last = state.side_logits[:, (levels - 1) * window :, : self.vocab_size]
+        new = last.argmax(-1).cpu()  # [B, W]
+        if levels == self.config.ngram - 1:
+            grams = torch.stack([*self.levels, new], dim=-1)  # [B, W, N]
+            for gram in grams.flatten(0, 1).tolist():
+                self._remember(tuple(gram))
+            self.levels = [*self.levels[1:], new]
+        else:
+            self.levels = [*self.levels, new]
+        n = self.config.ngram
+        for b in range(state.batch_size):  # the text's newest n-grams: exact continuations
+            end = int(state.lengths[b])
+            added = int(verdict.num_accepted[b]) + 1
+            recent = state.tokens[b, max(0, end - added - n + 1) : end].tolist()
+            self._remember_text(recent)
+
+    # -- candidates ---------------------------------------------------------------------
+
+    def _candidates(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pool's continuations of each row's pending token: a trie for one row; for a
+        batch, one chain per candidate (rows share a shape), padded by repeating."""
+        config = self.config
+        found = []
+        for b in range(state.batch_size):
+            pending = int(state.tokens[b, int(state.lengths[b]) - 1])
+            entries = list(self.pool.get(pending, ()))[: config.candidates]
+            if not entries:  # the window's own guess: column 0 read down its levels
+                entries = [tuple(int(level[b, 0]) for level in self.levels)]
+            found.append(entries)
+        if state.batch_size == 1:
+            return _trie(found[0])
+        width = max(len(entries) for entries in found)
+        length = config.ngram - 1
+        rows = []
+        for entries in found:
+            padded = [(list(e) + [e[-1]] * length)[:length] for e in entries]
+            padded += [padded[-1]] * (width - len(padded))
+            rows.append([token for chain in padded for token in chain])
+        parents = [
+            -1 if d == 0 else c * length + d - 1 for c in range(width) for d in range(length)
+        ]
+        return torch.tensor(rows, dtype=torch.long), torch.tensor(parents, dtype=torch.long)
+
+
+def _trie(chains: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge chains that share a prefix: (tokens [1, N], parents [N]), parents first,
+    siblings in the order their chains came."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: dict[tuple[int, int], int] = {}
+    for chain in chains:
+        node = -1
+        for token in chain:
+            key = (node, token)
+            if key not in children:
+                children[key] = len(tokens)
+                tokens.append(token)
+                parents.append(node)
+            node = children[key]
+    # Nodes were numbered in insertion order, parents before children already.
+    return torch.tensor([tokens], dtype=torch.long), torch.tensor(parents, dtype=torch.long)
+
+
+# Defaults by device, from measurements (benchmarks/results/lookahead/): on CPU every token in
+# a forward costs (a 16-token pass of SmolLM2 costs 1.7 one-token passes), so the branches stay
+# small; on a GPU a pass of tens of tokens costs about one, the paper's regime.
+DEFAULTS = {
+    "cpu": LookaheadConfig(window=4, ngram=4, candidates=3),
+    "cuda": LookaheadConfig(window=15, ngram=5, candidates=15),
+}
+
+
+def build_lookahead(spec: SpecConfig, target: Model) -> LookaheadDrafter:
+    """The drafter for ``spec``: unset settings take the defaults of the target's device."""
+    device = getattr(getattr(target, "device", None), "type", "cpu")
+    base = DEFAULTS.get(device, DEFAULTS["cpu"])
+    config = LookaheadConfig(
+        window=spec.lookahead_window or base.window,
+        ngram=spec.lookahead_ngram or base.ngram,
+        candidates=spec.lookahead_candidates or base.candidates,
+    )
+    return LookaheadDrafter(target.vocab_size, config)
