@@ -7,7 +7,13 @@ from conftest import FAMILIES, tiny_folder_and_corpus, tiny_hf_model
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.base import DecodeState
-from quickdraft.drafters.eagle import DynamicTree, EagleDrafter, load_eagle, save_eagle
+from quickdraft.drafters.eagle import (
+    DEFAULT_TREES,
+    DynamicTree,
+    EagleDrafter,
+    load_eagle,
+    save_eagle,
+)
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
 from quickdraft.models.llama import LlamaRunner
 
@@ -128,7 +134,8 @@ def test_save_load_round_trip_and_config_errors(targets, tmp_path):
 
 
 def test_tree_option_is_validated_at_the_boundary():
-    assert DynamicTree.parse("default") == DynamicTree()
+    assert DynamicTree.parse("default") == DEFAULT_TREES["cpu"]
+    assert DynamicTree.parse("default", "cuda") == DEFAULT_TREES["cuda"]
     assert DynamicTree.parse("5,4,16") == DynamicTree(5, 4, 16)
     with pytest.raises(ValueError, match="tree"):
         SpecConfig(method="eagle", tree="4,2")
@@ -265,3 +272,25 @@ def test_bad_training_settings_name_the_field():
         EagleTraining(steps=0)
     with pytest.raises(ValueError, match="lr"):
         EagleTraining(lr=0)
+
+
+def test_shipped_drafter_on_smollm2_is_the_default_and_token_identical(smollm2):
+    from quickdraft.drafters import build_drafter
+
+    target, tokenizer = smollm2
+    drafter = build_drafter(SpecConfig(method="eagle"), target, target_name="smollm2-135m")
+    assert isinstance(drafter, EagleDrafter) and drafter.net.config.variant == "eagle3"
+    sampling = SamplingParams(temperature=0, max_new_tokens=40)
+    accepted = []
+    for text in ("Write a Python function that reverses a list.", "What is 12 times 7?"):
+        prompt = tokenizer.apply_chat(text)
+        expected = generate(target, prompt, sampling=sampling).token_ids
+        out = generate(target, prompt, sampling=sampling, draft=drafter)
+        assert out.token_ids == expected
+        accepted.append(out.stats.mean_accepted_length)
+    assert max(accepted) > 1.3  # a trained drafter is accepted (an untrained one hardly)
+    sampled = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=24, seed=3)
+    out = generate(
+        target, tokenizer.apply_chat("Name three colours."), sampling=sampled, draft=drafter
+    )
+    assert len(out.token_ids) <= 24 and out.stats.verify_steps >= 1
