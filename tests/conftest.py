@@ -56,6 +56,17 @@ def tiny_hf_model(family: str, *, vocab_size: int = 101, layers: int = 3, seed: 
     return model
 
 
+def tiny_runners(layers: int) -> dict:
+    """Every tiny family as the native runner, by family name."""
+    from quickdraft.models.llama import LlamaRunner
+
+    runners = {}
+    for family in FAMILIES:
+        hf = tiny_hf_model(family, layers=layers)
+        runners[family] = LlamaRunner.from_state_dict(hf.config.to_dict(), hf.state_dict())
+    return runners
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     from quickdraft.models.loading import load_model

@@ -3,7 +3,7 @@ unrolled passes, save/load, export, and the training pipeline on a tiny model.""
 
 import pytest
 import torch
-from conftest import FAMILIES, tiny_folder_and_corpus, tiny_hf_model
+from conftest import FAMILIES, tiny_folder_and_corpus, tiny_runners
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.base import DecodeState
@@ -35,11 +35,7 @@ def random_net(target: LlamaRunner, variant: str, draft_vocab: int = 60, seed: i
 
 @pytest.fixture(scope="module")
 def targets():
-    models = {}
-    for family in FAMILIES:
-        hf = tiny_hf_model(family, layers=4)
-        models[family] = LlamaRunner.from_state_dict(hf.config.to_dict(), hf.state_dict())
-    return models
+    return tiny_runners(layers=4)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -3,11 +3,10 @@ pool across requests, and the settings' validation."""
 
 import pytest
 import torch
-from conftest import FAMILIES, tiny_hf_model
+from conftest import FAMILIES, tiny_runners
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter, side_mask
-from quickdraft.models.llama import LlamaRunner
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7]]
@@ -15,11 +14,7 @@ PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7]]
 
 @pytest.fixture(scope="module")
 def targets():
-    models = {}
-    for family in FAMILIES:
-        hf = tiny_hf_model(family, layers=2)
-        models[family] = LlamaRunner.from_state_dict(hf.config.to_dict(), hf.state_dict())
-    return models
+    return tiny_runners(layers=2)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import FAMILIES, tiny_folder_and_corpus, tiny_hf_model
+from conftest import FAMILIES, tiny_folder_and_corpus, tiny_runners
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.config import Method
@@ -16,7 +16,6 @@ from quickdraft.drafters.medusa import (
     parse_tree,
     save_heads,
 )
-from quickdraft.models.llama import LlamaRunner
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7]]
@@ -35,11 +34,7 @@ def random_heads(hidden: int, vocab: int, num_heads: int = 3, seed: int = 0, own
 
 @pytest.fixture(scope="module")
 def targets():
-    models = {}
-    for family in FAMILIES:
-        hf = tiny_hf_model(family, layers=2)
-        models[family] = LlamaRunner.from_state_dict(hf.config.to_dict(), hf.state_dict())
-    return models
+    return tiny_runners(layers=2)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -125,3 +126,23 @@ class Drafter(Protocol):
     def propose(self, state: DecodeState) -> Draft: ...
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None: ...
+
+
+def shipped_folder(
+    artifacts: Path, target_name: str | None, folder: str | Path | None, option: str, what: str
+) -> Path:
+    """The explicit ``folder``, else the one shipped for ``target_name`` under ``artifacts``;
+    a ValueError naming ``option`` when neither exists. ``what``: the artifact's name and the
+    command that trains it, for the message (``"Medusa heads", "medusa"``)."""
+    if folder is not None:
+        return Path(folder)
+    shipped = artifacts / target_name if target_name else None
+    if shipped is not None and shipped.parent == artifacts and shipped.is_dir():
+        return shipped
+    names = sorted(p.name for p in artifacts.iterdir() if p.is_dir()) if artifacts.is_dir() else []
+    name, command = what.split(", ")
+    raise ValueError(
+        f"{option}: no {name} ship for target {target_name!r} (shipped: "
+        f"{', '.join(names) or 'none'}); train them with 'quickdraft train {command}' and "
+        "pass the folder"
+    )

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from quickdraft.accept import Verdict
-from quickdraft.drafters.base import DecodeState, Draft
+from quickdraft.drafters.base import DecodeState, Draft, shipped_folder
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
 from quickdraft.models.base import Model
 from quickdraft.models.kv_cache import KVCache
@@ -105,17 +105,7 @@ def load_eagle(folder: str | Path) -> EagleNet:
 
 def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> Path:
     """The explicit folder, else the drafter shipped for ``target_name``."""
-    if folder is not None:
-        return Path(folder)
-    shipped = ARTIFACTS / target_name if target_name else None
-    if shipped is not None and shipped.parent == ARTIFACTS and shipped.is_dir():
-        return shipped
-    names = sorted(p.name for p in ARTIFACTS.iterdir() if p.is_dir()) if ARTIFACTS.is_dir() else []
-    raise ValueError(
-        f"eagle_dir: no EAGLE drafter ships for target {target_name!r} (shipped: "
-        f"{', '.join(names) or 'none'}); train one with 'quickdraft train eagle' and pass "
-        "the folder"
-    )
+    return shipped_folder(ARTIFACTS, target_name, folder, "eagle_dir", "EAGLE drafters, eagle")
 
 
 class EagleDrafter:

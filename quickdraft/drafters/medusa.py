@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from quickdraft.accept import Verdict
-from quickdraft.drafters.base import DecodeState, Draft
+from quickdraft.drafters.base import DecodeState, Draft, shipped_folder
 from quickdraft.models.base import Model
 from quickdraft.models.llama import Linear
 from quickdraft.tree import TreeShape
@@ -226,17 +226,7 @@ def load_heads(folder: str | Path) -> MedusaHeads:
 
 def heads_folder(target_name: str | None, folder: str | Path | None = None) -> Path:
     """The explicit folder, else the heads shipped for ``target_name``."""
-    if folder is not None:
-        return Path(folder)
-    shipped = ARTIFACTS / target_name if target_name else None
-    if shipped is not None and shipped.parent == ARTIFACTS and shipped.is_dir():
-        return shipped
-    names = sorted(p.name for p in ARTIFACTS.iterdir() if p.is_dir()) if ARTIFACTS.is_dir() else []
-    raise ValueError(
-        f"medusa_dir: no Medusa heads ship for target {target_name!r} (shipped: "
-        f"{', '.join(names) or 'none'}); train them with 'quickdraft train medusa' and pass "
-        "the folder"
-    )
+    return shipped_folder(ARTIFACTS, target_name, folder, "medusa_dir", "Medusa heads, medusa")
 
 
 class MedusaDrafter:

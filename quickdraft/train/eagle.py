@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet, EagleVariant
 from quickdraft.models.llama import LlamaRunner
+from quickdraft.train.common import Checkpoint, one_cycle
 from quickdraft.train.medusa import fingerprint
 from quickdraft.vocab.corpus import Sequence
 
@@ -266,41 +267,18 @@ def train_net(
     lengths = [t.numel() for t in features.tokens]
     per_epoch = math.ceil(len(train_ids) / settings.batch_size)
     total = settings.epochs * per_epoch
-    schedule: torch.optim.lr_scheduler.LRScheduler
-    if total >= 20:
-        schedule = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, settings.lr, total_steps=total, pct_start=0.1
-        )
-    else:  # too few steps for a warm-up phase
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    history: list[dict] = []
-    done = 0
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        if saved["settings"] != _settings_record(settings) or saved["sequences"] != len(features):
-            raise ValueError(f"checkpoint: {checkpoint} was made with other settings or data")
-        net.load_state_dict(saved["net"])
-        optimizer.load_state_dict(saved["optimizer"])
-        schedule.load_state_dict(saved["schedule"])
-        history, done = saved["history"], saved["step"]
+    schedule = one_cycle(optimizer, settings.lr, total)
+    identity = {"settings": _settings_record(settings), "sequences": len(features)}
+    state = Checkpoint(checkpoint, identity, net, optimizer, schedule)
+    state.resume()
+    history, done = state.history, state.step
     net, optimizer = accelerator.prepare(net, optimizer)
     model = accelerator.unwrap_model(net)
     embed, head = embed.to(device), lm_head[draft_vocab].to(device)
 
     def save(step: int) -> None:
-        if not accelerator.is_main_process:
-            return
-        state = {
-            "settings": _settings_record(settings),
-            "sequences": len(features),
-            "net": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "schedule": schedule.state_dict(),
-            "history": history,
-            "step": step,
-        }
-        torch.save(state, checkpoint.with_suffix(".tmp"))
-        checkpoint.with_suffix(".tmp").rename(checkpoint)
+        if accelerator.is_main_process:  # one writer across processes
+            state.save(step)
 
     for epoch in range(settings.epochs):
         batches = _batches(lengths, train_ids, settings.batch_size, settings.seed + epoch)

@@ -26,6 +26,7 @@ from torch import nn
 
 from quickdraft.drafters.medusa import MedusaConfig, MedusaHeads
 from quickdraft.models.llama import LlamaRunner
+from quickdraft.train.common import Checkpoint, one_cycle
 from quickdraft.vocab.corpus import Sequence
 
 Progress = Callable[[str, int, int], None]
@@ -199,12 +200,7 @@ def train_heads(
     )
     steps_per_epoch = math.ceil(rows.numel() / settings.batch_size)
     total = settings.epochs * steps_per_epoch
-    if total >= 20:
-        schedule: torch.optim.lr_scheduler.LRScheduler = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, settings.lr, total_steps=total, pct_start=0.1
-        )
-    else:  # too few steps for a warm-up phase
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    schedule = one_cycle(optimizer, settings.lr, total)
     weights = settings.decay ** torch.arange(settings.num_heads, dtype=torch.float32)
     loss_head = lm_head
     if settings.train_vocab:
@@ -212,29 +208,10 @@ def train_heads(
         order = torch.sort(counts, descending=True, stable=True).indices
         heads.vocab = order[: settings.train_vocab].clone()
         loss_head = lm_head[heads.vocab]
-    history: list[dict] = []
-    done = 0
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        if saved["settings"] != asdict(settings) or saved["positions"] != len(features):
-            raise ValueError(f"checkpoint: {checkpoint} was made with other settings or data")
-        heads.load_state_dict(saved["heads"])
-        optimizer.load_state_dict(saved["optimizer"])
-        schedule.load_state_dict(saved["schedule"])
-        history, done = saved["history"], saved["step"]
-
-    def save(step: int) -> None:
-        state = {
-            "settings": asdict(settings),
-            "positions": len(features),
-            "heads": heads.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "schedule": schedule.state_dict(),
-            "history": history,
-            "step": step,
-        }
-        torch.save(state, checkpoint.with_suffix(".tmp"))
-        checkpoint.with_suffix(".tmp").rename(checkpoint)
+    identity = {"settings": asdict(settings), "positions": len(features)}
+    state = Checkpoint(checkpoint, identity, heads, optimizer, schedule)
+    state.resume()
+    history, done = state.history, state.step
 
     generator = torch.Generator().manual_seed(settings.seed)
     for epoch in range(settings.epochs):
@@ -267,10 +244,10 @@ def train_heads(
             if progress is not None:
                 progress("heads", global_step + 1, total)
             if (global_step + 1) % settings.checkpoint_every == 0:
-                save(global_step + 1)
+                state.save(global_step + 1)
         if (epoch + 1) * steps_per_epoch > done:
             history.append({"epoch": epoch + 1, "train_loss": running / steps_per_epoch})
-            save((epoch + 1) * steps_per_epoch)
+            state.save((epoch + 1) * steps_per_epoch)
     heads.eval()
     metrics = {
         "history": history,
