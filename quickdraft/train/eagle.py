@@ -13,7 +13,8 @@
    the feature regression (smooth L1 to the target's next feature) and noise on its input
    features, as in the paper. AdamW, one-cycle schedule, gradient clipping; checkpoints after
    every epoch and every ``checkpoint_every`` steps, which an interrupted run resumes from;
-   several GPUs through ``accelerate`` (each process takes its share of the batches);
+   several GPUs through ``accelerate`` (each process takes an equal share of the batches;
+   their gradients are averaged);
 4. metrics: on held-out sequences, each step's top-1 agreement with the target's own token.
 """
 
@@ -189,15 +190,21 @@ def train_net(
         net.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
     )
     lengths = [t.numel() for t in features.tokens]
-    per_epoch = math.ceil(len(train_ids) / settings.batch_size)
+    # Every process takes an equal share of each epoch's batches: the gradient averaging below
+    # pairs their steps one to one.
+    processes = accelerator.num_processes
+    per_epoch = math.ceil(len(train_ids) / settings.batch_size) // processes
+    if per_epoch == 0:
+        raise ValueError(f"features: fewer batches than the {processes} training processes")
     total = settings.epochs * per_epoch
     schedule = one_cycle(optimizer, settings.lr, total)
     identity = {"settings": _settings_record(settings), "sequences": len(features)}
     state = Checkpoint(checkpoint, identity, net, optimizer, schedule)
     state.resume()
     history, done = state.history, state.step
-    net, optimizer = accelerator.prepare(net, optimizer)
-    model = accelerator.unwrap_model(net)
+    # Not wrapped for DistributedDataParallel: the training step calls the net's parts, not
+    # its forward, so gradients are averaged across processes by hand.
+    model = net.to(device)
     embed, head = embed.to(device), lm_head[draft_vocab].to(device)
 
     def save(step: int) -> None:
@@ -206,23 +213,28 @@ def train_net(
 
     for epoch in range(settings.epochs):
         batches = _batches(lengths, train_ids, settings.batch_size, settings.seed + epoch)
-        net.train()
+        mine = batches[accelerator.process_index :: processes][:per_epoch]
+        model.train()
         running, counted = 0.0, 0
-        for step, batch_ids in enumerate(batches):
+        for step, batch_ids in enumerate(mine):
             global_step = epoch * per_epoch + step
             if global_step < done:
                 continue
-            # Each process takes every n-th batch; the schedule advances with all of them.
-            if step % accelerator.num_processes == accelerator.process_index:
-                batch = _collate(features, batch_ids, settings.steps, device)
-                losses, _ = step_losses(model, embed, head, batch, settings, noise=True)
-                if losses:
-                    loss = torch.stack(losses).sum()
-                    optimizer.zero_grad(set_to_none=True)
-                    accelerator.backward(loss)
-                    accelerator.clip_grad_norm_(net.parameters(), settings.clip)
-                    optimizer.step()
-                    running, counted = running + float(loss.detach()), counted + 1
+            batch = _collate(features, batch_ids, settings.steps, device)
+            losses, _ = step_losses(model, embed, head, batch, settings, noise=True)
+            if losses:
+                loss = torch.stack(losses).sum()
+                running, counted = running + float(loss.detach()), counted + 1
+            else:  # nothing scored in this batch: a zero step keeps the processes paired
+                loss = sum((p * 0).sum() for p in model.parameters())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if processes > 1:
+                for parameter in model.parameters():
+                    if parameter.grad is not None:
+                        parameter.grad = accelerator.reduce(parameter.grad, reduction="mean")
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip)
+            optimizer.step()
             schedule.step()
             if progress is not None:
                 progress("draft layer", global_step + 1, total)
