@@ -54,8 +54,6 @@ def _ngram(
     draft_name: str | None,
     target_name: str | None,
 ) -> Drafter:
-    if draft is not None:
-        raise ValueError("draft: method ngram uses no draft model")
     return NGramDrafter(
         target.vocab_size,
         spec.num_speculative_tokens,
@@ -72,8 +70,6 @@ def _medusa(
     draft_name: str | None,
     target_name: str | None,
 ) -> Drafter:
-    if draft is not None:
-        raise ValueError("draft: method medusa drafts with heads on the target, not a draft model")
     return build_medusa(target, heads_folder(target_name, spec.medusa_dir), spec.tree)
 
 
@@ -85,8 +81,6 @@ def _eagle(
     draft_name: str | None,
     target_name: str | None,
 ) -> Drafter:
-    if draft is not None:
-        raise ValueError("draft: method eagle drafts with its own layer, not a draft model")
     return build_eagle(target, eagle_folder(target_name, spec.eagle_dir), spec.tree)
 
 
@@ -98,8 +92,6 @@ def _lookahead(
     draft_name: str | None,
     target_name: str | None,
 ) -> Drafter:
-    if draft is not None:
-        raise ValueError("draft: method lookahead uses no draft model")
     return build_lookahead(spec, target)
 
 
@@ -131,6 +123,8 @@ def build_drafter(
     """
     if spec.method is Method.AR:
         return None
+    if draft is not None and spec.method is not Method.DRAFT_MODEL:
+        raise ValueError(f"draft: method {spec.method.value} drafts without a draft model")
     return _BUILDERS[spec.method](spec, target, draft, same_tokenizer, draft_name, target_name)
 
 

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quickdraft.models.llama import _rotate
+
 
 class EagleVariant(StrEnum):
     EAGLE1 = "eagle1"
@@ -173,15 +175,12 @@ class DecoderLayer(nn.Module):
             self.hidden_norm = RMSNorm(size, config.rms_norm_eps)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half). x: [B, heads, T, D]; positions: [B, T]."""
-    dim = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
+def rotary(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [B, 1, T, D] of the rotary embedding at ``positions`` [B, T], computed once
+    for the queries and the keys of a pass."""
     angles = positions.unsqueeze(-1).float() * inv_freq  # [B, T, D/2]
-    angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)  # [B, 1, T, D]
-    half = dim // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * angles.cos().to(x.dtype) + rotated * angles.sin().to(x.dtype)
+    angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)
+    return angles.cos(), angles.sin()
 
 
 class EagleNet(nn.Module):
@@ -202,6 +201,9 @@ class EagleNet(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(config)])
         # The frequent tokens the draft scores, in the target's ids (set by training).
         self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
+        dim = config.head_dim
+        inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2).float() / dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # derived, not saved
 
     @property
     def eagle3(self) -> bool:
@@ -236,8 +238,9 @@ class EagleNet(nn.Module):
         def heads(x: torch.Tensor, count: int) -> torch.Tensor:
             return x.view(batch, length, count, dim).transpose(1, 2)
 
-        q = rope(heads(attn.q_proj(attn_input), config.num_heads), positions, config.rope_theta)
-        k = rope(heads(attn.k_proj(attn_input), config.num_kv_heads), positions, config.rope_theta)
+        cos, sin = rotary(positions, self.inv_freq)
+        q = _rotate(heads(attn.q_proj(attn_input), config.num_heads), cos, sin)
+        k = _rotate(heads(attn.k_proj(attn_input), config.num_kv_heads), cos, sin)
         return q, k, heads(attn.v_proj(attn_input), config.num_kv_heads)
 
     def finish(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
