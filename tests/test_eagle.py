@@ -165,6 +165,8 @@ def test_train_eagle_command_then_generate_and_export(tmp_path, smollm2, capsys)
         }
         metrics = json.loads((out / "metrics.json").read_text())
         assert len(metrics["held_out"]["agreement_by_step"]) == (3 if variant == "eagle3" else 1)
+        # By default the whole prompt stays in view, as it does when drafting.
+        assert metrics["features"]["context"] == metrics["features"]["max_tokens"]
         runs = {}
         for method in ("ar", "eagle"):
             argv = ["generate", "Hello there", "--target", str(folder), "--method", method,

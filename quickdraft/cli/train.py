@@ -152,8 +152,9 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
     eagle.add_argument(
         "--context",
         type=int,
-        default=64,
-        help="prompt tokens kept before each reply as the draft's context (default 64)",
+        default=None,
+        help="prompt tokens kept before each reply as the draft's context (default: the whole "
+        "prompt; a smaller value shrinks the feature cache)",
     )
     eagle.add_argument("--max-cache-gb", type=float, default=8.0)
     eagle.add_argument("--epochs", type=_positive_int, default=3)

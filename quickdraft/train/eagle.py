@@ -2,8 +2,9 @@
 
 1. features: the target's final hidden states (and, for EAGLE-3, the inputs of its three
    feature layers) over a balanced sample of the corpus, fp16, cached in shards on disk within
-   a size bound; each sequence keeps ``context`` tokens before its reply, so the draft layer
-   learns to attend to a prompt as it will when drafting;
+   a size bound; each sequence keeps ``context`` tokens before its reply (by default its whole
+   prompt), so the draft layer learns to attend to a prompt as it will when drafting: a
+   reply that copies from its prompt can only be learnt with the prompt in view;
 2. draft vocabulary: the ``draft_vocab`` most frequent tokens of the training text (the
    target's own replies, when the corpus is self-generated), filled up in id order;
 3. training: the draft net unrolled for ``steps`` steps over whole sequences
@@ -308,7 +309,7 @@ def build_eagle(
     cache: Path,
     budget_tokens: int = 150_000,
     max_tokens: int = 512,
-    context: int = 64,
+    context: int | None = None,
     max_cache_gb: float = 8.0,
     progress: Progress | None = None,
 ) -> dict:
@@ -318,6 +319,8 @@ def build_eagle(
     from quickdraft.models.loading import load_model
     from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
 
+    # The drafter attends over the whole prompt when drafting, so by default it trains so too.
+    context = max_tokens if context is None else context
     if budget_tokens < 1 or max_tokens < 2 or context < 0:
         raise ValueError("budget_tokens must be >= 1, max_tokens >= 2 and context >= 0")
     if not max_cache_gb > 0:
