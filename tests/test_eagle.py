@@ -3,7 +3,7 @@ unrolled passes, save/load, export, and the training pipeline on a tiny model.""
 
 import pytest
 import torch
-from conftest import FAMILIES, tiny_folder_and_corpus, tiny_runners
+from conftest import FAMILIES, shipped_drafter_runs, tiny_folder_and_corpus, tiny_runners
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.base import DecodeState
@@ -278,14 +278,7 @@ def test_shipped_drafter_on_smollm2_is_the_default_and_token_identical(smollm2):
     target, tokenizer = smollm2
     drafter = build_drafter(SpecConfig(method="eagle"), target, target_name="smollm2-135m")
     assert isinstance(drafter, EagleDrafter) and drafter.net.config.variant == "eagle3"
-    sampling = SamplingParams(temperature=0, max_new_tokens=40)
-    accepted = []
-    for text in ("Write a Python function that reverses a list.", "What is 12 times 7?"):
-        prompt = tokenizer.apply_chat(text)
-        expected = generate(target, prompt, sampling=sampling).token_ids
-        out = generate(target, prompt, sampling=sampling, draft=drafter)
-        assert out.token_ids == expected
-        accepted.append(out.stats.mean_accepted_length)
+    accepted = shipped_drafter_runs(smollm2, drafter)
     assert max(accepted) > 1.3  # a trained drafter is accepted (an untrained one hardly)
     sampled = SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=24, seed=3)
     out = generate(

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import FAMILIES, tiny_folder_and_corpus, tiny_runners
+from conftest import FAMILIES, shipped_drafter_runs, tiny_folder_and_corpus, tiny_runners
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.config import Method
@@ -261,18 +261,11 @@ def test_pruned_draft_with_a_distilled_exit_agrees_more_and_stays_exact(targets,
 
 
 def test_shipped_heads_on_smollm2_are_the_default_and_token_identical(smollm2):
-    target, tokenizer = smollm2
+    target, _ = smollm2
     drafter = build_drafter(SpecConfig(method=Method.MEDUSA), target, target_name="smollm2-135m")
     assert isinstance(drafter, MedusaDrafter) and drafter.depth == 3
     assert drafter.heads.rank_accuracy is not None  # the tree is fitted to them
-    sampling = SamplingParams(temperature=0, max_new_tokens=40)
-    accepted = []
-    for text in ("Write a Python function that reverses a list.", "What is 12 times 7?"):
-        prompt = tokenizer.apply_chat(text)
-        expected = generate(target, prompt, sampling=sampling).token_ids
-        out = generate(target, prompt, sampling=sampling, draft=drafter)
-        assert out.token_ids == expected
-        accepted.append(out.stats.mean_accepted_length)
+    accepted = shipped_drafter_runs(smollm2, drafter)
     assert max(accepted) > 1.3  # trained heads are accepted (untrained ones repeat a token)
 
 
