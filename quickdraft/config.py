@@ -142,6 +142,16 @@ class SpecConfig:
         (EAGLE-2), such as ``4,4,12``; TOPK 1 drafts a chain.
     eagle_dir: eagle only: the folder of a trained EAGLE drafter (``quickdraft train eagle``);
         None uses the one shipped for the target.
+    eagle_lookup: eagle only: the most tokens of prompt lookup (``prompt_lookup_min``..
+        ``prompt_lookup_max``-gram matches, as method ngram) grafted onto each draft tree as
+        one more branch; 0 drafts with the EAGLE network alone, None (the default) uses
+        ``drafters.eagle.DEFAULT_LOOKUP``. Exact like any tree: the branch's tokens are
+        verified with the rest, and cost only where the text repeats itself.
+    drafter_int8: medusa and eagle: int8 weights (per output channel) for the trained
+        drafter's layers and its LM-head rows, on CPU. The output stays exact, only the
+        proposals can shift; about half the draft time on CPU, where drafting streams
+        weights. Ignored on other devices and by other methods (a draft model's int8 is
+        ``load_model(int8=...)``).
     lookahead_window, lookahead_ngram, lookahead_candidates: lookahead only: the Jacobi
         window W, the n-gram size N and the cap G on verified candidates; None picks the
         defaults measured for the target's device (``drafters.lookahead.DEFAULTS``).
@@ -158,6 +168,8 @@ class SpecConfig:
     medusa_dir: str | None = None
     tree: str = "default"
     eagle_dir: str | None = None
+    eagle_lookup: int | None = None
+    drafter_int8: bool = True
     lookahead_window: int | None = None
     lookahead_ngram: int | None = None
     lookahead_candidates: int | None = None
@@ -198,6 +210,14 @@ class SpecConfig:
             raise ValueError("medusa_dir applies to method medusa only")
         if self.method is not Method.EAGLE and self.eagle_dir is not None:
             raise ValueError("eagle_dir applies to method eagle only")
+        if self.eagle_lookup is not None:
+            _check_number("eagle_lookup", self.eagle_lookup, integer=True)
+            if not 0 <= self.eagle_lookup <= 64:
+                raise ValueError(f"eagle_lookup must be in 0..64, got {self.eagle_lookup}")
+            if self.method is not Method.EAGLE:
+                raise ValueError("eagle_lookup applies to method eagle only")
+        if not isinstance(self.drafter_int8, bool):
+            raise ValueError(f"drafter_int8 must be True or False, got {self.drafter_int8!r}")
         if self.method is Method.MEDUSA and self.tree != "default":
             from quickdraft.drafters.medusa import check_tree
 

@@ -53,8 +53,10 @@ SHORTLIST_ROWS = ("fr:3", "fr-pa:6", "dyna:2", "dyna-pa:3")
 TREE_ROWS = ("sample:2,2,1", "top:0|1|2|0.0|0.1|1.0|0.0.0")
 # EAGLE rows: a tiny random Llama target over the same 8 tokens and an untrained EAGLE-3
 # drafter on its features, growing a dynamic tree (depth 3, top-3, 6 nodes) from a draft
-# vocabulary of 6 of the 8 tokens. Its shape changes from step to step with the drafts.
-EAGLE_ROWS = ("eagle:3,3,6",)
+# vocabulary of 6 of the 8 tokens. Its shape changes from step to step with the drafts. The
+# second row keeps only nodes of path probability >= 0.1 and grafts up to 3 tokens of prompt
+# lookup onto each tree (frequent over 8 tokens), merged into the tree's own nodes.
+EAGLE_ROWS = ("eagle:3,3,6", "eagle:3,3,6,0.1+3")
 # Lookahead rows: the toy target itself runs the Jacobi window (W 2, 3 levels) beside up to 2
 # pool candidates of 3 tokens (N 4); pool and window change with every step.
 LOOKAHEAD_ROWS = ("lookahead:2,4,2",)
@@ -141,14 +143,16 @@ def toy_llama(seed: int = 0) -> Model:
 
 
 def toy_eagle(target: Model, tree: str, seed: int = 0) -> Drafter:
-    """An untrained EAGLE-3 drafter on ``toy_llama``'s features; ``tree`` is ``eagle:D,K,N``."""
+    """An untrained EAGLE-3 drafter on ``toy_llama``'s features; ``tree`` is
+    ``eagle:D,K,N[,MIN_PROB][+LOOKUP]``."""
     from quickdraft.drafters.eagle import DynamicTree, EagleDrafter
     from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
 
     torch.manual_seed(seed + 13)
     net = EagleNet(EagleConfig.for_target(target.config, "eagle3", 6))  # type: ignore
     net.draft_vocab = torch.randperm(TOY_VOCAB)[:6]
-    return EagleDrafter(target, net, DynamicTree.parse(tree.partition(":")[2]))
+    shape, _, lookup = tree.partition(":")[2].partition("+")
+    return EagleDrafter(target, net, DynamicTree.parse(shape), lookup=int(lookup or 0))
 
 
 def toy_tree(text: str) -> TreeShape:

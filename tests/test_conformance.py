@@ -35,7 +35,7 @@ CASES = default_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 64
+    assert len(CASES) == 68
     assert {case.rule for case in CASES} == set(LOSSLESS_RULES)
     shortlisted = {case.shortlist for case in CASES} - {"full"}
     assert {s.split(":")[0] for s in shortlisted} == {"fr", "fr-pa", "dyna", "dyna-pa"}
@@ -47,6 +47,7 @@ def test_grid_covers_both_rules_and_every_setting():
     assert {case.rule for case in eagle} == set(LOSSLESS_RULES)
     assert {case.temperature for case in eagle} == {1.0, 0.6}
     assert all(case.k == 3 for case in eagle)
+    assert any("+" in case.tree for case in eagle)  # prompt lookup grafted on
     lookahead = [case for case in CASES if case.tree.startswith("lookahead")]
     assert {case.rule for case in lookahead} == set(LOSSLESS_RULES)
     assert {case.temperature for case in lookahead} == {1.0, 0.6}
@@ -200,7 +201,7 @@ def test_unrenormalised_shortlist_probabilities_are_caught():
 def test_conformance_command_passes_and_prints_the_table(capsys):
     assert main(["conformance", "--samples", "4000"]) == 0
     out = capsys.readouterr().out
-    assert "64/64 rows pass" in out and "rejection_sampling" in out and "greedy" in out
+    assert "68/68 rows pass" in out and "rejection_sampling" in out and "greedy" in out
 
 
 # Broken tree variants.

@@ -60,6 +60,108 @@ def test_batched_rows_share_a_tree_shape_and_stay_identical(targets, variant):
         assert out.token_ids[row] == generate(target, prompt, sampling=GREEDY).token_ids
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("tree", ["3,1,3", "4,3,8,0.05"])
+@pytest.mark.parametrize("lookup", [0, 3])
+def test_thresholds_grafted_lookup_and_int8_stay_token_identical(targets, family, tree, lookup):
+    target = targets[family]
+    net = random_net(target, "eagle3")
+    drafter = EagleDrafter(target, net, DynamicTree.parse(tree), int8=True, lookup=lookup)
+    assert drafter.num_tokens == DynamicTree.parse(tree).tokens + lookup
+    for prompt in PROMPTS:
+        expected = generate(target, prompt, sampling=GREEDY).token_ids
+        out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+        assert out.token_ids == expected, (family, tree, lookup, prompt)
+
+
+def test_grafted_lookup_follows_the_tree_then_branches_off(targets):
+    """With one row the lookup continuation is a path of the draft: it reuses the tree's
+    nodes while they hold its tokens, so no (parent, token) pair is verified twice."""
+    target = targets["llama-untied"]
+    drafter = EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 2, 5), lookup=4)
+    drafts, propose = [], drafter.propose
+
+    def recording(state: DecodeState):
+        draft = propose(state)
+        drafts.append((draft, state.tokens[0, : int(state.lengths[0])].clone()))
+        return draft
+
+    drafter.propose = recording
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
+    out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+    assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
+    grafted = 0
+    for draft, tokens in drafts:
+        row, parents = draft.tokens[0].tolist(), draft.parents.tolist()
+        pairs = list(zip(parents, row, strict=True))
+        assert len(set(pairs)) == len(pairs)
+        assert all(parent < node for node, parent in enumerate(parents))
+        continuation = drafter.lookup._lookup(tokens)
+        node = -1
+        for token in continuation:  # walk the continuation down the draft
+            node = pairs.index((node, token))
+        grafted += len(row) > 0 and len(continuation) > 0
+    assert grafted >= 2  # the repeating prompt gives lookup matches
+
+
+def test_a_batch_grafts_lookup_as_a_branch_of_its_own(targets):
+    target = targets["llama-untied"]
+    drafter = EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 3, 7), lookup=3)
+    sizes, propose = [], drafter.propose
+
+    def recording(state: DecodeState):
+        draft = propose(state)
+        sizes.append(draft.tokens.shape[1])
+        if draft.tokens.shape[1] > 7:  # a branch of its own, from the root
+            assert draft.parents[7] == -1
+        return draft
+
+    drafter.propose = recording
+    prompts = torch.tensor([[1, 2, 3, 1, 2, 3], [1, 2, 3, 1, 2, 3], [8, 9, 8, 9, 8, 9]])
+    out = generate_batch(target, prompts, sampling=GREEDY, draft=drafter)
+    for row, prompt in enumerate(prompts.tolist()):
+        assert out.token_ids[row] == generate(target, prompt, sampling=GREEDY).token_ids
+    assert max(sizes) > 7  # some steps verified a grafted branch
+
+
+def test_min_prob_keeps_only_nodes_the_drafter_believes_in(targets):
+    """A one-node tree drafts its token exactly when the draft probability reaches min_prob;
+    a floor no node reaches gives an empty draft, and decoding still matches."""
+    target = targets["llama-tied"]
+    net = random_net(target, "eagle3")
+    prompt = torch.tensor([[5, 17, 3, 99, 42, 5, 17]])
+    n = prompt.shape[1]
+    tapped = target.with_taps(tuple(layer - 1 for layer in net.config.feature_layers))
+    full = tapped.forward(prompt, torch.arange(n).unsqueeze(0), tapped.new_cache(1, n))
+
+    def draft_with(min_prob: float):
+        drafter = EagleDrafter(target, net, DynamicTree(1, 1, 1, min_prob))
+        state = DecodeState(
+            tokens=torch.cat([prompt, torch.zeros(1, 8, dtype=torch.long)], 1),
+            lengths=torch.tensor([n]),
+            prompt_length=n,
+            sampling=GREEDY,
+            generator=torch.Generator(),
+            fresh_hidden=full.hidden[:, : n - 1],
+            fresh_taps={i: t[:, : n - 1] for i, t in full.taps.items()},
+            fresh_count=torch.tensor([n - 1]),
+        )
+        drafter.begin(state)
+        with torch.inference_mode():
+            top = drafter._log_probs(drafter._catch_up(state)).exp().max().item()
+            drafter.begin(state)
+            return drafter.propose(state), top
+
+    _, top = draft_with(0.0)
+    below, _ = draft_with(top * 0.99)
+    above, _ = draft_with(min(top * 1.01, 0.999))
+    assert below.tokens.shape[1] == 1 and above.tokens.shape[1] == 0
+    strict = EagleDrafter(target, net, DynamicTree(4, 3, 8, 0.999))
+    for prompt_ in PROMPTS:
+        out = generate(target, prompt_, sampling=GREEDY, draft=strict)
+        assert out.token_ids == generate(target, prompt_, sampling=GREEDY).token_ids
+
+
 @pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
 def test_draft_cache_sees_what_training_unrolls(targets, variant):
     """The drafter's incremental passes (catch-up over real features, then tree nodes over
@@ -133,6 +235,18 @@ def test_tree_option_is_validated_at_the_boundary():
     assert DynamicTree.parse("default") == DEFAULT_TREES["cpu"]
     assert DynamicTree.parse("default", "cuda") == DEFAULT_TREES["cuda"]
     assert DynamicTree.parse("5,4,16") == DynamicTree(5, 4, 16)
+    assert DynamicTree.parse("6,2,8,0.2") == DynamicTree(6, 2, 8, 0.2)
+    for bad in ("6,2,8,1.5", "6,2,8,-0.1", "6,2,8,x", "6,2,8,0.1,3"):
+        with pytest.raises(ValueError, match="tree"):
+            SpecConfig(method="eagle", tree=bad)
+    with pytest.raises(ValueError, match="eagle_lookup"):
+        SpecConfig(method="eagle", eagle_lookup=-1)
+    with pytest.raises(ValueError, match="eagle_lookup"):
+        SpecConfig(method="eagle", eagle_lookup=True)
+    with pytest.raises(ValueError, match="eagle_lookup"):
+        SpecConfig(method="ngram", eagle_lookup=3)
+    with pytest.raises(ValueError, match="drafter_int8"):
+        SpecConfig(method="eagle", drafter_int8="yes")
     with pytest.raises(ValueError, match="tree"):
         SpecConfig(method="eagle", tree="4,2")
     with pytest.raises(ValueError, match="tree"):

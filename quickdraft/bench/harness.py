@@ -34,8 +34,10 @@ class MethodRun:
 def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
     """'ar,draft_model,ngram,medusa,eagle', each optionally with '@K' ('draft_model@3'; for
     medusa the tree's widths, 'medusa@4.2.1'; for eagle its dynamic tree's depth, top-k and
-    tokens, 'eagle@4.4.12'; for lookahead W.N.G, 'lookahead@4.4.3') and, for draft_model,
-    '+SHORTLIST' ('draft_model@5+dyna-pa:32', see ``quickdraft.vocab``); ar always first."""
+    tokens with an optional minimum path probability, 'eagle@4.4.12', 'eagle@6.4.10p0.1'; for
+    lookahead W.N.G, 'lookahead@4.4.3') and, for draft_model, '+SHORTLIST'
+    ('draft_model@5+dyna-pa:32', see ``quickdraft.vocab``), for eagle '+N', the prompt-lookup
+    tokens grafted onto its tree ('eagle+0': the network alone); ar always first."""
     runs: dict[str, MethodRun] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         part, _, shortlist = part.partition("+")
@@ -65,7 +67,10 @@ def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
                 raise ValueError(f"methods: {part!r}: {error}") from None
             runs[label] = MethodRun(label, spec)
             continue
-        if method in (Method.MEDUSA, Method.EAGLE):
+        if method is Method.EAGLE:
+            runs.update([_eagle_run(part, k_text, shortlist)])
+            continue
+        if method is Method.MEDUSA:
             tree = k_text.replace(".", ",") if k_text else "default"
             label = name + (f" tree={k_text}" if k_text else "")
             try:
@@ -87,6 +92,28 @@ def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
         runs[label] = MethodRun(label, spec)
     runs.setdefault("ar", MethodRun("ar", SpecConfig(method=Method.AR)))
     return [runs["ar"]] + [run for label, run in runs.items() if label != "ar"]
+
+
+def _eagle_run(part: str, tree_text: str, lookup_text: str) -> tuple[str, MethodRun]:
+    """``eagle[@D.K.N[pMIN_PROB]][+LOOKUP]``: the dynamic tree (``eagle@6.4.10p0.1`` is
+    ``--tree 6,4,10,0.1``) and the prompt-lookup tokens grafted on (``+0``: none)."""
+    shape, _, min_prob = tree_text.partition("p")
+    tree = shape.replace(".", ",") + (f",{min_prob}" if min_prob else "") if shape else "default"
+    settings: dict = {"tree": tree}
+    label = "eagle" + (f" tree={tree}" if tree_text else "")
+    if lookup_text:
+        try:
+            settings["eagle_lookup"] = int(lookup_text)
+        except ValueError:
+            raise ValueError(
+                f"methods: {part!r}: eagle takes +N, the prompt-lookup tokens grafted onto "
+                "its tree, such as eagle@6.4.10p0.1+5"
+            ) from None
+        label += f" lookup={lookup_text}"
+    try:
+        return label, MethodRun(label, SpecConfig(method=Method.EAGLE, **settings))
+    except ValueError as error:
+        raise ValueError(f"methods: {part!r}: {error}") from None
 
 
 @dataclass(frozen=True, slots=True)

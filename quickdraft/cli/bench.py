@@ -27,8 +27,10 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         "--methods",
         default="ar,ngram",
         help="comma-separated; NAME@K sets k per method (e.g. draft_model@3); medusa@4.2.1 "
-        "sets the Medusa tree's widths, eagle@4.4.12 the EAGLE tree's depth, top-k and tokens, "
-        "lookahead@4.4.3 its window, n-gram size and candidates",
+        "sets the Medusa tree's widths, eagle@4.4.12 the EAGLE tree's depth, top-k and tokens "
+        "(eagle@6.4.10p0.1 adds a minimum path probability, eagle+N the prompt-lookup tokens "
+        "grafted onto its tree, eagle+0 none), lookahead@4.4.3 its window, n-gram size and "
+        "candidates",
     )
     bench.add_argument(
         "--medusa-dir", default=None, help="Medusa heads (default: those shipped for --target)"
@@ -50,11 +52,17 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         action="store_false",
         help="use the plain prompts instead of the chat template",
     )
-    bench.add_argument("--draft-int8", action=argparse.BooleanOptionalAction, default=True)
+    bench.add_argument(
+        "--draft-int8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="int8 weights for the draft model and the trained Medusa/EAGLE drafters on CPU",
+    )
     bench.add_argument("--out", type=Path, required=True)
 
 
 def _bench(args: argparse.Namespace) -> int:
+    import dataclasses
     import platform
 
     import torch
@@ -62,9 +70,15 @@ def _bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.harness import BenchSettings, parse_methods, run_bench, summarise
     from quickdraft.bench.report import write_report
     from quickdraft.bench.tasks import load_tasks, parse_tasks
+    from quickdraft.config import Method
     from quickdraft.models.loading import load_model
 
     methods = parse_methods(args.methods, args.num_speculative_tokens)
+    if not args.draft_int8:  # the trained drafters' weights follow the draft model's flag
+        methods = [
+            dataclasses.replace(m, spec=dataclasses.replace(m.spec, drafter_int8=False))
+            for m in methods
+        ]
     tasks = load_tasks(parse_tasks(args.tasks), args.prompts_per_task)
     settings = BenchSettings(
         max_new_tokens=args.max_new_tokens,
@@ -103,10 +117,11 @@ def _bench(args: argparse.Namespace) -> int:
             on_run=advance,
         )
     summary = summarise(bench)
+    trained = args.draft or any(m.spec.method in (Method.MEDUSA, Method.EAGLE) for m in methods)
     meta = {
         "target": args.target,
         "draft": args.draft,
-        "draft_weights": "int8" if args.draft and args.draft_int8 else "as loaded",
+        "draft_weights": "int8" if args.draft_int8 and trained else "as loaded",
         "methods": [m.label for m in methods],
         "tasks": list(tasks),
         "prompts_per_task": args.prompts_per_task,

@@ -65,8 +65,8 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "--draft-int8",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="int8 weights for the draft model on CPU (default on; the output stays exact, "
-        "only acceptance can change)",
+        help="int8 weights for the draft model, or the trained Medusa/EAGLE drafter, on CPU "
+        "(default on; the output stays exact, only acceptance can change)",
     )
     generate.add_argument(
         "--shortlist",
@@ -93,7 +93,15 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "--tree",
         default="default",
         help="draft tree. medusa: default, fit:N, or sibling counts per depth such as 4,2,1; "
-        "eagle: default or DEPTH,TOPK,TOKENS of its dynamic tree, such as 4,4,12",
+        "eagle: default or DEPTH,TOPK,TOKENS[,MIN_PROB] of its dynamic tree, such as 4,4,12 "
+        "or 6,4,10,0.1 (nodes below that path probability are not drafted)",
+    )
+    generate.add_argument(
+        "--eagle-lookup",
+        type=int,
+        default=None,
+        help="eagle: the most prompt-lookup tokens grafted onto each draft tree (default 5; "
+        "0 drafts with the EAGLE network alone)",
     )
     for name, what in (
         ("window", "Jacobi window W"),
@@ -156,6 +164,8 @@ def _generate(args: argparse.Namespace) -> int:
         medusa_dir=args.medusa_dir,
         tree=args.tree,
         eagle_dir=args.eagle_dir,
+        eagle_lookup=args.eagle_lookup,
+        drafter_int8=args.draft_int8,
         lookahead_window=args.lookahead_window,
         lookahead_ngram=args.lookahead_ngram,
         lookahead_candidates=args.lookahead_candidates,
@@ -232,7 +242,12 @@ def _shape(spec: Any, drafter: Any) -> str:
         return f"W={config.window} N={config.ngram} G={config.candidates}"
     if spec.method.value == "eagle":
         tree = drafter.tree
-        return f"dynamic tree: depth {tree.depth}, top-{tree.topk}, {tree.tokens} tokens"
+        shape = f"dynamic tree: depth {tree.depth}, top-{tree.topk}, {tree.tokens} tokens"
+        if tree.min_prob:
+            shape += f" of path probability >= {tree.min_prob:g}"
+        if drafter.lookup is not None:
+            shape += f", + up to {drafter.lookup.num_tokens} of prompt lookup"
+        return shape
     return f"k={spec.k}"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.base import DecodeState, Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.eagle import EagleDrafter, build_eagle, eagle_folder
+from quickdraft.drafters.eagle import DEFAULT_LOOKUP, EagleDrafter, build_eagle, eagle_folder
 from quickdraft.drafters.lookahead import LookaheadDrafter, build_lookahead
 from quickdraft.drafters.medusa import MedusaDrafter, build_medusa, heads_folder
 from quickdraft.drafters.ngram import NGramDrafter
@@ -70,7 +70,9 @@ def _medusa(
     draft_name: str | None,
     target_name: str | None,
 ) -> Drafter:
-    return build_medusa(target, heads_folder(target_name, spec.medusa_dir), spec.tree)
+    return build_medusa(
+        target, heads_folder(target_name, spec.medusa_dir), spec.tree, int8=spec.drafter_int8
+    )
 
 
 def _eagle(
@@ -81,7 +83,14 @@ def _eagle(
     draft_name: str | None,
     target_name: str | None,
 ) -> Drafter:
-    return build_eagle(target, eagle_folder(target_name, spec.eagle_dir), spec.tree)
+    return build_eagle(
+        target,
+        eagle_folder(target_name, spec.eagle_dir),
+        spec.tree,
+        int8=spec.drafter_int8,
+        lookup=DEFAULT_LOOKUP if spec.eagle_lookup is None else spec.eagle_lookup,
+        lookup_ngram=(spec.prompt_lookup_min, spec.prompt_lookup_max),
+    )
 
 
 def _lookahead(

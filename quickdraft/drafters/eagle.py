@@ -23,6 +23,7 @@ rerank then rank nodes by their scores summed over rows; with one row this is EA
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from quickdraft.accept import Verdict
 from quickdraft.drafters.base import DecodeState, Draft, shipped_folder
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
+from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import Model
 from quickdraft.models.kv_cache import KVCache
 from quickdraft.models.llama import Linear
@@ -44,39 +46,65 @@ ARTIFACTS = Path(__file__).parent / "artifacts" / "eagle"
 @dataclass(frozen=True, slots=True)
 class DynamicTree:
     """EAGLE-2's tree settings: ``depth`` draft levels, ``topk`` nodes expanded per level with
-    ``topk`` children each, ``tokens`` nodes kept after the rerank (the verify budget)."""
+    ``topk`` children each, ``tokens`` nodes kept after the rerank (the verify budget).
+
+    min_prob: a node joins the draft only if its score, the product of the draft
+    probabilities along its path (the drafter's estimate of the chance the target accepts
+    it), is at least this; expansion stops at the first level with no such node. 0 keeps the
+    fixed budget of EAGLE-2. Where every verified token costs (CPU), this spends the budget
+    only on tokens likely to pay for themselves: few on hard text, up to ``tokens`` on easy.
+    """
 
     depth: int = 4
     topk: int = 4
     tokens: int = 12
+    min_prob: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("depth", "topk", "tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"tree: {name} must be a positive integer, got {value!r}")
+        if isinstance(self.min_prob, bool) or not 0.0 <= self.min_prob < 1.0:
+            raise ValueError(f"tree: min_prob must be in [0, 1), got {self.min_prob!r}")
 
     @classmethod
     def parse(cls, text: str | None, device: str = "cpu") -> DynamicTree:
         """``default`` (``DEFAULT_TREES`` for the device) or ``DEPTH,TOPK,TOKENS`` (such as
-        ``5,4,16``); TOPK 1 is a chain."""
+        ``5,4,16``) with an optional ``,MIN_PROB`` (such as ``6,2,8,0.2``); TOPK 1 is a
+        chain."""
         if text is None or text == "default":
             return DEFAULT_TREES.get(device, DEFAULT_TREES["cpu"])
+        parts = text.split(",")
         try:
-            depth, topk, tokens = (int(part) for part in text.split(","))
+            if len(parts) not in (3, 4):
+                raise ValueError
+            depth, topk, tokens = (int(part) for part in parts[:3])
+            min_prob = float(parts[3]) if len(parts) == 4 else 0.0
         except ValueError:
             raise ValueError(
-                f"tree: expected default or DEPTH,TOPK,TOKENS such as 4,4,12; got {text!r}"
+                "tree: expected default or DEPTH,TOPK,TOKENS[,MIN_PROB] such as 4,4,12 or "
+                f"6,2,8,0.2; got {text!r}"
             ) from None
-        return cls(depth, topk, tokens)
+        return cls(depth, topk, tokens, min_prob)
 
 
 # Default trees by the target's device. CPU: measured on SmolLM2-135M with its shipped drafter
-# (benchmarks/results/smollm2_methods/), where every token of a verify pass costs (a 13-token
-# pass costs about 1.7 one-token passes): a 3-token chain ran fastest (0.88x plain decoding
-# over the seven tasks, against 0.80x for depth 4, top-4, 12 tokens, which accepts the most).
+# (int8, 2 threads, greedy; benchmarks/results/smollm2_methods/), where every token of a
+# verify pass costs (a 2-token pass about 1.12 one-token passes, a 13-token one 1.7) and the
+# drafter's confidence is informative: a tree of up to 10 nodes of path probability >= 0.1
+# (depth 6, top-4) ran 1.09x plain decoding over seven task kinds, a fixed chain of 3 1.00x;
+# it drafts about one node a step on hard text and up to ten on easy text.
 # GPU: EAGLE-2's published setting (depth 6, top-10, 60 tokens), not measured here.
-DEFAULT_TREES = {"cpu": DynamicTree(3, 1, 3), "cuda": DynamicTree(6, 10, 60)}
+DEFAULT_TREES = {"cpu": DynamicTree(6, 4, 10, 0.1), "cuda": DynamicTree(6, 10, 60)}
+
+# Prompt-lookup tokens grafted onto each tree by default (``SpecConfig.eagle_lookup``). The
+# two drafters are right in different places, the network where the text is new, lookup
+# where it repeats its prompt or itself, and the graft costs verify tokens only on a match:
+# on SmolLM2-135M's 24 code prompts the default tree alone accepts 1.4-1.5 tokens a step,
+# prompt lookup 1.60, the tree with 5 lookup tokens 2.52 (1.71x plain decoding, prompt lookup
+# 1.32x); over the seven tasks 2.02 (1.19x; prompt lookup 1.04x).
+DEFAULT_LOOKUP = 5
 
 
 def save_eagle(folder: str | Path, net: EagleNet, metadata: dict | None = None) -> None:
@@ -112,7 +140,16 @@ class EagleDrafter:
     """Drafts a dynamic tree with an EAGLE network over the target's features. Needs the native
     runner (its embedding, LM head rows and, for EAGLE-3, layer taps)."""
 
-    def __init__(self, target: Model, net: EagleNet, tree: DynamicTree | None = None):
+    def __init__(
+        self,
+        target: Model,
+        net: EagleNet,
+        tree: DynamicTree | None = None,
+        *,
+        int8: bool = False,
+        lookup: int = 0,
+        lookup_ngram: tuple[int, int] = (1, 3),
+    ):
         config = net.config
         for name in ("embed", "head_weight", "config"):
             if not hasattr(target, name):
@@ -131,11 +168,15 @@ class EagleDrafter:
                 f"eagle_dir: drafter trained for a vocabulary of {config.vocab_size}, the "
                 f"target has {target.vocab_size}"
             )
-        self.target, self.net = target, _packed(net.eval())
+        self.target, self.net = target, _packed(net.eval(), int8)
         self.tree = tree or DEFAULT_TREES["cpu"]
+        if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
+            raise ValueError(f"eagle_lookup must be a non-negative integer, got {lookup!r}")
         self.vocab_size = target.vocab_size
-        self.num_tokens = self.tree.tokens
-        self.depth = self.tree.depth
+        self.num_tokens = self.tree.tokens + lookup
+        self.depth = max(self.tree.depth, lookup)
+        # Prompt lookup grafted onto the tree (0: off): its continuation is one more branch.
+        self.lookup = NGramDrafter(self.vocab_size, lookup, *lookup_ngram) if lookup else None
         # Target decoder layers whose outputs the drafter reads (the engine asks the target
         # for them): the inputs of the feature layers are the outputs of the layers below.
         self.target_taps = tuple(layer - 1 for layer in config.feature_layers)
@@ -143,7 +184,8 @@ class EagleDrafter:
         vocab = net.draft_vocab
         self.draft_vocab = vocab
         head = target.head_weight[vocab].to(torch.float32)  # type: ignore[attr-defined]
-        self.head = Linear(head.contiguous())  # packed once: the draft vocabulary's rows
+        # Packed once: the draft vocabulary's rows.
+        self.head = Linear(head.contiguous(), int8=int8)
         self.cache: KVCache | None = None
 
     # -- the protocol ---------------------------------------------------------------------
@@ -166,7 +208,8 @@ class EagleDrafter:
         if state.fresh_hidden is None:  # a one-token prompt: no target feature yet
             return Draft.chain(torch.zeros(state.batch_size, 0, dtype=torch.long), None)
         root = self._catch_up(state)  # [B, d]: the pending token's entry's output
-        return self._expand(state, root)
+        draft = self._expand(state, root)
+        return draft if self.lookup is None else self._graft(state, draft)
 
     def observe(self, state: DecodeState, verdict: Verdict) -> None:
         """The accepted tokens' real features arrive with the next propose (catch-up)."""
@@ -248,9 +291,15 @@ class EagleDrafter:
         outputs_of_level = root.unsqueeze(1)
         parent_slot = {-1: 0}
         anchor = state.lengths - 2  # position of the pending token's entry
+        # Scores are summed over rows (one shared shape), so the floor is too.
+        floor = batch * math.log(tree.min_prob) if tree.min_prob > 0 else -math.inf
         for level in range(1, tree.depth):
-            width = min(tree.topk, scores[-1].shape[1])
-            chosen = scores[-1].sum(0).topk(width).indices  # [W] within the level, shared
+            level_total = scores[-1].sum(0)
+            # Nodes under the floor are never drafted, nor are their children.
+            width = min(tree.topk, int((level_total >= floor).sum()))
+            if width == 0:
+                break
+            chosen = level_total.topk(width).indices  # [W] within the level, shared
             base = level_start[-1]
             level_parents = parents[-1][chosen]  # candidate index of each one's parent
             feature_index = torch.tensor([parent_slot[int(p)] for p in level_parents])
@@ -274,20 +323,25 @@ class EagleDrafter:
             parent_slot = {base + int(c): w for w, c in enumerate(chosen.tolist())}
             outputs_of_level = output
             level_start.append(base + scores[-2].shape[1])
-        return self._rerank(tokens, scores, parents)
+        return self._rerank(tokens, scores, parents, floor)
 
     def _rerank(
-        self, tokens: list[torch.Tensor], scores: list[torch.Tensor], parents: list[torch.Tensor]
+        self,
+        tokens: list[torch.Tensor],
+        scores: list[torch.Tensor],
+        parents: list[torch.Tensor],
+        floor: float,
     ) -> Draft:
-        """Step 3: the ``tokens`` best candidates, parents before children and, among
-        siblings, best first."""
+        """Step 3: the ``tokens`` best candidates scoring at least ``floor``, parents before
+        children and, among siblings, best first."""
         all_tokens = torch.cat(tokens, 1)  # [B, C]
         total = torch.cat(scores, 1).sum(0).tolist()  # summed over rows: one shared shape
         all_parents = torch.cat(parents).tolist()
         depth = [d for d, level in enumerate(scores) for _ in range(level.shape[1])]
-        keep = min(self.tree.tokens, len(total))
-        # Higher score first; ties by depth, so a parent always precedes its child.
-        best = sorted(range(len(total)), key=lambda i: (-total[i], depth[i]))[:keep]
+        # Higher score first; ties by depth, so a parent always precedes its child. A child
+        # never outscores its parent, so the floor keeps a tree too.
+        ranked = sorted(range(len(total)), key=lambda i: (-total[i], depth[i]))
+        best = [i for i in ranked if total[i] >= floor][: self.tree.tokens]
         index: dict[int, int] = {-1: -1}
         order: list[int] = []
         for level in range(len(scores)):
@@ -298,28 +352,62 @@ class EagleDrafter:
         parent_ids = torch.tensor([index[all_parents[i]] for i in order], dtype=torch.long)
         return Draft(all_tokens[:, order], parent_ids, None)
 
+    def _graft(self, state: DecodeState, draft: Draft) -> Draft:
+        """Prompt lookup's continuation as one more branch of the tree, after the drafter's
+        nodes. With one row it follows the tree's nodes as long as they hold its tokens and
+        branches off where they stop (no node is verified twice); in a batch, whose rows share
+        one shape, it is a branch of its own from the root, each row's continuation padded
+        like ``NGramDrafter``'s. Its tokens are point masses like the tree's, so the tree
+        rules stay exact; a duplicate of a sibling's token is simply rejected."""
+        assert self.lookup is not None
+        continuation = self.lookup.propose(state).tokens  # [B, L], L may be 0
+        if continuation.shape[1] == 0:
+            return draft
+        parents = draft.parents.tolist()
+        attach, start = -1, 0
+        if state.batch_size == 1:
+            row = draft.tokens[0].tolist()
+            children: dict[tuple[int, int], int] = {}
+            for node, parent in enumerate(parents):
+                children.setdefault((parent, row[node]), node)
+            for token in continuation[0].tolist():
+                node = children.get((attach, token))
+                if node is None:
+                    break
+                attach, start = node, start + 1
+        branch = continuation[:, start:]
+        if branch.shape[1] == 0:
+            return draft
+        size = len(parents)
+        extra = [attach, *range(size, size + branch.shape[1] - 1)]
+        return Draft(
+            torch.cat([draft.tokens, branch], 1),
+            torch.cat([draft.parents, torch.tensor(extra, dtype=torch.long)]),
+            None,
+        )
+
 
 class _PackedLinear(torch.nn.Module):
     """An inference-only stand-in for an ``nn.Linear``: the runner's prepacked product, whose
     cost stays nearly flat from 1 to 16 rows on CPU where ``F.linear``'s does not."""
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, int8: bool):
         super().__init__()
         bias = None if linear.bias is None else linear.bias.detach().float()
-        self.linear = Linear(linear.weight.detach().float().contiguous(), bias)
+        self.linear = Linear(linear.weight.detach().float().contiguous(), bias, int8=int8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
 
 
-def _packed(net: EagleNet) -> EagleNet:
-    """A copy of ``net`` for drafting, its linear layers prepacked."""
+def _packed(net: EagleNet, int8: bool) -> EagleNet:
+    """A copy of ``net`` for drafting, its linear layers prepacked (int8: quantized)."""
     copy = EagleNet(net.config)
     copy.load_state_dict(net.state_dict())
     for module in list(copy.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear):
-                setattr(module, name, _PackedLinear(child))
+                setattr(module, name, _PackedLinear(child, int8))
     return copy.eval()
 
 
@@ -333,7 +421,24 @@ def _ancestors(entry_parent: list[int]) -> torch.Tensor:
     return mask
 
 
-def build_eagle(target: Model, folder: str | Path, tree: str | None = None) -> EagleDrafter:
-    """A drafter from the network saved in ``folder``; ``tree`` as in ``DynamicTree.parse``."""
+def build_eagle(
+    target: Model,
+    folder: str | Path,
+    tree: str | None = None,
+    *,
+    int8: bool = False,
+    lookup: int = 0,
+    lookup_ngram: tuple[int, int] = (1, 3),
+) -> EagleDrafter:
+    """A drafter from the network saved in ``folder``; ``tree`` as in ``DynamicTree.parse``;
+    ``int8``: int8 weights for its layers and head on CPU; ``lookup``: the most tokens of
+    prompt lookup (n-gram sizes ``lookup_ngram``) grafted onto each tree, 0 for none."""
     device = getattr(getattr(target, "device", None), "type", "cpu")
-    return EagleDrafter(target, load_eagle(folder), DynamicTree.parse(tree, device))
+    return EagleDrafter(
+        target,
+        load_eagle(folder),
+        DynamicTree.parse(tree, device),
+        int8=int8,
+        lookup=lookup,
+        lookup_ngram=lookup_ngram,
+    )

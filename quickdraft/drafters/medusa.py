@@ -233,7 +233,14 @@ class MedusaDrafter:
     """Drafts a tree from Medusa heads over the target's hidden state (``DecodeState.
     target_hidden``). Needs a target with a separate ``head`` (the native runner)."""
 
-    def __init__(self, target: Model, heads: MedusaHeads, tree: TreeShape | None = None):
+    def __init__(
+        self,
+        target: Model,
+        heads: MedusaHeads,
+        tree: TreeShape | None = None,
+        *,
+        int8: bool = False,
+    ):
         config = heads.config
         if not hasattr(target, "head"):
             raise ValueError(
@@ -256,7 +263,7 @@ class MedusaDrafter:
         self._subset: tuple[torch.Tensor, Linear] | None = None
         if heads.vocab is not None and heads.lm_heads is None:
             rows = target.head_weight[heads.vocab].float().contiguous()  # type: ignore[attr-defined]
-            self._subset = (heads.vocab, Linear(rows))
+            self._subset = (heads.vocab, Linear(rows, int8=int8))
         self.vocab_size = target.vocab_size
         self.num_tokens = tree.num_nodes
         self.depth = tree.max_depth
@@ -290,8 +297,11 @@ class MedusaDrafter:
         """Nothing to learn online."""
 
 
-def build_medusa(target: Model, folder: str | Path, tree: str | None = None) -> MedusaDrafter:
-    """A drafter from the heads saved in ``folder``; ``tree`` as in ``parse_tree``."""
+def build_medusa(
+    target: Model, folder: str | Path, tree: str | None = None, *, int8: bool = False
+) -> MedusaDrafter:
+    """A drafter from the heads saved in ``folder``; ``tree`` as in ``parse_tree``; ``int8``:
+    int8 weights for the rows of a frequent-token head on CPU."""
     heads = load_heads(folder)
     if heads.config.vocab_size != target.vocab_size:
         raise ValueError(
@@ -299,4 +309,4 @@ def build_medusa(target: Model, folder: str | Path, tree: str | None = None) -> 
             f"target has {target.vocab_size}"
         )
     shape = parse_tree(tree, heads.config.num_heads, heads.rank_accuracy)
-    return MedusaDrafter(target, heads, shape)
+    return MedusaDrafter(target, heads, shape, int8=int8)
