@@ -38,6 +38,17 @@ def test_task_and_method_parsing():
         BenchSettings(repeats=0)
 
 
+def test_eagle_method_strings_set_the_tree_floor_and_grafted_lookup():
+    runs = {r.label: r.spec for r in parse_methods("eagle,eagle+0,eagle@6.4.10p0.2+8")}
+    assert runs["eagle"].tree == "default" and runs["eagle"].eagle_lookup is None
+    assert runs["eagle lookup=0"].eagle_lookup == 0
+    custom = runs["eagle tree=6,4,10,0.2 lookup=8"]
+    assert custom.tree == "6,4,10,0.2" and custom.eagle_lookup == 8
+    for bad in ("eagle+x", "eagle@6.4.10p2", "eagle@6.4"):
+        with pytest.raises(ValueError, match="methods"):
+            parse_methods(bad)
+
+
 def test_bench_runs_every_task_on_smollm2_and_writes_the_report(smollm2, tmp_path, capsys):
     code = main(
         [
