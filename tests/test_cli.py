@@ -67,3 +67,18 @@ def test_generate_rejects_inconsistent_arguments(capsys):
     assert "draft" in capsys.readouterr().out
     assert main(["generate", "x", "--temperature", "-1", "--max-new-tokens", "2"]) == 2
     assert "temperature" in capsys.readouterr().out
+
+
+def test_auto_method_is_eagle_where_a_drafter_ships_else_prompt_lookup(tmp_path):
+    from argparse import Namespace
+
+    from quickdraft.cli.generate import _auto_method
+
+    def auto(target: str, draft: str | None = None, backend: str = "auto") -> str:
+        return _auto_method(Namespace(target=target, draft=draft, backend=backend))
+
+    assert auto("smollm2-135m") == "eagle"
+    assert auto("smollm2-135m", backend="hf") == "ngram"  # EAGLE reads the native runner
+    assert auto("smollm2-135m", draft="smollm2-135m") == "draft_model"
+    assert auto(str(tmp_path)) == "ngram"  # a folder, even one that exists, has none shipped
+    assert auto("qwen2.5-coder-1.5b") == "ngram"

@@ -147,7 +147,10 @@ def _draft_shape(tree: str, k: int) -> str:
     if not tree:
         return "chain"
     if tree.startswith("eagle"):
-        return f"EAGLE dynamic tree ({tree.split(',')[-1]} nodes)"
+        shape, _, lookup = tree.partition(":")[2].partition("+")
+        _, _, tokens, *floor = shape.split(",")
+        extra = (f", p >= {floor[0]}" if floor else "") + (f", + {lookup} lookup" if lookup else "")
+        return f"EAGLE dynamic tree ({tokens} nodes{extra})"
     if tree.startswith("lookahead"):
         window, ngram, candidates = tree.partition(":")[2].split(",")
         return f"lookahead W={window} N={ngram} G={candidates}"

@@ -39,7 +39,9 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "--method",
         default="auto",
         choices=["auto", "ar", "draft_model", "ngram", "medusa", "eagle", "lookahead"],
-        help="auto: draft_model with --draft, else ngram; medusa: heads on the target (those "
+        help="auto: draft_model with --draft, else eagle where an EAGLE drafter ships for "
+        "the target (the fastest method measured for it), else ngram; medusa: heads on the "
+        "target (those "
         "shipped for it, or --medusa-dir); eagle: a feature-level draft layer with dynamic "
         "trees (the one shipped for the target, or --eagle-dir); lookahead: Jacobi iteration "
         "and an n-gram pool, no drafter",
@@ -148,7 +150,7 @@ def _generate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     method = args.method
     if method == "auto":
-        method = "draft_model" if args.draft else "ngram"
+        method = _auto_method(args)
     if args.draft and method != "draft_model":
         raise ValueError(f"draft: --draft is used by --method draft_model, not {method}")
     k = args.num_speculative_tokens or (5 if method == "ngram" else 4)
@@ -232,6 +234,19 @@ def _generate(args: argparse.Namespace) -> int:
         f"finish: {out.finish_reason}[/dim]"
     )
     return 0
+
+
+def _auto_method(args: argparse.Namespace) -> str:
+    """draft_model with a draft; EAGLE where a drafter ships for the target alias and the
+    native runner serves it (on SmolLM2-135M the fastest method in the bench, 1.31x over
+    seven task kinds on CPU against 1.08x for prompt lookup); else prompt lookup, which
+    needs nothing trained."""
+    from quickdraft.drafters.eagle import ARTIFACTS
+
+    if args.draft:
+        return "draft_model"
+    shipped = {folder.name for folder in ARTIFACTS.iterdir() if folder.is_dir()}
+    return "eagle" if args.target in shipped and args.backend != "hf" else "ngram"
 
 
 def _shape(spec: Any, drafter: Any) -> str:
