@@ -223,7 +223,7 @@ class SpecConfig:
 
             check_tree(self.tree)  # the syntax; the depth is checked against the heads on load
         if self.method is Method.EAGLE:
-            from quickdraft.drafters.eagle import DynamicTree
+            from quickdraft.drafters.eagle_tree import DynamicTree
 
             DynamicTree.parse(self.tree)
         names = ("lookahead_window", "lookahead_ngram", "lookahead_candidates")

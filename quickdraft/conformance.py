@@ -145,8 +145,9 @@ def toy_llama(seed: int = 0) -> Model:
 def toy_eagle(target: Model, tree: str, seed: int = 0) -> Drafter:
     """An untrained EAGLE-3 drafter on ``toy_llama``'s features; ``tree`` is
     ``eagle:D,K,N[,MIN_PROB][+LOOKUP]``."""
-    from quickdraft.drafters.eagle import DynamicTree, EagleDrafter
+    from quickdraft.drafters.eagle import EagleDrafter
     from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
+    from quickdraft.drafters.eagle_tree import DynamicTree
 
     torch.manual_seed(seed + 13)
     net = EagleNet(EagleConfig.for_target(target.config, "eagle3", 6))  # type: ignore

@@ -7,14 +7,9 @@ from conftest import FAMILIES, shipped_drafter_runs, tiny_folder_and_corpus, tin
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.base import DecodeState
-from quickdraft.drafters.eagle import (
-    DEFAULT_TREES,
-    DynamicTree,
-    EagleDrafter,
-    load_eagle,
-    save_eagle,
-)
+from quickdraft.drafters.eagle import EagleDrafter, load_eagle, save_eagle
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
+from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
 from quickdraft.models.llama import LlamaRunner
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=32)
@@ -31,6 +26,22 @@ def random_net(target: LlamaRunner, variant: str, draft_vocab: int = 60, seed: i
                 parameter.mul_(3.0)
         net.draft_vocab = torch.randperm(target.vocab_size)[:draft_vocab]
     return net.eval()
+
+
+def prefilled_state(sequence: torch.Tensor, n: int, full) -> DecodeState:
+    """The engine's state with tokens 0..n-1 of ``sequence`` (n - 1 pending) and the target's
+    features at 0..n-2 (``full``: a tapped forward over the sequence), as after a prefill of
+    n - 1 tokens."""
+    return DecodeState(
+        tokens=torch.cat([sequence, torch.zeros(1, 8, dtype=torch.long)], 1),
+        lengths=torch.tensor([n]),
+        prompt_length=n,
+        sampling=GREEDY,
+        generator=torch.Generator(),
+        fresh_hidden=full.hidden[:, : n - 1],
+        fresh_taps={i: t[:, : n - 1] for i, t in full.taps.items()},
+        fresh_count=torch.tensor([n - 1]),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -136,16 +147,7 @@ def test_min_prob_keeps_only_nodes_the_drafter_believes_in(targets):
 
     def draft_with(min_prob: float):
         drafter = EagleDrafter(target, net, DynamicTree(1, 1, 1, min_prob))
-        state = DecodeState(
-            tokens=torch.cat([prompt, torch.zeros(1, 8, dtype=torch.long)], 1),
-            lengths=torch.tensor([n]),
-            prompt_length=n,
-            sampling=GREEDY,
-            generator=torch.Generator(),
-            fresh_hidden=full.hidden[:, : n - 1],
-            fresh_taps={i: t[:, : n - 1] for i, t in full.taps.items()},
-            fresh_count=torch.tensor([n - 1]),
-        )
+        state = prefilled_state(prompt, n, full)
         drafter.begin(state)
         with torch.inference_mode():
             top = drafter._log_probs(drafter._catch_up(state)).exp().max().item()
@@ -184,19 +186,8 @@ def test_draft_cache_sees_what_training_unrolls(targets, variant):
             torch.zeros(1, anchors, dtype=torch.bool),
         )  # fmt: skip
 
-    # The engine's state with tokens 0..n-1 (n - 1 pending) and the target's features at
-    # 0..n-2, as after a prefill of n - 1 tokens.
     n = anchors + 1
-    state = DecodeState(
-        tokens=torch.cat([sequence, torch.zeros(1, 8, dtype=torch.long)], 1),
-        lengths=torch.tensor([n]),
-        prompt_length=n,
-        sampling=GREEDY,
-        generator=torch.Generator(),
-        fresh_hidden=full.hidden[:, : n - 1],
-        fresh_taps={i: t[:, : n - 1] for i, t in full.taps.items()},
-        fresh_count=torch.tensor([n - 1]),
-    )
+    state = prefilled_state(sequence, n, full)
     drafter.begin(state)
     with torch.inference_mode():
         output = drafter._catch_up(state)  # the pending token's entry: anchor n - 2, step 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.base import DecodeState, Draft, Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.eagle import DEFAULT_LOOKUP, EagleDrafter, build_eagle, eagle_folder
+from quickdraft.drafters.eagle import EagleDrafter, build_eagle, eagle_folder
+from quickdraft.drafters.eagle_tree import DEFAULT_LOOKUP
 from quickdraft.drafters.lookahead import LookaheadDrafter, build_lookahead
 from quickdraft.drafters.medusa import MedusaDrafter, build_medusa, heads_folder
 from quickdraft.drafters.ngram import NGramDrafter
