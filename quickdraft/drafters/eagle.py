@@ -12,7 +12,10 @@ Each step:
    feature, their token's embedding), attending to the committed entries and their ancestors
    only; each proposes its ``topk`` most likely children;
 3. rerank: the ``tokens`` nodes with the highest scores over every depth form the draft. A
-   node's score never exceeds its parent's, so the chosen set is always a tree.
+   node's score never exceeds its parent's, so the chosen set is always a tree. With a floor
+   (``DynamicTree.min_prob``) nodes scoring below it are neither expanded nor kept;
+4. graft (optional, ``lookup``): prompt lookup's continuation joins the tree as one more
+   branch, sharing the tree's nodes where they agree.
 
 Candidates are deterministic (point masses), which the tree rules accept exactly at any
 temperature (``accept.tree_rejection_sampling``). In a batch, every row drafts its own tokens
