@@ -145,7 +145,7 @@ class SpecConfig:
     eagle_lookup: eagle only: the most tokens of prompt lookup (``prompt_lookup_min``..
         ``prompt_lookup_max``-gram matches, as method ngram) grafted onto each draft tree as
         one more branch; 0 drafts with the EAGLE network alone, None (the default) uses
-        ``drafters.eagle.DEFAULT_LOOKUP``. Exact like any tree: the branch's tokens are
+        ``drafters.eagle_tree.DEFAULT_LOOKUP``. Exact like any tree: the branch's tokens are
         verified with the rest, and cost only where the text repeats itself.
     drafter_int8: medusa and eagle: int8 weights (per output channel) for the trained
         drafter's layers and its LM-head rows, on CPU. The output stays exact, only the

@@ -68,7 +68,8 @@ def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
             runs[label] = MethodRun(label, spec)
             continue
         if method is Method.EAGLE:
-            runs.update([_eagle_run(part, k_text, shortlist)])
+            run = _eagle_run(part, k_text, shortlist)
+            runs[run.label] = run
             continue
         if method is Method.MEDUSA:
             tree = k_text.replace(".", ",") if k_text else "default"
@@ -94,7 +95,7 @@ def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
     return [runs["ar"]] + [run for label, run in runs.items() if label != "ar"]
 
 
-def _eagle_run(part: str, tree_text: str, lookup_text: str) -> tuple[str, MethodRun]:
+def _eagle_run(part: str, tree_text: str, lookup_text: str) -> MethodRun:
     """``eagle[@D.K.N[pMIN_PROB]][+LOOKUP]``: the dynamic tree (``eagle@6.4.10p0.1`` is
     ``--tree 6,4,10,0.1``) and the prompt-lookup tokens grafted on (``+0``: none)."""
     shape, _, min_prob = tree_text.partition("p")
@@ -111,7 +112,7 @@ def _eagle_run(part: str, tree_text: str, lookup_text: str) -> tuple[str, Method
             ) from None
         label += f" lookup={lookup_text}"
     try:
-        return label, MethodRun(label, SpecConfig(method=Method.EAGLE, **settings))
+        return MethodRun(label, SpecConfig(method=Method.EAGLE, **settings))
     except ValueError as error:
         raise ValueError(f"methods: {part!r}: {error}") from None
 
