@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from quickdraft.models import int8 as int8_ops
 from quickdraft.models.base import ModelOutput
 from quickdraft.models.kv_cache import KVCache
 
@@ -82,53 +85,63 @@ class LlamaConfig:
 
 class Linear:
     """y = x W^T + b. On CPU in float32 the weight is prepacked for oneDNN (exact up to float
-    rounding); with ``int8`` it is quantized per output channel and run by the int8 dynamic
-    kernels (about 1% error, 4x less memory traffic: for draft models, never targets).
-    Elsewhere plain F.linear. Once packed, the dense weight is dropped to save memory.
+    rounding); with ``int8`` it is quantized per output channel and run per-row by the int8
+    kernels of ``models.int8`` (``channel_amax``: calibrated input magnitudes, whose largest
+    channels stay in float). Elsewhere plain F.linear. Once packed, the dense weight is dropped
+    to save memory, unless ``prepack`` is False (a model that calibrates before quantizing).
+    ``observe()`` makes each call record the largest |x| per input channel in ``channel_amax``.
     """
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, int8: bool = False
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        int8: bool = False,
+        channel_amax: torch.Tensor | None = None,
+        prepack: bool = True,
     ):
         self.weight: torch.Tensor | None = weight
         self.bias = bias
         self.out_features = weight.shape[0]
-        self._packed = self._int8 = None
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        self.channel_amax: torch.Tensor | None = None
+        self._observing = False
+        self._packed: Any = None
+        self._int8: int8_ops.Int8Weights | None = None
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or not prepack:
             return
         try:
             if int8:
-                self._int8 = _pack_int8(weight, bias)
+                self._int8 = int8_ops.pack(weight, bias, channel_amax)
             else:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
             self.weight = None
         except (AttributeError, RuntimeError):  # a build without these kernels: plain F.linear
             self._packed = self._int8 = None
 
+    def observe(self) -> None:
+        self._observing = True
+
+    def quantized(self) -> Linear:
+        """An int8 copy, keeping in float the input channels ``observe`` saw largest."""
+        if self.weight is None:
+            raise ValueError("quantized() needs the dense weight: build with prepack=False")
+        return Linear(self.weight, self.bias, int8=True, channel_amax=self.channel_amax)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._observing:
+            seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
+            self.channel_amax = seen if self.channel_amax is None else self.channel_amax.max(seen)
         if self.weight is not None:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, x.shape[-1])
         if not flat.is_contiguous():
             flat = flat.contiguous()
         if self._int8 is not None:
-            out = torch.ops.quantized.linear_dynamic(flat, self._int8)
+            out = int8_ops.linear(flat, self._int8)
         else:
             out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
         return out.view(*x.shape[:-1], self.out_features)
-
-
-def _pack_int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
-    """Symmetric per-output-channel int8 weights, prepacked for the dynamic int8 kernels."""
-    import warnings
-
-    scale = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
-    with warnings.catch_warnings():  # quantized tensor constructors warn of future removal
-        warnings.simplefilter("ignore", UserWarning)
-        quantized = torch.quantize_per_channel(
-            weight, scale, torch.zeros_like(scale).long(), 0, torch.qint8
-        )
-    return torch.ops.quantized.linear_prepack(quantized, bias)
 
 
 def _rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
@@ -157,15 +170,19 @@ def _rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
 
 
 class _Layer:
-    def __init__(self, weights: dict[str, torch.Tensor], prefix: str, bias: bool, int8: bool):
+    PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+    def __init__(
+        self, weights: dict[str, torch.Tensor], prefix: str, bias: bool, linear: Callable
+    ):
         attn, mlp = prefix + "self_attn.", prefix + "mlp."
         qkv = torch.cat([weights[attn + f"{p}_proj.weight"] for p in "qkv"])
         qkv_bias = torch.cat([weights[attn + f"{p}_proj.bias"] for p in "qkv"]) if bias else None
         gate_up = torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]])
-        self.qkv = Linear(qkv, qkv_bias, int8=int8)
-        self.o = Linear(weights[attn + "o_proj.weight"], int8=int8)
-        self.gate_up = Linear(gate_up, int8=int8)
-        self.down = Linear(weights[mlp + "down_proj.weight"], int8=int8)
+        self.qkv = linear(qkv, qkv_bias)
+        self.o = linear(weights[attn + "o_proj.weight"])
+        self.gate_up = linear(gate_up)
+        self.down = linear(weights[mlp + "down_proj.weight"])
         self.attn_norm = weights[prefix + "input_layernorm.weight"]
         self.mlp_norm = weights[prefix + "post_attention_layernorm.weight"]
 
@@ -187,9 +204,13 @@ class LlamaRunner:
 
     tap_layers: indices of decoder layers whose outputs are returned in ``ModelOutput.taps``
     (EAGLE-3 reads low, middle and high layers); ``hidden`` is always the final normed state.
-    int8: int8 weights for every projection and the head (CPU). Changes the model's own
-    distribution slightly, so it is for draft models: speculation stays exact whatever the
-    draft computes, and a 4x smaller draft streams 4x less memory per token.
+    int8: int8 weights for every projection and the head (CPU, ``models.int8``). Changes the
+    model's own distribution slightly, so it is for draft models: speculation stays exact
+    whatever the draft computes, and a 4x smaller draft streams 4x less memory per token.
+    calibration: [T] token ids run once in float before quantizing, to find each
+    projection's outlier input channels (kept in float); None keeps none.
+    probe: [T] token ids to compare the int8 model with its float self on; the result is
+    ``quant_check`` (None without a probe).
     """
 
     def __init__(
@@ -199,8 +220,11 @@ class LlamaRunner:
         *,
         tap_layers: tuple[int, ...] = (),
         int8: bool = False,
+        calibration: torch.Tensor | None = None,
+        probe: torch.Tensor | None = None,
     ):
         self.config = config
+        self.name: str | None = None  # the alias it was loaded from (``load_model``)
         self.vocab_size = config.vocab_size
         self.max_positions = config.max_positions
         for layer in tap_layers:
@@ -209,17 +233,45 @@ class LlamaRunner:
         self.tap_layers = tuple(tap_layers)
         self.embed = weights["model.embed_tokens.weight"]
         self.dtype, self.device = self.embed.dtype, self.embed.device
+        # int8 builds float layers first: they keep their dense weights to be quantized.
+        linear = partial(Linear, prepack=not int8)
         self.layers = [
-            _Layer(weights, f"model.layers.{i}.", config.attention_bias, int8)
+            _Layer(weights, f"model.layers.{i}.", config.attention_bias, linear)
             for i in range(config.num_layers)
         ]
         self.norm = weights["model.norm.weight"]
         # The dense head stays referenced (it is the embedding when tied): vocabulary
         # shortlists pack their own row subsets of it.
         self.head_weight = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
-        self.head = Linear(self.head_weight, int8=int8)
+        self.head = linear(self.head_weight)
         self.int8 = int8
         self.inv_freq = _rope_inv_freq(config).to(self.device)
+        self.quant_check: int8_ops.QuantCheck | None = None
+        if int8:
+            original = None if probe is None else self._logits(probe)
+            self._quantize(calibration)
+            if original is not None:
+                self.quant_check = int8_ops.compare(self._logits(probe), original)
+
+    def _linears(self) -> list[tuple[Any, str]]:
+        """(owner, attribute) of every projection and the head."""
+        owned = [(layer, name) for layer in self.layers for name in _Layer.PROJECTIONS]
+        return [*owned, (self, "head")]
+
+    def _quantize(self, calibration: torch.Tensor | None) -> None:
+        linears = self._linears()
+        if calibration is not None:
+            for owner, name in linears:
+                getattr(owner, name).observe()
+            self._logits(calibration)
+        for owner, name in linears:
+            setattr(owner, name, getattr(owner, name).quantized())
+
+    def _logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """[T] token ids -> [T, V] logits of one fresh pass."""
+        ids = ids.reshape(1, -1).to(self.device)
+        positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
+        return self.forward(ids, positions, self.new_cache(1, ids.shape[1])).logits[0]
 
     @classmethod
     def from_state_dict(

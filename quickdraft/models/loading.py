@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from quickdraft.models import gguf
+from quickdraft.models import int8 as int8_ops
 from quickdraft.models.base import Model
 from quickdraft.models.llama import SUPPORTED_MODEL_TYPES, LlamaRunner
 from quickdraft.models.tokenizer import HFTokenizer
@@ -75,12 +77,16 @@ def load_model(
     backend: str = "auto",
     tap_layers: tuple[int, ...] = (),
     int8: bool = False,
+    int8_fallback: bool = True,
 ) -> tuple[Model, HFTokenizer]:
     """Load a model and its tokenizer.
 
     backend: "auto" (native for Llama-family weights, else transformers), "native" or "hf".
     tap_layers: decoder layers whose outputs the native runner returns in ``taps``.
-    int8: int8 weights on the native CPU runner; for draft models only (see LlamaRunner).
+    int8: int8 weights on the native CPU runner, for draft models (see ``models.int8``). The
+    int8 model is compared with its float original on a fixed probe at load; if it agrees on
+    fewer than 95% of top-1 tokens, ``int8_fallback`` loads float weights instead with a
+    one-line warning (a draft), else raises ValueError (a model that must not drift).
     """
     if backend not in ("auto", "native", "hf"):
         raise ValueError(f"backend must be auto, native or hf, got {backend!r}")
@@ -104,10 +110,45 @@ def load_model(
         state.update(load_file(str(shard)))
     if not state:
         raise ValueError(f"name_or_path: no safetensors weights in {folder}")
+    if not int8:
+        runner = LlamaRunner.from_state_dict(
+            config, state, dtype=dtype, device=device, tap_layers=tap_layers
+        )
+        return _named(runner, name_or_path), tokenizer
     runner = LlamaRunner.from_state_dict(
-        config, state, dtype=dtype, device=device, tap_layers=tap_layers, int8=int8
+        config,
+        state,
+        dtype=dtype,
+        device=device,
+        tap_layers=tap_layers,
+        int8=True,
+        calibration=torch.tensor(tokenizer.encode(int8_ops.CALIBRATION_TEXT)),
+        probe=torch.tensor(tokenizer.encode(int8_ops.PROBE_TEXT)),
     )
-    return runner, tokenizer
+    check = runner.quant_check
+    if check is not None and runner.int8 and not check.passed:
+        if not int8_fallback:
+            raise ValueError(f"int8: {name_or_path} quantized fails its check: {check.describe()}")
+        warnings.warn(
+            f"int8: {name_or_path} quantized fails its check ({check.describe()}); "
+            "using float weights",
+            Int8FallbackWarning,
+            stacklevel=2,
+        )
+        runner = LlamaRunner.from_state_dict(
+            config, state, dtype=dtype, device=device, tap_layers=tap_layers
+        )
+    return _named(runner, name_or_path), tokenizer
+
+
+class Int8FallbackWarning(UserWarning):
+    """An int8 draft model disagreed with its float original and was loaded in float."""
+
+
+def _named(runner: LlamaRunner, name_or_path: str | Path) -> LlamaRunner:
+    """Remember the alias a model came from: it finds the drafters shipped for it."""
+    runner.name = str(name_or_path) if str(name_or_path) in ALIASES else None
+    return runner
 
 
 def resolve(name_or_path: str | Path) -> Path:

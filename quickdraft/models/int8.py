@@ -1,0 +1,207 @@
+"""int8 weights that give the same answer on every x86 CPU.
+
+PyTorch's dynamic int8 linear (``quantized.linear_dynamic``, fbgemm) quantizes the activations
+with one scale for the whole tensor. Two things then go wrong in a language model:
+
+- Activation outliers. A few input channels of some projections (the MLP's down projection
+  above all) are 100x larger than the rest; one scale for all of them leaves the others a few
+  levels. Measured on SmolLM2-135M's logits with that scheme simulated in float: relative error
+  0.61, 69% top-1 agreement; the down projection alone causes 0.58 of it.
+- 16-bit saturation. Without VNNI (AVX2 hosts) the kernel sums pairs of u8 x s8 products into
+  int16 (``vpmaddubsw``), which overflows for 8-bit activations; with VNNI it does not. The same
+  model then gives different logits on different hosts.
+
+What this module does instead (LLM.int8()'s decomposition, with the outlier channels found once
+on a calibration probe rather than at every call):
+
+1. Per-row activation scales. Each row of x is divided by its own absolute maximum before the
+   kernel quantizes it, and the output row multiplied back (a linear map commutes with a row
+   scale). The kernel's one scale then serves every row equally: per-token quantization.
+2. 7-bit weights (``WEIGHT_MAX``): with 8-bit activations no pair sum can reach 2^15, so the
+   int32 result is the same with and without VNNI.
+3. Outlier input channels stay in float: the ``outliers`` input channels with the largest
+   calibrated magnitude are zeroed in x before quantizing and added back by a float product with
+   their weight columns (which are zeroed in the int8 weights, so they do not widen the
+   per-channel weight scales).
+
+Measured on SmolLM2-135M (``benchmarks/int8_accuracy.py``): see the results file it writes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+# Input channels kept in float per projection: in_features // OUTLIER_DIVISOR (at least 1).
+# 1/32 costs an eighth more weight traffic (float columns are 4 bytes) and was the smallest
+# fraction that kept SmolLM2-135M and Qwen2.5-Coder-0.5B above 95% top-1 agreement.
+OUTLIER_DIVISOR = 16
+
+# Weights take 7 bits (|q| <= 63) so that activations can take all 8: a pair of u8 x s7
+# products sums to at most 2 * 255 * 63 = 32,130 < 2^15, so the int16 pair sums of the AVX2
+# kernel cannot saturate and every host computes the same int32 result. Measured on SmolLM2
+# logits, 7-bit weights with 8-bit activations beat 8-bit weights with 7-bit activations
+# (``reduce_range``): relative error 0.052 against 0.078.
+WEIGHT_MAX = 63
+# Per-channel weight scales are the clip ratio of the channel's maximum, out of these, that
+# minimises the channel's squared rounding error.
+CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85)
+
+
+@dataclass(frozen=True, slots=True)
+class Int8Weights:
+    """packed: the int8 weights [out, in] (outlier columns zeroed), prepacked for fbgemm;
+    columns: [n] long, the outlier input channels; dense_columns: [n, out] float, their weights
+    transposed; bias: [out] or None (added in float after the product)."""
+
+    packed: object
+    columns: torch.Tensor | None
+    dense_columns: torch.Tensor | None
+    bias: torch.Tensor | None
+
+
+def pack(
+    weight: torch.Tensor, bias: torch.Tensor | None, channel_amax: torch.Tensor | None
+) -> Int8Weights:
+    """weight: [out, in] float32 on CPU; channel_amax: [in], the largest |x| seen per input
+    channel on a calibration probe, or None to keep no channel in float."""
+    columns = dense = None
+    weight = weight.float()
+    if channel_amax is not None:
+        count = max(1, weight.shape[1] // OUTLIER_DIVISOR)
+        columns = channel_amax.float().topk(count).indices.sort().values
+        dense = weight[:, columns].T.contiguous()  # [n, out]
+        weight = weight.index_fill(1, columns, 0.0)
+    scale = _weight_scales(weight).double()
+    with warnings.catch_warnings():  # quantized tensor constructors warn of future removal
+        warnings.simplefilter("ignore", UserWarning)
+        quantized = torch.quantize_per_channel(
+            weight, scale, torch.zeros_like(scale).long(), 0, torch.qint8
+        )
+        packed = torch.ops.quantized.linear_prepack(quantized, None)
+    return Int8Weights(packed, columns, dense, bias)
+
+
+def _weight_scales(weight: torch.Tensor) -> torch.Tensor:
+    """[out] per-channel scales: for each row, the clip ratio with the least squared error."""
+    top = (weight.abs().amax(dim=1) / WEIGHT_MAX).clamp_min(1e-12)
+    best, best_error = top, None
+    for ratio in CLIP_RATIOS:
+        trial = top * ratio
+        rounded = (weight / trial[:, None]).round().clamp(-WEIGHT_MAX, WEIGHT_MAX)
+        error = (rounded * trial[:, None] - weight).pow(2).sum(dim=1)
+        if best_error is None:
+            best_error = error
+        else:
+            better = error < best_error
+            best = torch.where(better, trial, best)
+            best_error = torch.where(better, error, best_error)
+    return best
+
+
+def linear(x: torch.Tensor, weights: Int8Weights) -> torch.Tensor:
+    """x: [N, in] float32, contiguous -> [N, out]."""
+    outlier_part = None
+    if weights.columns is not None:
+        outlier_part = x.index_select(1, weights.columns) @ weights.dense_columns
+        x = x.index_fill(1, weights.columns, 0.0)
+    row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)  # [N, 1]
+    out = torch.ops.quantized.linear_dynamic(x / row_scale, weights.packed, False)
+    out = out * row_scale
+    if outlier_part is not None:
+        out += outlier_part
+    if weights.bias is not None:
+        out += weights.bias
+    return out
+
+
+# Two fixed probes: outlier channels are found on the first and the quantized model is judged
+# on the second, so the check sees text the calibration did not. Both mix the kinds of text
+# quickdraft is benchmarked on (code, prose, dialogue, arithmetic); neither is a bench prompt.
+CALIBRATION_TEXT = """<|im_start|>user
+Write a function that merges two sorted lists.<|im_end|>
+<|im_start|>assistant
+def merge(left, right):
+    result, i, j = [], 0, 0
+    while i < len(left) and j < len(right):
+        if left[i] <= right[j]:
+            result.append(left[i]); i += 1
+        else:
+            result.append(right[j]); j += 1
+    return result + left[i:] + right[j:]
+<|im_end|>
+The river rose through the night, and by morning the lower fields were a grey lake. Farmers
+moved their cattle to the ridge while the mayor read the forecast aloud: 42 mm more by Friday.
+Q: A shop sells pens at 3 for $2. How much do 12 pens cost? A: 12 / 3 = 4 groups, 4 * 2 = $8.
+"""
+
+PROBE_TEXT = """<|im_start|>user
+How do I read a JSON file in Python and print one field?<|im_end|>
+<|im_start|>assistant
+Use the json module from the standard library:
+
+import json
+
+with open("config.json", encoding="utf-8") as handle:
+    data = json.load(handle)
+print(data["name"])
+<|im_end|>
+Photosynthesis turns light, water and carbon dioxide into sugar and oxygen. Most of it happens
+in the leaves, inside small green bodies called chloroplasts. In 1771 Joseph Priestley found
+that a plant could restore air that a candle had used up.
+Q: Tom has 17 apples and gives away 9. How many are left? A: 17 - 9 = 8 apples.
+<|im_start|>user
+What does this shell command do: find . -name "*.log" -mtime +7 -delete<|im_end|>
+<|im_start|>assistant
+It searches the current directory and everything below it for files whose names end in
+".log" and that were last modified more than seven days ago, and deletes them. Run it once
+without -delete first to see which files it would remove.<|im_end|>
+class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def pop(self):
+        if not self.items:
+            raise IndexError("pop from an empty stack")
+        return self.items.pop()
+The committee met on Tuesday to discuss the budget for next year. After a long debate, the
+members agreed to spend more on public libraries and less on road repairs, which had been
+finished ahead of schedule. The final vote was seven to two.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class QuantCheck:
+    """A quantized model against its float original on a fixed probe: the mean relative L2
+    error of the logits per position, and the share of positions with the same argmax."""
+
+    relative_error: float
+    top1_agreement: float
+    positions: int
+
+    # A draft whose top-1 agrees less than this with its float original loses more in
+    # acceptance than int8 gains in speed (SmolLM2 drafting for itself at k=4: 5.0 accepted
+    # tokens a step in float, 1.05 with the old per-tensor int8 at 0-60% agreement).
+    MIN_TOP1 = 0.95
+
+    @property
+    def passed(self) -> bool:
+        return self.top1_agreement >= self.MIN_TOP1
+
+    def describe(self) -> str:
+        return (
+            f"top-1 agreement {self.top1_agreement:.1%} (needs {self.MIN_TOP1:.0%}), "
+            f"relative logit error {self.relative_error:.3f} over {self.positions} positions"
+        )
+
+
+def compare(quantized: torch.Tensor, original: torch.Tensor) -> QuantCheck:
+    """quantized, original: [T, V] logits of the same probe."""
+    error = (quantized - original).norm(dim=-1) / original.norm(dim=-1).clamp_min(1e-12)
+    agree = (quantized.argmax(-1) == original.argmax(-1)).float().mean()
+    return QuantCheck(float(error.mean()), float(agree), original.shape[0])
