@@ -8,9 +8,28 @@ tensor operation.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Any
+
+# The ranges that work. Every bound is checked in __post_init__ by arithmetic alone: nothing is
+# built or allocated while validating.
+MIN_TEMPERATURE = 1e-5  # below it, logits / T overflows float32 for ordinary logits
+MIN_TOP_P = 1e-6  # a smaller mass only ever keeps the top token; near 1e-45 it is a denormal
+MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; per-row seeds add the row index
+MAX_TOKEN_ID = 2**31 - 1
+MAX_NEW_TOKENS = 1_000_000
+MAX_STOP_STRINGS = 64
+# Draft sizes: tokens drafted per step (k), levels of a tree, children per node, and the
+# tokens one verify pass may carry in all (tree nodes plus side branches). EAGLE-2's largest
+# published tree has 60 nodes and lookahead's largest window 15 x 4 levels; 256 leaves room
+# for a GPU and keeps a typo from asking a CPU for a week of work or a terabyte of mask.
+MAX_SPECULATIVE_TOKENS = 64
+MAX_TREE_DEPTH = 32
+MAX_TREE_WIDTH = 64
+MAX_DRAFT_TOKENS = 256
+MAX_LOOKUP_NGRAM = 32
 
 
 class Method(StrEnum):
@@ -50,6 +69,32 @@ def _check_number(name: str, value: Any, *, integer: bool = False) -> None:
         raise ValueError(f"{name} must be finite, got {value!r}")
 
 
+def _check_range(name: str, value: Any, low: float, high: float, *, integer: bool = False):
+    """A number of the right type in [low, high], else ValueError naming the field."""
+    _check_number(name, value, integer=integer)
+    if not low <= value <= high:
+        span = f"{low}..{high}" if integer else f"[{low:g}, {high:g}]"
+        raise ValueError(f"{name} must be in {span}, got {value!r}")
+
+
+def _check_temperature(name: str, value: Any) -> None:
+    _check_number(name, value)
+    if value > 1e30:  # logits / T is then 0 for every token: say uniform, not a number
+        raise ValueError(f"{name} must be at most 1e30, got {value}")
+    if value != 0 and not value >= MIN_TEMPERATURE:
+        raise ValueError(f"{name} must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {value}")
+
+
+def _check_path(name: str, value: Any) -> None:
+    """None, or a non-empty path given as str or os.PathLike (not bytes, ints or lists)."""
+    if value is None:
+        return
+    if isinstance(value, bytes) or not isinstance(value, str | os.PathLike):
+        raise ValueError(f"{name} must be a path (str), got {value!r} ({type(value).__name__})")
+    if not os.fspath(value).strip():
+        raise ValueError(f"{name} must be a non-empty path, got {value!r}")
+
+
 def _enum_value(name: str, enum: type[Enum], value: Any) -> Enum:
     if isinstance(value, enum):
         return value
@@ -64,12 +109,16 @@ def _enum_value(name: str, enum: type[Enum], value: Any) -> Enum:
 class SamplingParams:
     """How the target's distribution is shaped and sampled; drafts use the same function.
 
-    temperature: 0 means greedy (argmax, ties to the lowest token id).
+    temperature: 0 means greedy (argmax, ties to the lowest token id); else at least 1e-5.
     top_k: keep the k most likely tokens; 0 turns it off.
-    top_p: keep the smallest most-likely set whose mass reaches top_p; 1.0 turns it off.
-    max_new_tokens: generation stops after this many new tokens.
-    seed: seeds the generator for drafts, acceptance and sampling; None draws a fresh seed.
-    stop_token_ids: generation ends at the first of these (it is kept in token_ids).
+    top_p: keep the smallest most-likely set whose mass reaches top_p, in [1e-6, 1]; 1.0 turns
+        it off.
+    max_new_tokens: generation stops after this many new tokens (1..1,000,000).
+    seed: seeds the generator for drafts, acceptance and sampling, 0..2**63-1; None draws a
+        fresh seed.
+    stop_token_ids: generation also ends at the first of these (it is kept in token_ids).
+    ignore_eos: False (the default) also ends generation at the tokenizer's end-of-sequence
+        ids when the engine has a tokenizer; True generates past them.
     stop: strings that end generation; the text is cut before the match. Needs a tokenizer.
     """
 
@@ -79,34 +128,34 @@ class SamplingParams:
     max_new_tokens: int = 128
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_number("temperature", self.temperature)
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        _check_number("top_k", self.top_k, integer=True)
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
-        _check_number("top_p", self.top_p)
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        _check_number("max_new_tokens", self.max_new_tokens, integer=True)
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        _check_temperature("temperature", self.temperature)
+        _check_range("top_k", self.top_k, 0, MAX_TOKEN_ID, integer=True)
+        _check_range("top_p", self.top_p, MIN_TOP_P, 1.0)
+        # A huge Python int (10**30) is a valid number but no tensor scalar: store floats.
+        object.__setattr__(self, "temperature", float(self.temperature))
+        object.__setattr__(self, "top_p", float(self.top_p))
+        _check_range("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS, integer=True)
         if self.seed is not None:
-            _check_number("seed", self.seed, integer=True)
-            if self.seed < 0:
-                raise ValueError(f"seed must be >= 0, got {self.seed}")
+            _check_range("seed", self.seed, 0, MAX_SEED, integer=True)
         object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids))
         for token in self.stop_token_ids:
-            _check_number("stop_token_ids", token, integer=True)
-            if token < 0:
-                raise ValueError(f"stop_token_ids must be token ids >= 0, got {token}")
+            _check_range("stop_token_ids", token, 0, MAX_TOKEN_ID, integer=True)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         object.__setattr__(self, "stop", _as_tuple("stop", self.stop))
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop holds at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         for text in self.stop:
             if not isinstance(text, str) or not text:
                 raise ValueError(f"stop must hold non-empty strings, got {text!r}")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"stop: {text!r} is not valid Unicode text") from None
 
     @property
     def greedy(self) -> bool:
@@ -124,7 +173,8 @@ class SpecConfig:
     """How to speculate.
 
     method: which drafter proposes tokens (``Method``).
-    num_speculative_tokens: draft tokens per verify step (k), 1..64; ignored by ``ar``.
+    num_speculative_tokens: draft tokens per verify step (k), 1..64 (0 is not a k: use method
+        ``ar``); ignored by ``ar``.
     acceptance: the acceptance rule (``AcceptRule``); rejection sampling is the default.
     draft_temperature: draft_model only: the draft model's own sampling temperature; None means
         the target's. Any value keeps the output exact (the draft's probabilities are what the
@@ -139,7 +189,8 @@ class SpecConfig:
     tree: medusa and eagle: the draft tree; num_speculative_tokens is then unused. Medusa:
         ``default`` (a sparse tree fitted to the heads), ``fit:N`` or sibling counts per depth
         such as ``4,2,1``. EAGLE: ``default`` or ``DEPTH,TOPK,TOKENS`` of its dynamic tree
-        (EAGLE-2), such as ``4,4,12``; TOPK 1 drafts a chain.
+        (EAGLE-2), such as ``4,4,12``; TOPK 1 drafts a chain. Bounds: depth <= 32, widths
+        and TOPK <= 64, nodes (TOKENS, N) <= 256.
     eagle_dir: eagle only: the folder of a trained EAGLE drafter (``quickdraft train eagle``);
         None uses the one shipped for the target.
     eagle_lookup: eagle only: the most tokens of prompt lookup (``prompt_lookup_min``..
@@ -154,7 +205,11 @@ class SpecConfig:
         ``load_model(int8=...)``).
     lookahead_window, lookahead_ngram, lookahead_candidates: lookahead only: the Jacobi
         window W, the n-gram size N and the cap G on verified candidates; None picks the
-        defaults measured for the target's device (``drafters.lookahead.DEFAULTS``).
+        defaults measured for the target's device (``drafters.lookahead.DEFAULTS``). Bounds:
+        W <= 64, N in 2..16, G <= 64, and (N - 1) * (W + G) <= 256 tokens a verify pass.
+    prompt_lookup_min, prompt_lookup_max: ngram (and EAGLE's graft): the n-gram sizes matched,
+        1..32.
+    shortlist_dir, medusa_dir, eagle_dir: paths (str or os.PathLike).
     """
 
     method: Method = Method.DRAFT_MODEL
@@ -179,17 +234,18 @@ class SpecConfig:
         object.__setattr__(
             self, "acceptance", _enum_value("acceptance", AcceptRule, self.acceptance)
         )
-        _check_number("num_speculative_tokens", self.num_speculative_tokens, integer=True)
-        if not 1 <= self.num_speculative_tokens <= 64:
-            raise ValueError(
-                f"num_speculative_tokens must be in 1..64, got {self.num_speculative_tokens}"
-            )
+        _check_range(
+            "num_speculative_tokens",
+            self.num_speculative_tokens,
+            1,
+            MAX_SPECULATIVE_TOKENS,
+            integer=True,
+        )
         if self.draft_temperature is not None:
             if self.method is not Method.DRAFT_MODEL:
                 raise ValueError("draft_temperature applies to method draft_model only")
-            _check_number("draft_temperature", self.draft_temperature)
-            if self.draft_temperature < 0:
-                raise ValueError(f"draft_temperature must be >= 0, got {self.draft_temperature}")
+            _check_temperature("draft_temperature", self.draft_temperature)
+            object.__setattr__(self, "draft_temperature", float(self.draft_temperature))
 
         from quickdraft.vocab import parse_shortlist
 
@@ -201,6 +257,8 @@ class SpecConfig:
             raise ValueError(f"draft_{error}") from None
         if self.draft_shortlist != "full" and self.method is not Method.DRAFT_MODEL:
             raise ValueError("draft_shortlist applies to method draft_model only")
+        for name in ("shortlist_dir", "medusa_dir", "eagle_dir"):
+            _check_path(name, getattr(self, name))
 
         if not isinstance(self.tree, str):
             raise ValueError(f"tree must be a string such as default or 4,2,1; got {self.tree!r}")
@@ -211,17 +269,15 @@ class SpecConfig:
         if self.method is not Method.EAGLE and self.eagle_dir is not None:
             raise ValueError("eagle_dir applies to method eagle only")
         if self.eagle_lookup is not None:
-            _check_number("eagle_lookup", self.eagle_lookup, integer=True)
-            if not 0 <= self.eagle_lookup <= 64:
-                raise ValueError(f"eagle_lookup must be in 0..64, got {self.eagle_lookup}")
+            _check_range("eagle_lookup", self.eagle_lookup, 0, MAX_SPECULATIVE_TOKENS, integer=True)
             if self.method is not Method.EAGLE:
                 raise ValueError("eagle_lookup applies to method eagle only")
         if not isinstance(self.drafter_int8, bool):
             raise ValueError(f"drafter_int8 must be True or False, got {self.drafter_int8!r}")
-        if self.method is Method.MEDUSA and self.tree != "default":
+        if self.method is Method.MEDUSA:
             from quickdraft.drafters.medusa import check_tree
 
-            check_tree(self.tree)  # the syntax; the depth is checked against the heads on load
+            check_tree(self.tree)  # syntax and size; the depth is checked against the heads
         if self.method is Method.EAGLE:
             from quickdraft.drafters.eagle_tree import DynamicTree
 
@@ -230,16 +286,15 @@ class SpecConfig:
         given = {name[len("lookahead_") :]: getattr(self, name) for name in names}
         given = {name: value for name, value in given.items() if value is not None}
         if given and self.method is not Method.LOOKAHEAD:
-            raise ValueError("lookahead_* settings apply to method lookahead only")
+            named = ", ".join(f"lookahead_{name}" for name in given)
+            raise ValueError(f"{named} apply to method lookahead only")
         if given:
             from quickdraft.drafters.lookahead import LookaheadConfig
 
-            LookaheadConfig(**given)  # each value's range
+            LookaheadConfig(**given)  # each value's range and the verify pass's size
 
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
-            _check_number(name, getattr(self, name), integer=True)
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            _check_range(name, getattr(self, name), 1, MAX_LOOKUP_NGRAM, integer=True)
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(
                 f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "

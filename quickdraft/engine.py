@@ -23,6 +23,7 @@ from quickdraft.config import Method, SamplingParams, SpecConfig
 from quickdraft.drafters import Drafter, build_drafter
 from quickdraft.drafters.base import DecodeState, Draft
 from quickdraft.models.base import Model, Tokenizer
+from quickdraft.models.tokenizer import valid_text
 from quickdraft.output import BatchGeneration, Generation, StepOutput
 from quickdraft.sampling import make_generator, probs_from_logits
 from quickdraft.stats import Stats
@@ -238,7 +239,7 @@ def _as_batch(
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("prompt: a text prompt needs a tokenizer")
-        prompt = tokenizer.encode(prompt)
+        prompt = tokenizer.encode(valid_text("prompt", prompt))
     ids = torch.as_tensor(prompt, dtype=torch.long)
     if ids.dim() != 1:
         raise ValueError(f"prompt must be a text or a list of token ids, got shape {ids.shape}")

@@ -48,12 +48,16 @@ class StepOutput:
         self.from_draft = torch.zeros_like(state.tokens, dtype=torch.bool)
         self.reasons = ["length"] * batch
         self.texts: list[str] | None = None
-        self._stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long)
+        stop_ids = set(sampling.stop_token_ids)
+        if tokenizer is not None and not sampling.ignore_eos:
+            stop_ids.update(tokenizer.eos_token_ids)
+        self._stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.long)
 
     def append(self, chunk: torch.Tensor, count: torch.Tensor, drafted: torch.Tensor) -> None:
         """chunk: [B, C] new tokens, of which the first count[b] are real; the first drafted[b]
         of them came from the draft. Rows that are no longer active are left alone."""
         width = chunk.shape[1]
+        was_active = self.active.clone()
         offsets = torch.arange(width)
         real = offsets < count.unsqueeze(1)
         is_stop = torch.isin(chunk, self._stop_ids) & real
@@ -76,12 +80,15 @@ class StepOutput:
             self.reasons[row] = "stop"
         self.active &= ~stopped & (self.generated < self.sampling.max_new_tokens)
         if self.sampling.stop:
-            self._check_stop_strings()
+            # Rows that grew this step, including one that just reached max_new_tokens: a stop
+            # string completed in its last chunk still cuts it and makes its reason "stop".
+            self._check_stop_strings(was_active & ~stopped)
 
-    def _check_stop_strings(self) -> None:
-        """Cut rows whose text contains a stop string: tokens up to the one completing it."""
+    def _check_stop_strings(self, rows: torch.Tensor) -> None:
+        """Cut ``rows`` ([B] bool) whose text contains a stop string: tokens up to the one
+        completing it."""
         assert self.tokenizer is not None
-        for row in torch.nonzero(self.active).flatten().tolist():
+        for row in torch.nonzero(rows).flatten().tolist():
             ids = self.row_ids(row)
             text = self.tokenizer.decode(ids)
             if not any(stop in text for stop in self.sampling.stop):

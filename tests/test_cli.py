@@ -18,7 +18,7 @@ def test_bad_arguments_exit_with_usage_errors(capsys):
 
 def test_invalid_cost_is_reported_not_raised(tmp_path, capsys):
     assert main(["theory", "--out", str(tmp_path), "--draft-cost", "-1"]) == 2
-    assert "draft_cost" in capsys.readouterr().out
+    assert "draft_cost" in capsys.readouterr().err
 
 
 def test_generate_json_output(smollm2, capsys):
@@ -64,9 +64,9 @@ def test_generate_for_people_marks_drafts_and_prints_one_stats_line(smollm2, cap
 
 def test_generate_rejects_inconsistent_arguments(capsys):
     assert main(["generate", "x", "--method", "ngram", "--draft", "smollm2-135m"]) == 2
-    assert "draft" in capsys.readouterr().out
+    assert "draft" in capsys.readouterr().err
     assert main(["generate", "x", "--temperature", "-1", "--max-new-tokens", "2"]) == 2
-    assert "temperature" in capsys.readouterr().out
+    assert "temperature" in capsys.readouterr().err
 
 
 def test_auto_method_is_eagle_where_a_drafter_ships_else_prompt_lookup(tmp_path):

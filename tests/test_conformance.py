@@ -19,8 +19,9 @@ from quickdraft.conformance import (
     Case,
     NGramTreeDrafter,
     chi_square,
-    default_cases,
     exact_distribution,
+    full_cases,
+    quick_cases,
     run_case,
     toy_pair,
     toy_shortlist,
@@ -31,7 +32,7 @@ from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.models.toy import HeadedNGramLM
 from quickdraft.sampling import probs_from_logits, sample
 
-CASES = default_cases()
+CASES = full_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
@@ -198,10 +199,23 @@ def test_unrenormalised_shortlist_probabilities_are_caught():
     assert result.p_value < 1e-6, result
 
 
+def test_quick_rows_cover_every_rule_and_drafter_kind():
+    quick = quick_cases()
+    assert set(quick) <= set(CASES) and len(quick) < len(CASES) / 3
+    kinds = {(c.rule, c.tree.split(":")[0], c.shortlist.split(":")[0]) for c in quick}
+    drafters = {("", "full"), ("", "fr-pa"), ("", "dyna-pa"), ("sample", "full"),
+                ("top", "full"), ("eagle", "full"), ("lookahead", "full")}  # fmt: skip
+    assert kinds == {(rule, *d) for rule in LOSSLESS_RULES for d in drafters}
+    assert {c.temperature for c in quick} == {1.0, 0.6} and {c.top_k for c in quick} == {0, 5}
+
+
 def test_conformance_command_passes_and_prints_the_table(capsys):
     assert main(["conformance", "--samples", "4000"]) == 0
-    out = capsys.readouterr().out
-    assert "68/68 rows pass" in out and "rejection_sampling" in out and "greedy" in out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert f"{len(quick_cases())}/{len(quick_cases())} rows pass" in out
+    assert "rejection_sampling" in out and "greedy" in out
+    assert "little power" in captured.err  # 4,000 samples cannot catch the broken variants
 
 
 # Broken tree variants.

@@ -208,7 +208,7 @@ def test_train_medusa_command_then_generate_with_its_heads(tmp_path, smollm2, ca
     assert runs["ar"] == runs["medusa"]
     assert main(["generate", "Hi", "--target", str(folder), "--method", "ngram",
                  "--tree", "2,2"]) == 2  # fmt: skip
-    assert "tree applies to methods medusa and eagle" in capsys.readouterr().out
+    assert "tree applies to methods medusa and eagle" in capsys.readouterr().err
 
 
 def test_fitted_trees_take_the_most_likely_paths():

@@ -442,4 +442,4 @@ def test_train_router_command_then_generate_with_its_artifacts(tmp_path, smollm2
     assert runs["full"] == runs["dyna-pa:2"] == runs["fr:300"]
     assert main(["generate", "Hi", "--target", str(folder), "--draft", str(folder),
                  "--method", "draft_model", "--shortlist", "dyna-pa:2"]) == 2  # fmt: skip
-    assert "shortlist_dir" in capsys.readouterr().out
+    assert "shortlist_dir" in capsys.readouterr().err

@@ -9,10 +9,12 @@ decoding, token for token.
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from quickdraft.bench.tasks import TaskItem
@@ -146,6 +148,19 @@ class RunRecord:
     shortlist_by_position: list[float] | None = None
 
     @property
+    def key(self) -> tuple[str, str, str, int]:
+        return (self.task, self.item, self.method, self.repeat)
+
+    def to_json(self) -> dict[str, Any]:
+        record = {f: getattr(self, f) for f in self.__slots__ if f != "stats"}
+        record["stats"] = {f: getattr(self.stats, f) for f in self.stats.__slots__}
+        return record
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> RunRecord:
+        return cls(**{**record, "stats": Stats(**record["stats"])})
+
+    @property
     def tokens_per_second(self) -> float:
         """End to end: prefill included."""
         return len(self.token_ids) / self.seconds if self.seconds > 0 else float("nan")
@@ -167,6 +182,37 @@ class BenchRun:
     drafter_vocab: dict[str, int | None] = field(default_factory=dict)
 
 
+class RunLog:
+    """``runs.jsonl`` in a bench's output folder: a header with the bench's settings, then one
+    line per finished run. A rerun of the same bench resumes from it; a bench with other
+    settings starts a new log."""
+
+    def __init__(self, folder: Path, settings: dict[str, Any]):
+        self.path = Path(folder) / "runs.jsonl"
+        self.header = {"bench": settings}
+
+    def resume(self) -> list[RunRecord]:
+        """The runs already done by this bench; starts a fresh log when there are none."""
+        records: list[RunRecord] = []
+        if self.path.exists():
+            lines = self.path.read_text().splitlines()
+            try:
+                if lines and json.loads(lines[0]) == self.header:
+                    records = [RunRecord.from_json(json.loads(line)) for line in lines[1:]]
+            except (json.JSONDecodeError, TypeError, KeyError):
+                records = []  # a torn last line or an older format: run those again
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("w") as log:
+            log.write(json.dumps(self.header) + "\n")
+            for record in records:
+                log.write(json.dumps(record.to_json()) + "\n")
+        return records
+
+    def append(self, record: RunRecord) -> None:
+        with self.path.open("a") as log:
+            log.write(json.dumps(record.to_json()) + "\n")
+
+
 def run_bench(
     target: Model,
     tokenizer: Any,
@@ -182,6 +228,7 @@ def run_bench(
     eagle_dir: str | None = None,
     drafters: dict[str, Any] | None = None,
     on_run: Callable[[RunRecord], None] | None = None,
+    done: list[RunRecord] | None = None,
 ) -> BenchRun:
     """Every method on every item, ``settings.repeats`` times, interleaved item by item.
 
@@ -190,14 +237,16 @@ def run_bench(
     Medusa heads and EAGLE drafter shipped for the target (``medusa_dir`` and ``eagle_dir``
     override them). ``drafters`` gives
     prebuilt drafters by method label (a pruned draft model, say); the others are built from
-    their specs."""
+    their specs. ``done``: records of an interrupted run of the same bench, kept and not run
+    again (``on_run`` is not called for them)."""
     given = dict(drafters or {})
     needs_draft = [
         m for m in methods if m.spec.method is Method.DRAFT_MODEL and m.label not in given
     ]
     if needs_draft and draft is None:
         raise ValueError("draft: method draft_model needs --draft")
-    bench = BenchRun(methods, settings)
+    bench = BenchRun(methods, settings, records=list(done or []))
+    finished = {record.key for record in bench.records}
     same = None
     if draft is not None and draft_tokenizer is not None:
         same = same_vocabulary(tokenizer, draft_tokenizer)
@@ -235,13 +284,11 @@ def run_bench(
         }.get(run.spec.method, getattr(drafter, "vocab_size", None))
         if run.spec.method is Method.EAGLE:  # it scores its draft vocabulary only
             bench.drafter_vocab[run.label] = int(drafter.draft_vocab.numel())
-    stop = tuple(getattr(tokenizer, "eos_token_ids", ()))
     sampling = SamplingParams(
         temperature=settings.temperature,
         max_new_tokens=settings.max_new_tokens,
         seed=settings.seed,
-        stop_token_ids=stop,
-    )
+    )  # the tokenizer's EOS ids end each reply
     index = 0
     for kind, items in tasks.items():
         for item in items:
@@ -250,6 +297,8 @@ def run_bench(
                 order = methods[index % len(methods) :] + methods[: index % len(methods)]
                 index += 1
                 for run in order:
+                    if (kind, item.id, run.label, repeat) in finished:
+                        continue
                     drafter = built[run.label]
                     shortlist = getattr(drafter, "shortlist", None)
                     if shortlist is not None:
@@ -312,8 +361,9 @@ def _summary(records: list[RunRecord], label: str, bench: BenchRun) -> dict[str,
         (r.task, r.item): r.token_ids for r in records if r.method == "ar" and r.repeat == 0
     }
     identical = None
-    if bench.settings.temperature == 0:
-        identical = all(r.token_ids == reference[(r.task, r.item)] for r in mine)
+    compared = [r for r in mine if (r.task, r.item) in reference]  # a partial run may lack some
+    if bench.settings.temperature == 0 and compared:
+        identical = all(r.token_ids == reference[(r.task, r.item)] for r in compared)
     count = max(len(mine), 1)
     tokens = sum(len(r.token_ids) for r in mine)
     return {

@@ -12,14 +12,28 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 
-def write_report(summary: dict[str, Any], meta: dict[str, Any], out_dir: Path) -> list[Path]:
+def write_report(
+    summary: dict[str, Any], meta: dict[str, Any], out_dir: Path, *, partial: bool = False
+) -> list[Path]:
+    """results.json and report.md, then the plots. ``partial``: a run still going or
+    interrupted; both files say so (``meta.partial``) and no plots are drawn."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {**meta, "partial": partial}
     paths = [out_dir / "results.json", out_dir / "report.md"]
-    paths[0].write_text(json.dumps({"meta": meta, "results": summary}, indent=2) + "\n")
-    paths[1].write_text(markdown(summary, meta))
+    _write_atomic(paths[0], json.dumps({"meta": meta, "results": summary}, indent=2) + "\n")
+    _write_atomic(paths[1], markdown(summary, meta) if summary else "# partial: no run yet\n")
+    if partial:
+        return paths
     paths.append(_plot_speedup(summary, out_dir / "speedup_by_task.png"))
     paths.append(_plot_acceptance(summary, out_dir / "acceptance_by_position.png"))
     return paths
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write beside and rename, so an interrupt never leaves half a file."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
 
 
 def _fmt(value: float | None, pattern: str) -> str:
@@ -30,6 +44,9 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     methods = list(summary["all"])
     tasks = [task for task in summary if task != "all"]
     lines = [f"# quickdraft bench: {meta['target']}", ""]
+    if meta.get("partial"):
+        lines += [f"**Partial results** ({meta.get('completed', '?')} runs): rerun the same "
+                  "command to complete them.", ""]
     lines += [f"- {key}: {value}" for key, value in meta.items() if key != "target"]
     for key, title in (
         (

@@ -7,17 +7,28 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
+from typing import NoReturn
 
+from quickdraft.artifacts import check_output
 from quickdraft.cli.bench import _add_bench, _add_pick, _bench, _pick
 from quickdraft.cli.checks import _conformance, _demo, _theory
-from quickdraft.cli.common import _positive_int, console
+from quickdraft.cli.common import _positive_int
 from quickdraft.cli.generate import _add_generate, _generate
 from quickdraft.cli.train import _add_export, _add_train, _export, _train
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``quickdraft generate: error: ...`` and exit 2, without
+    the usage block (``--help`` still shows it). Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="quickdraft",
         description="Exact speculative decoding: faster generation, the same output distribution.",
     )
@@ -32,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
         "--samples", type=_positive_int, default=50_000, help="sequences per case (default 50000)"
     )
     conformance.add_argument("--seed", type=int, default=0)
+    conformance.add_argument(
+        "--full",
+        action="store_true",
+        help="every row (68: the whole temperature x top-k x top-p x k grid and every drafter "
+        "variant; several minutes) instead of the default 16 (every rule with every drafter "
+        "kind, about a minute)",
+    )
     conformance.add_argument(
         "--alpha",
         type=float,
@@ -74,8 +92,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(message: object) -> str:
+    return " ".join(str(message).split())
+
+
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    return f"warning: {_one_line(message)}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Exit codes: 0 done, 1 a check failed (conformance), 2 bad input or a bad file (one line
+    on stderr naming it), 130 interrupted (Ctrl-C)."""
+    warnings.formatwarning = _warning_line  # library warnings print as one line each
+    try:
+        args = _parser().parse_args(argv)
+    except KeyboardInterrupt:
+        return _interrupted()
     try:
         commands = {
             "conformance": _conformance,
@@ -87,10 +119,23 @@ def main(argv: list[str] | None = None) -> int:
             "train": _train,
             "export": _export,
         }
+        out = vars(args).get("out")  # every --out is a folder: check it before any compute
+        if out is not None:
+            check_output(out, folder=True)
         return commands[args.command](args)
     except ValueError as error:
-        console.print(f"[red]error:[/red] {error}")
+        print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
+    except OSError as error:  # a path the user gave: missing, unreadable, disk full
+        print(f"error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    print("interrupted", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -67,7 +67,14 @@ def _bench(args: argparse.Namespace) -> int:
 
     import torch
 
-    from quickdraft.bench.harness import BenchSettings, parse_methods, run_bench, summarise
+    from quickdraft.bench.harness import (
+        BenchRun,
+        BenchSettings,
+        RunLog,
+        parse_methods,
+        run_bench,
+        summarise,
+    )
     from quickdraft.bench.report import write_report
     from quickdraft.bench.tasks import load_tasks, parse_tasks
     from quickdraft.config import Method
@@ -93,15 +100,45 @@ def _bench(args: argparse.Namespace) -> int:
     draft = draft_tokenizer = None
     if args.draft:
         draft, draft_tokenizer = load_model(args.draft, int8=args.draft_int8)
+    trained = args.draft or any(m.spec.method in (Method.MEDUSA, Method.EAGLE) for m in methods)
+    meta = {
+        "target": args.target,
+        "draft": args.draft,
+        "draft_weights": "int8" if args.draft_int8 and trained else "as loaded",
+        "methods": [m.label for m in methods],
+        "tasks": list(tasks),
+        "prompts_per_task": args.prompts_per_task,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "repeats": args.repeats,
+        "seed": args.seed,
+        "chat": args.chat,
+        "threads": torch.get_num_threads(),
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
+        f"torch {torch.__version__}",
+    }
+    log = RunLog(args.out, {k: v for k, v in meta.items() if k != "machine"})
+    done = log.resume()
+    if done:
+        console.print(f"resuming: {len(done)} runs of this bench already in {log.path}")
     total = sum(len(items) for items in tasks.values()) * args.repeats * len(methods)
+    # An older results.json must not look current while this run goes: mark it partial now.
+    write_report({}, {**meta, "completed": f"{len(done)}/{total}"}, args.out, partial=True)
     with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task("bench", total=total)
+        bar = progress.add_task("bench", total=total, completed=len(done))
+        records: list[Any] = list(done)
 
         def advance(record: Any) -> None:
+            log.append(record)
+            records.append(record)
+            partial = dataclasses.replace(bench_so_far, records=records)
+            meta["completed"] = f"{len(records)}/{total}"
+            write_report(summarise(partial), meta, args.out, partial=True)
             progress.update(
                 bar, advance=1, description=f"{record.task} {record.item} {record.method}"
             )
 
+        bench_so_far = BenchRun(methods, settings)
         bench = run_bench(
             target,
             tokenizer,
@@ -115,23 +152,10 @@ def _bench(args: argparse.Namespace) -> int:
             medusa_dir=args.medusa_dir,
             eagle_dir=args.eagle_dir,
             on_run=advance,
+            done=done,
         )
     summary = summarise(bench)
-    trained = args.draft or any(m.spec.method in (Method.MEDUSA, Method.EAGLE) for m in methods)
-    meta = {
-        "target": args.target,
-        "draft": args.draft,
-        "draft_weights": "int8" if args.draft_int8 and trained else "as loaded",
-        "methods": [m.label for m in methods],
-        "tasks": list(tasks),
-        "prompts_per_task": args.prompts_per_task,
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "repeats": args.repeats,
-        "threads": torch.get_num_threads(),
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
-        f"torch {torch.__version__}",
-    }
+    meta["completed"] = f"{len(bench.records)}/{total}"
     paths = write_report(summary, meta, args.out)
     table = Table(title=f"bench: {args.target}, all tasks")
     columns = (

@@ -11,12 +11,30 @@ from rich.text import Text
 
 from quickdraft.cli.common import console
 
+# The samples at which the test suite's deliberately broken rules and drafters all fail
+# (p < 1e-6); fewer give a pass that proves little.
+POWERFUL_SAMPLES = 50_000
+
 
 def _conformance(args: argparse.Namespace) -> int:
-    from quickdraft.conformance import default_cases, run_case
+    import math
+    import sys
 
+    from quickdraft.config import MAX_SEED
+    from quickdraft.conformance import full_cases, quick_cases, run_case
+
+    if not (math.isfinite(args.alpha) and 0 < args.alpha < 1):
+        raise ValueError(f"alpha must be a p-value threshold in (0, 1), got {args.alpha}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ValueError(f"seed must be in 0..{MAX_SEED}, got {args.seed}")
+    if args.samples < POWERFUL_SAMPLES:
+        print(
+            f"warning: --samples {args.samples} gives the test little power: the suite's broken "
+            f"rules are caught at {POWERFUL_SAMPLES:,}; a pass here proves little",
+            file=sys.stderr,
+        )
     start = time.perf_counter()
-    cases = default_cases()
+    cases = full_cases() if args.full else quick_cases()
     results = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("conformance", total=len(cases))

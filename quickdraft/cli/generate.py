@@ -134,7 +134,6 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import dataclasses
     import json
 
     import torch
@@ -145,15 +144,17 @@ def _generate(args: argparse.Namespace) -> int:
     from quickdraft.models.loading import load_model
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {args.threads}")
+        if not 1 <= args.threads <= 1024:
+            raise ValueError(f"threads must be in 1..1024, got {args.threads}")
         torch.set_num_threads(args.threads)
     method = args.method
     if method == "auto":
         method = _auto_method(args)
     if args.draft and method != "draft_model":
         raise ValueError(f"draft: --draft is used by --method draft_model, not {method}")
-    k = args.num_speculative_tokens or (5 if method == "ngram" else 4)
+    k = args.num_speculative_tokens
+    if k is None:
+        k = 5 if method == "ngram" else 4
     spec = SpecConfig(
         method=Method(method),
         num_speculative_tokens=k,
@@ -197,7 +198,6 @@ def _generate(args: argparse.Namespace) -> int:
         )
     elif method in ("medusa", "eagle", "lookahead"):
         draft = build_drafter(spec, target, target_name=args.target)
-    sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.eos_token_ids)
     chat = args.chat if args.chat is not None else args.prompt is None
     text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
     prompt = tokenizer.apply_chat(text) if chat else tokenizer.encode(text)

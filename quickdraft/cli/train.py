@@ -335,20 +335,14 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from quickdraft.drafters.eagle import eagle_folder, load_eagle
+    from quickdraft.drafters.eagle import check_fits, eagle_folder, load_eagle
     from quickdraft.drafters.eagle_export import export_eagle
     from quickdraft.models.loading import load_model
 
     net = load_eagle(eagle_folder(args.target, args.eagle_dir))
     target, _ = load_model(args.target)
-    head = getattr(target, "head_weight", None)
-    if head is None:
-        raise ValueError(f"target: {args.target} loads without the native runner's LM head")
-    if net.config.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"eagle_dir: drafter trained for a vocabulary of {net.config.vocab_size}, the "
-            f"target has {target.vocab_size}"
-        )
+    check_fits(net, target)  # an export must load where generate would
+    head = target.head_weight  # type: ignore[attr-defined]
     folder = export_eagle(
         net, head.float(), args.out, args.engine, getattr(target, "max_positions", 8192)
     )

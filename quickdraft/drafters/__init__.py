@@ -129,10 +129,13 @@ def build_drafter(
     (``HFTokenizer.same_vocabulary``); it lets padded vocabulary sizes differ.
     draft_name: the draft model's alias, which finds the shortlist artifacts shipped for it.
     target_name: the target's alias, which finds the Medusa heads and EAGLE drafter shipped
-    for it.
+    for it; None takes the alias the target was loaded from (``Model.name``).
     """
     if spec.method is Method.AR:
         return None
+    target_name = target_name or target.name
+    if draft is not None:
+        draft_name = draft_name or draft.name
     if draft is not None and spec.method is not Method.DRAFT_MODEL:
         raise ValueError(f"draft: method {spec.method.value} drafts without a draft model")
     return _BUILDERS[spec.method](spec, target, draft, same_tokenizer, draft_name, target_name)

@@ -57,6 +57,13 @@ class DraftModelDrafter:
             shortlist.bind(model.head_weight, model.embed, self.vocab_size, model.int8)
 
     def begin(self, state: DecodeState) -> None:
+        prompt = state.tokens[:, : state.prompt_length]
+        if bool((prompt >= self.model.vocab_size).any()):  # one host sync per request
+            raise ValueError(
+                f"draft: its vocabulary of {self.model.vocab_size} tokens is smaller than "
+                f"token id {int(prompt.max())} in the prompt; use a draft with the target's "
+                "tokenizer"
+            )
         self._cache = self.model.new_cache(state.batch_size, state.capacity)
         if self.shortlist is not None:
             self.shortlist.begin(state.tokens[:, : state.prompt_length])
@@ -78,7 +85,9 @@ class DraftModelDrafter:
         width = 2 if int(state.lengths.min()) >= 2 else 1
         cache.rollback(state.lengths - width)
         positions = (state.lengths - width).unsqueeze(1) + torch.arange(width)  # [B, width]
-        inputs = state.tokens.gather(1, positions)
+        # A padded target vocabulary can hold ids past the draft's: the draft reads such a
+        # token as its last id. Only its proposal can change; the target verifies as always.
+        inputs = state.tokens.gather(1, positions).clamp_max(self.model.vocab_size - 1)
         if self.shortlist is not None:
             # The tokens each row gained since the last step (its accepted output).
             lo, hi = int(self._seen.min()), int(state.lengths.max())

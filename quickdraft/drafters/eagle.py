@@ -30,9 +30,11 @@ import math
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from quickdraft import artifacts
 from quickdraft.accept import Verdict
+from quickdraft.artifacts import load_state, read_json, read_safetensors
 from quickdraft.drafters.base import DecodeState, Draft, shipped_folder
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
 from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
@@ -63,11 +65,47 @@ def load_eagle(folder: str | Path) -> EagleNet:
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
         raise ValueError(f"eagle_dir: {folder} holds no {CONFIG_FILE} and {WEIGHTS_FILE}")
-    record = json.loads((folder / CONFIG_FILE).read_text())
-    net = EagleNet(EagleConfig(**record["config"]))
-    state = load_file(str(folder / WEIGHTS_FILE))
-    net.load_state_dict({k: v if k == "draft_vocab" else v.float() for k, v in state.items()})
+    remedy = "retrain the drafter (quickdraft train eagle) or copy the folder again"
+    record = read_json(folder / CONFIG_FILE, remedy, required=("config",))
+    net = EagleNet(artifacts.build(folder / CONFIG_FILE, remedy, EagleConfig, record["config"]))
+    state = read_safetensors(folder / WEIGHTS_FILE, remedy)
+    state = {k: v if k == "draft_vocab" else v.float() for k, v in state.items()}
+    load_state(folder / WEIGHTS_FILE, net, state, remedy)
+    vocab = state.get("draft_vocab")
+    if vocab is not None and len(vocab) and int(vocab.max()) >= net.config.vocab_size:
+        raise artifacts.ArtifactError(
+            folder / WEIGHTS_FILE, "draft_vocab holds ids past the config's vocab_size", remedy
+        )
     return net.eval()
+
+
+def check_fits(net: EagleNet, target: Model) -> None:
+    """ValueError unless the drafter was made for a target of this shape: the native runner
+    (embedding and LM head), the same hidden size and vocabulary, and the tapped layers."""
+    config = net.config
+    for name in ("embed", "head_weight", "config"):
+        if not hasattr(target, name):
+            raise ValueError(
+                f"target: EAGLE reads the native runner's embedding and LM head, got "
+                f"{type(target).__name__}"
+            )
+    target_config = target.config  # type: ignore[attr-defined]
+    if target_config.hidden_size != config.hidden_size:
+        raise ValueError(
+            f"eagle_dir: a drafter of hidden size {config.hidden_size} does not fit the "
+            f"target's {target_config.hidden_size}"
+        )
+    if target.vocab_size != config.vocab_size:
+        raise ValueError(
+            f"eagle_dir: drafter trained for a vocabulary of {config.vocab_size}, the "
+            f"target has {target.vocab_size}"
+        )
+    beyond = [n for n in config.feature_layers if not 1 <= n <= target_config.num_layers]
+    if beyond:
+        raise ValueError(
+            f"eagle_dir: the drafter reads layers {beyond}, the target has "
+            f"{target_config.num_layers}"
+        )
 
 
 def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> Path:
@@ -90,23 +128,7 @@ class EagleDrafter:
         lookup_ngram: tuple[int, int] = (1, 3),
     ):
         config = net.config
-        for name in ("embed", "head_weight", "config"):
-            if not hasattr(target, name):
-                raise ValueError(
-                    f"target: EAGLE reads the native runner's embedding and LM head, got "
-                    f"{type(target).__name__}"
-                )
-        target_config = target.config  # type: ignore[attr-defined]
-        if target_config.hidden_size != config.hidden_size:
-            raise ValueError(
-                f"eagle: a drafter of hidden size {config.hidden_size} does not fit the "
-                f"target's {target_config.hidden_size}"
-            )
-        if target.vocab_size != config.vocab_size:
-            raise ValueError(
-                f"eagle_dir: drafter trained for a vocabulary of {config.vocab_size}, the "
-                f"target has {target.vocab_size}"
-            )
+        check_fits(net, target)
         self.target, self.net = target, _packed(net.eval(), int8)
         self.tree = tree or DEFAULT_TREES["cpu"]
         if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH
+
 
 @dataclass(frozen=True, slots=True)
 class DynamicTree:
@@ -25,11 +27,16 @@ class DynamicTree:
     min_prob: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("depth", "topk", "tokens"):
+        bounds = {"depth": MAX_TREE_DEPTH, "topk": MAX_TREE_WIDTH, "tokens": MAX_DRAFT_TOKENS}
+        for name, high in bounds.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"tree: {name} must be a positive integer, got {value!r}")
-        if isinstance(self.min_prob, bool) or not 0.0 <= self.min_prob < 1.0:
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+                raise ValueError(f"tree: {name} must be an integer in 1..{high}, got {value!r}")
+        if (
+            isinstance(self.min_prob, bool)
+            or not isinstance(self.min_prob, int | float)
+            or not 0.0 <= self.min_prob < 1.0
+        ):
             raise ValueError(f"tree: min_prob must be in [0, 1), got {self.min_prob!r}")
 
     @classmethod

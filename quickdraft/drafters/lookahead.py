@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.accept import Verdict
-from quickdraft.config import SpecConfig
+from quickdraft.config import MAX_DRAFT_TOKENS, SpecConfig
 from quickdraft.drafters.base import DecodeState, Draft, SideBranch
 from quickdraft.models.base import Model
 
@@ -44,10 +44,24 @@ class LookaheadConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (("window", 1), ("ngram", 2), ("candidates", 1), ("pool_size", 1)):
+        bounds = {
+            "window": (1, 64),
+            "ngram": (2, 16),
+            "candidates": (1, 64),
+            "pool_size": (1, 4096),
+        }
+        for name, (low, high) in bounds.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"lookahead_{name} must be an integer >= {low}, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ValueError(
+                    f"lookahead_{name} must be an integer in {low}..{high}, got {value!r}"
+                )
+        tokens = (self.ngram - 1) * (self.window + self.candidates)
+        if tokens > MAX_DRAFT_TOKENS:
+            raise ValueError(
+                f"lookahead: (ngram - 1) * (window + candidates) = {tokens} tokens a verify "
+                f"pass, more than {MAX_DRAFT_TOKENS}; lower lookahead_window or lookahead_ngram"
+            )
 
 
 def side_mask(levels: int, window: int) -> torch.Tensor:

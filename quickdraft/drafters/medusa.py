@@ -20,10 +20,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
+from quickdraft import artifacts
 from quickdraft.accept import Verdict
+from quickdraft.artifacts import load_state, read_json, read_safetensors
+from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH
 from quickdraft.drafters.base import DecodeState, Draft, shipped_folder
 from quickdraft.models.base import Model
 from quickdraft.models.llama import Linear
@@ -87,15 +90,31 @@ def fit_tree(rank_accuracy: Sequence[Sequence[float]], nodes: int) -> TreeShape:
 
 
 def check_tree(text: str) -> None:
-    """The syntax of a tree option (``default``, ``fit:N``, ``W1,W2,..``), before any heads
-    are loaded."""
+    """The syntax and size of a tree option (``default``, ``fit:N``, ``W1,W2,..``), by
+    arithmetic alone: nothing is built, so a typo such as 300,300,300 fails at once."""
     if text == "default":
         return
     if text.startswith("fit:"):
-        if not text[4:].isdigit() or int(text[4:]) < 1:
-            raise ValueError(f"tree: expected fit:N with N >= 1 nodes, got {text!r}")
+        if not text[4:].isdigit() or not 1 <= int(text[4:]) <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"tree: expected fit:N with N in 1..{MAX_DRAFT_TOKENS}, got {text!r}")
         return
-    parse_tree(text, 64)
+    parts = text.split(",")
+    if not all(part.strip().isdigit() for part in parts):
+        raise ValueError(f"tree: expected default or widths like 4,2,1, got {text!r}")
+    widths = [int(part) for part in parts]
+    if len(widths) > MAX_TREE_DEPTH or not all(1 <= w <= MAX_TREE_WIDTH for w in widths):
+        raise ValueError(
+            f"tree: at most {MAX_TREE_DEPTH} levels of 1..{MAX_TREE_WIDTH} children, got {text!r}"
+        )
+    nodes, level = 0, 1
+    for width in widths:
+        level *= width
+        nodes += level
+        if nodes > MAX_DRAFT_TOKENS:
+            raise ValueError(
+                f"tree: {text!r} has more than {MAX_DRAFT_TOKENS} nodes; use fewer or narrower "
+                "levels, or fit:N"
+            )
 
 
 def parse_tree(
@@ -108,18 +127,13 @@ def parse_tree(
         if rank_accuracy:
             return fit_tree(rank_accuracy, DEFAULT_NODES)
         return default_tree(num_heads)
+    check_tree(text)
     if text.startswith("fit:"):
-        try:
-            nodes = int(text[4:])
-        except ValueError:
-            raise ValueError(f"tree: expected fit:N with N nodes, got {text!r}") from None
+        nodes = int(text[4:])
         if not rank_accuracy:
             raise ValueError("tree: fit:N needs heads with measured rank accuracies")
         return fit_tree(rank_accuracy, nodes)
-    try:
-        widths = [int(w) for w in text.split(",")]
-    except ValueError:
-        raise ValueError(f"tree: expected default or widths like 4,2,1, got {text!r}") from None
+    widths = [int(w) for w in text.split(",")]
     if len(widths) > num_heads:
         raise ValueError(f"tree: {len(widths)} levels but the heads predict only {num_heads}")
     return TreeShape.from_branching(widths)
@@ -212,14 +226,21 @@ def load_heads(folder: str | Path) -> MedusaHeads:
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
         raise ValueError(f"medusa_dir: {folder} holds no {CONFIG_FILE} and {WEIGHTS_FILE}")
-    record = json.loads((folder / CONFIG_FILE).read_text())
-    config = MedusaConfig(**record["config"])
+    remedy = "retrain the heads (quickdraft train medusa) or copy the folder again"
+    record = read_json(folder / CONFIG_FILE, remedy, required=("config",))
+    config = artifacts.build(folder / CONFIG_FILE, remedy, MedusaConfig, record["config"])
     # Heads of their own are overwritten by the file: any starting weight will do.
     placeholder = torch.zeros(config.vocab_size, config.hidden_size) if config.own_head else None
     heads = MedusaHeads(config, placeholder)
-    state = load_file(str(folder / WEIGHTS_FILE))
+    state = read_safetensors(folder / WEIGHTS_FILE, remedy)
     heads.vocab = state.pop("vocab", None)
-    heads.load_state_dict({name: tensor.float() for name, tensor in state.items()})
+    if heads.vocab is not None and (heads.vocab.dim() != 1 or heads.vocab.dtype.is_floating_point):
+        raise artifacts.ArtifactError(folder / WEIGHTS_FILE, "vocab is not a list of ids", remedy)
+    if heads.vocab is not None and len(heads.vocab) and int(heads.vocab.max()) >= config.vocab_size:
+        raise artifacts.ArtifactError(
+            folder / WEIGHTS_FILE, f"vocab holds ids past vocab_size {config.vocab_size}", remedy
+        )
+    load_state(folder / WEIGHTS_FILE, heads, {k: t.float() for k, t in state.items()}, remedy)
     heads.rank_accuracy = record.get("rank_accuracy")
     return heads.eval()
 

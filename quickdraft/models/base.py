@@ -72,10 +72,14 @@ class Cache:
 
 @runtime_checkable
 class Model(Protocol):
-    """What the engine needs from a language model, whatever its family or backend."""
+    """What the engine needs from a language model, whatever its family or backend.
+
+    name: the alias the model was loaded from (``load_model``), which finds the drafters
+    shipped for it; None for any other model."""
 
     vocab_size: int
     max_positions: int
+    name: str | None
 
     def new_cache(self, batch_size: int, capacity: int) -> Cache:
         """An empty cache for ``batch_size`` rows of at most ``capacity`` tokens."""
@@ -94,7 +98,10 @@ class Model(Protocol):
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """Text to token ids and back; Hugging Face tokenizers satisfy it."""
+    """Text to token ids and back. ``eos_token_ids``: the ids that end a reply (generation
+    stops at them unless ``SamplingParams.ignore_eos``); empty when there are none."""
+
+    eos_token_ids: tuple[int, ...]
 
     def encode(self, text: str) -> list[int]: ...
 

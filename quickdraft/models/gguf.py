@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from quickdraft.artifacts import ArtifactError, brief, remove_stale_partials
+
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
 
 _LAYER_NAMES = {
@@ -152,21 +154,31 @@ def convert(path: Path, *, sha256: str | None = None) -> Path:
     folder = cache_root() / "converted" / digest[:32]
     if (folder / "model.safetensors").exists():
         return folder
-    reader = GGUFReader(str(path))
-    config = read_config(reader)
-    state = read_state_dict(reader, config, progress=f"converting {path.name} (once)")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(folder.parent, "*.partial-*")  # left by interrupted conversions
+    remedy = "the file is truncated or not a GGUF model: download or copy it again"
+    try:
+        reader = GGUFReader(str(path))
+        config = read_config(reader)
+        state = read_state_dict(reader, config, progress=f"converting {path.name} (once)")
+    except (ValueError, IndexError, KeyError, OSError, TypeError) as error:
+        raise ArtifactError(path, f"unreadable GGUF ({brief(error)})", remedy) from None
     # Write beside the target and rename into place, so concurrent loaders never see half a
-    # folder; whoever renames first wins and the other's copy is dropped.
+    # folder; whoever renames first wins and the other's copy is dropped. A failure or Ctrl-C
+    # removes the half-written copy at once; a killed process leaves it to the next start.
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    save_file(state, str(partial / "model.safetensors"))
-    (partial / "config.json").write_text(json.dumps(config, indent=2))
-    _save_tokenizer(path, partial)
-    (partial / "source.json").write_text(json.dumps({"gguf": str(path), "sha256": digest}))
     try:
+        partial.mkdir(parents=True)
+        save_file(state, str(partial / "model.safetensors"))
+        (partial / "config.json").write_text(json.dumps(config, indent=2))
+        _save_tokenizer(path, partial)
+        (partial / "source.json").write_text(json.dumps({"gguf": str(path), "sha256": digest}))
         partial.rename(folder)
     except OSError:  # another process finished first
+        if not (folder / "model.safetensors").exists():
+            raise
+    finally:
         shutil.rmtree(partial, ignore_errors=True)
     return folder
 

@@ -26,6 +26,7 @@ class HFModel:
         self.model = model.eval()
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 20))
+        self.name: str | None = None
         # transformers 5.x renames past_key_values to cache; support both.
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"

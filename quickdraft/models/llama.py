@@ -299,6 +299,7 @@ class LlamaRunner:
         clone = object.__new__(LlamaRunner)
         clone.__dict__.update(self.__dict__)
         clone.config = dataclasses.replace(self.config, num_layers=num_layers)
+        clone.name = None  # another model: what ships for the full one does not fit it
         clone.layers = self.layers[:num_layers]
         clone.tap_layers = tuple(i for i in self.tap_layers if i < num_layers)
         return clone

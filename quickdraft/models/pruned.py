@@ -24,6 +24,7 @@ class PrunedModel:
         self.config = self.runner.config
         self.vocab_size = base.vocab_size
         self.max_positions = base.max_positions
+        self.name: str | None = None  # not the model it was pruned from: no drafters ship for it
         self.head_weight = base.head_weight
         self.embed = base.embed
         self.int8 = base.int8

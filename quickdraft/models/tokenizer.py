@@ -5,6 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 
+def valid_text(name: str, text: str) -> str:
+    """``text`` if it is a str that encodes as UTF-8 (bytes undecodable from the command line
+    arrive as lone surrogates), else ValueError naming the field."""
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be text, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{name}: not valid UTF-8 text (byte {error.start} of the input)"
+        ) from None
+    return text
+
+
 class HFTokenizer:
     """encode/decode as quickdraft uses them, plus what the CLI and drafters need."""
 
@@ -19,7 +33,7 @@ class HFTokenizer:
         return len(self.hf)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.hf(text, add_special_tokens=True)["input_ids"])
+        return list(self.hf(valid_text("prompt", text), add_special_tokens=True)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True)
@@ -37,6 +51,8 @@ class HFTokenizer:
             raise ValueError("chat: this tokenizer has no chat template")
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
+        for message in messages:
+            valid_text("messages", message.get("content", ""))
         ids = self.hf.apply_chat_template(
             messages, tokenize=True, add_generation_prompt=add_generation_prompt
         )

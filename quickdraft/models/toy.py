@@ -59,6 +59,7 @@ class NGramLM:
         self.order = order
         self.vocab_size = vocab
         self.max_positions = max_positions
+        self.name: str | None = None
         self.seed = seed
         generator = torch.Generator().manual_seed(seed + 1)
         # Fixed random features per context: the "hidden state" drafters may read.
@@ -146,6 +147,7 @@ class ToyTokenizer:
     """Maps token i to the i-th character of a fixed alphabet, so toy runs have readable text."""
 
     alphabet = string.ascii_lowercase + string.ascii_uppercase + string.digits
+    eos_token_ids: tuple[int, ...] = ()  # toy text has no end-of-sequence token
 
     def __init__(self, vocab_size: int):
         if not 1 <= vocab_size <= len(self.alphabet):

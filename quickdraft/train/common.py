@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from quickdraft.artifacts import ArtifactError, read_checkpoint
+
 
 def one_cycle(
     optimizer: torch.optim.Optimizer, lr: float, total: int
@@ -36,7 +38,9 @@ class Checkpoint:
         """Load the saved state, when there is one made with the same identity."""
         if not self.path.exists():
             return
-        saved = torch.load(self.path, weights_only=False)
+        saved = read_checkpoint(self.path, "delete it to start the training over", trusted=True)
+        if not isinstance(saved, dict) or not {"identity", "module", "step"} <= saved.keys():
+            raise ArtifactError(self.path, "not a quickdraft training checkpoint", "delete it")
         if saved["identity"] != self.identity:
             raise ValueError(f"checkpoint: {self.path} was made with other settings or data")
         self.module.load_state_dict(saved["module"])

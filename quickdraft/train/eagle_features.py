@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.artifacts import ArtifactError, read_checkpoint
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.vocab.corpus import Sequence
 
@@ -75,7 +76,9 @@ def extract(
                 shard["start"].append(sequence.start - keep)
             torch.save(shard, path.with_suffix(".tmp"))
             path.with_suffix(".tmp").rename(path)
-        shard = torch.load(path)
+        shard = read_checkpoint(path, "delete the shard to extract it again")
+        if not isinstance(shard, dict) or not set(merged) <= shard.keys():
+            raise ArtifactError(path, "not a feature shard", "delete it to extract it again")
         for key in merged:
             merged[key] += shard[key]
         if progress is not None:

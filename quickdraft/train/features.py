@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from quickdraft.artifacts import read_json, read_safetensors
 from quickdraft.models.base import Model
 from quickdraft.vocab.corpus import Sequence
 
@@ -56,7 +57,8 @@ def extract(
     folder.mkdir(parents=True, exist_ok=True)
     manifest = folder / "manifest.json"
     key = fingerprint(settings)
-    if manifest.exists() and json.loads(manifest.read_text())["fingerprint"] != key:
+    remedy = "remove the folder or choose another --cache folder"
+    if manifest.exists() and read_json(manifest, remedy).get("fingerprint") != key:
         raise ValueError(
             f"features: {folder} holds features made with other settings; "
             "remove it or choose another --cache folder"
@@ -72,7 +74,7 @@ def extract(
             tensors = {f: torch.cat([r[f] for r in rows]) for f in rows[0]}
             save_file(tensors, str(path.with_suffix(".tmp")))
             path.with_suffix(".tmp").rename(path)
-        shards.append(load_file(str(path)))
+        shards.append(read_safetensors(path, "delete the shard to extract it again"))
         if progress is not None:
             progress(min(first + SHARD_SEQUENCES, total), total)
     merged = {f: torch.cat([s[f] for s in shards]) for f in shards[0]}

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quickdraft.artifacts import read_checkpoint
 from quickdraft.drafters.medusa import MedusaConfig, MedusaHeads
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.train.common import Checkpoint, one_cycle
@@ -118,7 +119,7 @@ def extract(
             shard = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
             torch.save(shard, path.with_suffix(".tmp"))
             path.with_suffix(".tmp").rename(path)
-        shards.append(torch.load(path))
+        shards.append(read_checkpoint(path, "delete the shard to extract it again"))
         if progress is not None:
             progress("features", min(first + SHARD, len(sequences)), len(sequences))
     merged = {key: torch.cat([s[key] for s in shards]) for key in shards[0]}

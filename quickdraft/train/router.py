@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from quickdraft.artifacts import ArtifactError, read_checkpoint
 from quickdraft.train.features import Features
 from quickdraft.vocab.router import Router, RouterConfig
 
@@ -94,7 +95,9 @@ def train_router(
     history: list[dict] = []
     best_state, best_loss, first_epoch = None, float("inf"), 0
     if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
+        saved = read_checkpoint(checkpoint, "delete it to start the training over", trusted=True)
+        if not isinstance(saved, dict) or not {"settings", "clusters", "router"} <= saved.keys():
+            raise ArtifactError(checkpoint, "not a router training checkpoint", "delete it")
         if saved["settings"] != asdict(settings) or saved["clusters"] != num_clusters:
             raise ValueError(f"checkpoint: {checkpoint} was made with other settings")
         router.load_state_dict(saved["router"])

@@ -51,7 +51,12 @@ def _file_records(file: Path) -> Iterator[dict]:
         for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
                 continue
-            record = json.loads(line)
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"data: {file}:{number} is not JSON ({error.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"data: {file}:{number} is not a JSON object")
             if "messages" not in record and "text" not in record:
                 raise ValueError(f"data: {file}:{number} has neither 'messages' nor 'text'")
             yield record

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
+
+from quickdraft.artifacts import build, load_state, read_json, read_safetensors
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,10 @@ class Router(nn.Module):
         folder = Path(folder)
         if not (folder / "router.json").exists():
             raise ValueError(f"router: no router.json in {folder}")
-        router = cls(RouterConfig(**json.loads((folder / "router.json").read_text())))
-        state = load_file(str(folder / "router.safetensors"))
-        router.load_state_dict({name: t.float() for name, t in state.items()})
+        remedy = "retrain the router (quickdraft train router) or copy the folder again"
+        fields = read_json(folder / "router.json", remedy)
+        router = cls(build(folder / "router.json", remedy, RouterConfig, fields))
+        weights = folder / "router.safetensors"
+        state = read_safetensors(weights, remedy)
+        load_state(weights, router, {n: t.float() for n, t in state.items()}, remedy)
         return router.eval()

@@ -26,8 +26,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from quickdraft.artifacts import ArtifactError, read_safetensors
 from quickdraft.models.llama import Linear
 from quickdraft.vocab.router import Router
 
@@ -307,7 +308,10 @@ def load_ranked(folder: str | Path) -> torch.Tensor:
     path = Path(folder) / FREQUENCY_FILE
     if not path.exists():
         raise ValueError(f"shortlist: no {FREQUENCY_FILE} in {folder}")
-    frequency = load_file(str(path))["frequency"]
+    remedy = "rebuild the shortlist or copy the folder again"
+    frequency = read_safetensors(path, remedy).get("frequency")
+    if frequency is None or frequency.dim() != 1:
+        raise ArtifactError(path, "holds no [V] frequency tensor", remedy)
     # Stable sort: equal frequencies keep token-id order, so the list is reproducible.
     return torch.sort(-frequency, stable=True).indices
 
@@ -325,4 +329,8 @@ def load_clusters(folder: str | Path) -> torch.Tensor:
     path = Path(folder) / CLUSTERS_FILE
     if not path.exists():
         raise ValueError(f"shortlist: no {CLUSTERS_FILE} in {folder}")
-    return load_file(str(path))["assignment"].long()
+    remedy = "rebuild the shortlist or copy the folder again"
+    assignment = read_safetensors(path, remedy).get("assignment")
+    if assignment is None or assignment.dim() != 1:
+        raise ArtifactError(path, "holds no [V] assignment tensor", remedy)
+    return assignment.long()

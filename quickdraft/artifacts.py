@@ -1,0 +1,140 @@
+"""Reading the files quickdraft did not just write: every failure names the file and what to do.
+
+A truncated download, a half-written checkpoint or a folder from another version should end in
+one line such as ``drafter.safetensors: truncated or not a safetensors file (...); re-export the
+drafter``, never in a library's traceback about a byte offset. Each reader raises
+``ArtifactError``, a ValueError, so the CLI prints it as one line and the API raises it as any
+other bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class ArtifactError(ValueError):
+    """A file quickdraft reads is missing, corrupt or does not fit what it is used with."""
+
+    def __init__(self, path: str | Path, problem: str, remedy: str):
+        super().__init__(f"{path}: {problem}; {remedy}")
+
+
+def read_json(
+    path: str | Path, remedy: str, required: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A JSON object holding at least the ``required`` keys."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ArtifactError(path, "missing", remedy) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ArtifactError(path, f"not readable JSON ({brief(error)})", remedy) from None
+    if not isinstance(record, dict):
+        raise ArtifactError(path, f"holds a {type(record).__name__}, not a JSON object", remedy)
+    missing = [key for key in required if key not in record]
+    if missing:
+        raise ArtifactError(path, f"lacks the key(s) {', '.join(missing)}", remedy)
+    return record
+
+
+def build(path: str | Path, remedy: str, factory: Any, fields: Any) -> Any:
+    """``factory(**fields)`` for a config read from ``path``: unknown, missing or invalid
+    fields name the file."""
+    if not isinstance(fields, dict):
+        raise ArtifactError(path, f"expected an object of settings, got {fields!r}", remedy)
+    try:
+        return factory(**fields)
+    except (TypeError, ValueError) as error:
+        raise ArtifactError(path, f"invalid settings ({brief(error)})", remedy) from None
+
+
+def read_safetensors(path: str | Path, remedy: str) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(path, "missing", remedy)
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        problem = f"truncated or not a safetensors file ({brief(error)})"
+        raise ArtifactError(path, problem, remedy) from None
+
+
+def read_checkpoint(path: str | Path, remedy: str, *, trusted: bool = False) -> Any:
+    """``torch.load`` of a file quickdraft wrote; ``trusted`` allows pickled Python objects
+    (training checkpoints hold optimizer state and settings)."""
+    path = Path(path)
+    try:
+        return torch.load(path, weights_only=not trusted)
+    except FileNotFoundError:
+        raise ArtifactError(path, "missing", remedy) from None
+    except Exception as error:
+        raise ArtifactError(path, f"corrupt or truncated ({brief(error)})", remedy) from None
+
+
+def load_state(path: str | Path, module: torch.nn.Module, state: dict, remedy: str) -> None:
+    """``module.load_state_dict(state)``: missing, unexpected or misshapen tensors (weights
+    that disagree with their config, such as a different head count) name the file."""
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as error:
+        detail = " ".join(str(error).split())
+        detail = detail if len(detail) <= 240 else detail[:237] + "..."
+        raise ArtifactError(path, f"weights do not fit its config ({detail})", remedy) from None
+
+
+def check_output(path: str | Path | None, *, folder: bool = False) -> None:
+    """Before any compute: ``path`` can be written. A file output must not be an existing
+    folder; a folder output must not be an existing file; the parent must be a folder."""
+    if path is None:
+        return
+    path = Path(path)
+    if folder and path.exists() and not path.is_dir():
+        raise ValueError(f"out: {path} exists and is not a folder")
+    if not folder and path.is_dir():
+        raise ValueError(f"out: {path} is a folder; give a file name")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"out: {parent} is not a folder")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"out: {parent} is not writable")
+
+
+def remove_stale_partials(folder: Path, pattern: str) -> None:
+    """Delete leftovers ``pattern`` (a glob with the writer's pid after ``-``) of processes
+    that are gone: an interrupted conversion must not keep its half-written copy forever."""
+    for stale in folder.glob(pattern):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and (int(pid) == os.getpid() or _alive(int(pid))):
+            continue  # still being written
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def brief(error: BaseException) -> str:
+    """The first line of an error's message, at most 160 characters."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
