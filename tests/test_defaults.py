@@ -1,0 +1,121 @@
+"""The library's defaults and the output's invariants: EOS stops, shipped drafters through the
+API, stop strings that land with max_new_tokens, files and partial conversions."""
+
+import os
+
+import pytest
+import torch
+
+from quickdraft import SamplingParams, SpecConfig, generate
+from quickdraft.models.toy import NGramLM, ToyTokenizer
+
+
+class EosToyTokenizer(ToyTokenizer):
+    eos_token_ids = (2,)
+
+
+def toy_target() -> NGramLM:
+    return NGramLM.random(8, order=3, seed=3, sharpness=2.0)
+
+
+def test_generation_stops_at_the_tokenizers_eos_unless_told_not_to():
+    target, tokenizer = toy_target(), EosToyTokenizer(8)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=200, seed=5)
+    stopped = generate(target, "dab", sampling=sampling, tokenizer=tokenizer)
+    assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == 2
+    assert 2 not in stopped.token_ids[:-1]
+    ignoring = SamplingParams(temperature=1.0, max_new_tokens=200, seed=5, ignore_eos=True)
+    full = generate(target, "dab", sampling=ignoring, tokenizer=tokenizer)
+    assert full.finish_reason == "length" and len(full.token_ids) == 200
+    assert full.token_ids[: len(stopped.token_ids)] == stopped.token_ids
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_stop_string_and_length_in_one_step_agree(k):
+    """Regression: when the step that reaches max_new_tokens also completes a stop string,
+    token_ids end at the stop string, text is cut before it and finish_reason is "stop"."""
+    target, tokenizer = toy_target(), ToyTokenizer(8)
+    plain = generate(
+        target, "dab", sampling=SamplingParams(temperature=0, max_new_tokens=40),
+        tokenizer=tokenizer,
+    ).token_ids
+    text = tokenizer.decode(plain)
+    checked = 0
+    for length in range(3, 40):
+        stop = text[length - 2 : length]
+        if stop in text[: length - 1]:
+            continue  # it would stop earlier
+        sampling = SamplingParams(temperature=0, max_new_tokens=length, stop=(stop,))
+        spec = SpecConfig(method="draft_model", num_speculative_tokens=k)
+        out = generate(target, "dab", sampling=sampling, spec=spec, draft=target,
+                       tokenizer=tokenizer)  # fmt: skip
+        assert out.token_ids == plain[:length], length
+        assert out.finish_reason == "stop", length
+        assert out.text == text[: length - 2], length
+        checked += 1
+    assert checked >= 3
+
+
+def test_shipped_drafters_are_found_through_the_api(smollm2):
+    target, tokenizer = smollm2
+    assert target.name == "smollm2-135m"
+    prompt = tokenizer.apply_chat("Write a Python function that adds two numbers.")
+    sampling = SamplingParams(temperature=0, max_new_tokens=12)
+    expected = generate(target, prompt, sampling=sampling, tokenizer=tokenizer).token_ids
+    for method in ("eagle", "medusa"):
+        out = generate(target, prompt, sampling=sampling, spec=SpecConfig(method=method),
+                       tokenizer=tokenizer)  # fmt: skip
+        assert out.token_ids == expected, method
+    assert target.truncated(2).name is None  # another model: nothing ships for it
+
+
+def test_k_zero_is_rejected_never_replaced():
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpecConfig(method="ngram", num_speculative_tokens=0)
+
+
+def test_an_interrupted_conversion_is_removed_on_the_next_start(tmp_path, monkeypatch):
+    from quickdraft.artifacts import remove_stale_partials
+
+    dead = tmp_path / f"abc.partial-{2**22 + 12345}"  # no such process
+    dead.mkdir()
+    (dead / "model.safetensors").write_bytes(b"half")
+    mine = tmp_path / f"abc.partial-{os.getpid()}"
+    mine.mkdir()
+    remove_stale_partials(tmp_path, "*.partial-*")
+    assert not dead.exists() and mine.exists()
+
+
+def test_a_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
+    from quickdraft.models import gguf
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(64))
+    with pytest.raises(ValueError, match="broken.gguf: unreadable GGUF"):
+        gguf.convert(broken)
+    converted = tmp_path / "cache" / "converted"
+    assert not converted.exists() or not any(converted.iterdir())
+
+
+def test_a_draft_smaller_than_the_prompts_ids_is_named():
+    target = NGramLM.random(8, order=2, seed=0)
+    small = NGramLM.random(5, order=2, seed=1)
+    spec = SpecConfig(method="draft_model", num_speculative_tokens=2)
+    from quickdraft.drafters import build_drafter
+
+    drafter = build_drafter(spec, target, small, same_tokenizer=True)
+    with pytest.raises(ValueError, match="draft: its vocabulary of 5 tokens"):
+        generate(target, [1, 7, 3], spec=spec, draft=drafter,
+                 sampling=SamplingParams(temperature=0, max_new_tokens=3))  # fmt: skip
+
+
+def test_temperatures_that_overflow_are_rejected_and_small_valid_ones_sample():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=1e-38)
+    target = toy_target()
+    out = generate(target, [1, 2], sampling=SamplingParams(temperature=1e-5, top_p=1e-6,
+                                                          max_new_tokens=4, seed=1))  # fmt: skip
+    greedy = generate(target, [1, 2], sampling=SamplingParams(temperature=0, max_new_tokens=4))
+    assert out.token_ids == greedy.token_ids
+    assert torch.isfinite(torch.tensor(out.token_ids, dtype=torch.float)).all()
