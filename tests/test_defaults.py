@@ -92,7 +92,7 @@ def test_a_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + bytes(64))
-    with pytest.raises(ValueError, match="broken.gguf: unreadable GGUF"):
+    with pytest.raises(ValueError, match=r"broken\.gguf: unreadable GGUF"):
         gguf.convert(broken)
     converted = tmp_path / "cache" / "converted"
     assert not converted.exists() or not any(converted.iterdir())
