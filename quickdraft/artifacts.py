@@ -25,9 +25,7 @@ class ArtifactError(ValueError):
         super().__init__(f"{path}: {problem}; {remedy}")
 
 
-def read_json(
-    path: str | Path, remedy: str, required: tuple[str, ...] = ()
-) -> dict[str, Any]:
+def read_json(path: str | Path, remedy: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """A JSON object holding at least the ``required`` keys."""
     path = Path(path)
     try:

@@ -59,9 +59,7 @@ def files(tmp_path_factory, smollm2):
         "medusa_bad_field": lambda d: (d / "medusa.json").write_text(
             json.dumps({"config": {"hidden_size": hidden, "vocab_size": 49152, "heads": 3}})
         ),
-        "medusa_random_weights": lambda d: (d / "medusa.safetensors").write_bytes(
-            os.urandom(4096)
-        ),
+        "medusa_random_weights": lambda d: (d / "medusa.safetensors").write_bytes(os.urandom(4096)),
         "medusa_head_count": lambda d: (d / "medusa.json").write_text(
             json.dumps({"config": {"hidden_size": hidden, "vocab_size": 49152, "num_heads": 5}})
         ),

@@ -36,7 +36,9 @@ def test_stop_string_and_length_in_one_step_agree(k):
     token_ids end at the stop string, text is cut before it and finish_reason is "stop"."""
     target, tokenizer = toy_target(), ToyTokenizer(8)
     plain = generate(
-        target, "dab", sampling=SamplingParams(temperature=0, max_new_tokens=40),
+        target,
+        "dab",
+        sampling=SamplingParams(temperature=0, max_new_tokens=40),
         tokenizer=tokenizer,
     ).token_ids
     text = tokenizer.decode(plain)

@@ -45,8 +45,11 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     tasks = [task for task in summary if task != "all"]
     lines = [f"# quickdraft bench: {meta['target']}", ""]
     if meta.get("partial"):
-        lines += [f"**Partial results** ({meta.get('completed', '?')} runs): rerun the same "
-                  "command to complete them.", ""]
+        lines += [
+            f"**Partial results** ({meta.get('completed', '?')} runs): rerun the same "
+            "command to complete them.",
+            "",
+        ]
     lines += [f"- {key}: {value}" for key, value in meta.items() if key != "target"]
     for key, title in (
         (

@@ -172,9 +172,7 @@ def _rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
 class _Layer:
     PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
-    def __init__(
-        self, weights: dict[str, torch.Tensor], prefix: str, bias: bool, linear: Callable
-    ):
+    def __init__(self, weights: dict[str, torch.Tensor], prefix: str, bias: bool, linear: Callable):
         attn, mlp = prefix + "self_attn.", prefix + "mlp."
         qkv = torch.cat([weights[attn + f"{p}_proj.weight"] for p in "qkv"])
         qkv_bias = torch.cat([weights[attn + f"{p}_proj.bias"] for p in "qkv"]) if bias else None
