@@ -25,8 +25,9 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from quickdraft.bench.harness import BenchSettings, MethodRun, run_bench, summarise
+from quickdraft.bench.harness import BenchSettings, MethodRun, run_bench
 from quickdraft.bench.machine import describe_machine
+from quickdraft.bench.summary import summarise
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
 from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.draft_model import DraftModelDrafter
@@ -106,7 +107,7 @@ def main() -> None:
         bar = progress.add_task("bench", total=total)
         bench = run_bench(
             target, tokenizer, methods, tasks, settings, drafters=drafters,
-            on_run=lambda r: progress.update(bar, advance=1, description=f"{r.task} {r.method}"),
+            on_run=lambda r, _: progress.update(bar, advance=1, description=f"{r.task} {r.method}"),
         )  # fmt: skip
     summary = summarise(bench)
     result = {

@@ -29,8 +29,9 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from quickdraft.bench.harness import BenchSettings, parse_methods, run_bench, summarise
+from quickdraft.bench.harness import BenchSettings, parse_methods, run_bench
 from quickdraft.bench.machine import describe_machine
+from quickdraft.bench.summary import summarise
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import DecodeState
@@ -168,7 +169,7 @@ def main() -> None:
         bench = run_bench(
             target, tokenizer, methods, tasks, settings, draft=draft,
             draft_tokenizer=draft_tokenizer, draft_name=DRAFT,
-            on_run=lambda r: progress.update(bar, advance=1, description=f"{r.task} {r.method}"),
+            on_run=lambda r, _: progress.update(bar, advance=1, description=f"{r.task} {r.method}"),
         )  # fmt: skip
     summary = summarise(bench)
     meta = {

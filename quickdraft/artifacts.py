@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +110,23 @@ def check_output(path: str | Path | None, *, folder: bool = False) -> None:
         raise ValueError(f"out: {parent} is not writable")
 
 
+def partial_suffix() -> str:
+    """``HOST-PID`` of this process, for the name of a file or folder being written."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 def remove_stale_partials(folder: Path, pattern: str) -> None:
-    """Delete leftovers ``pattern`` (a glob with the writer's pid after ``-``) of processes
-    that are gone: an interrupted conversion must not keep its half-written copy forever."""
+    """Delete leftovers ``pattern`` (a glob ending in ``partial_suffix``) of processes of this
+    host that are gone: an interrupted conversion must not keep its half-written copy
+    forever. Another host's are left alone (a cache on a shared disk)."""
+    host = socket.gethostname()
     for stale in folder.glob(pattern):
-        pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and (int(pid) == os.getpid() or _alive(int(pid))):
+        owner, _, pid = stale.name.rpartition("-")
+        # ".partial-PID" is what earlier versions wrote, always on this host's own cache.
+        ours = owner.endswith((f".partial-{host}", ".partial"))
+        if not ours or not pid.isdecimal():
+            continue  # another host's, or not ours to judge
+        if int(pid) == os.getpid() or _alive(int(pid)):
             continue  # still being written
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)

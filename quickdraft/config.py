@@ -30,6 +30,7 @@ MAX_TREE_DEPTH = 32
 MAX_TREE_WIDTH = 64
 MAX_DRAFT_TOKENS = 256
 MAX_LOOKUP_NGRAM = 32
+MAX_LOOKAHEAD_NGRAM = 16
 
 
 class Method(StrEnum):
@@ -59,14 +60,27 @@ class AcceptRule(StrEnum):
 LOSSLESS_RULES = tuple(rule for rule in AcceptRule if rule.lossless)
 
 
+def show_value(value: Any) -> str:
+    """repr of a bad value, short: Python refuses to print ints past 4,300 digits."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return "an integer of more than 4,300 digits"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _check_number(name: str, value: Any, *, integer: bool = False) -> None:
     """Reject wrong types (bool included), NaN and infinities, naming the field."""
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         kind = "an integer" if integer else "a number"
-        raise ValueError(f"{name} must be {kind}, got {value!r} ({type(value).__name__})")
-    if not integer and not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise ValueError(f"{name} must be {kind}, got {show_value(value)} ({type(value).__name__})")
+    try:
+        finite = integer or math.isfinite(value)
+    except OverflowError:  # an int past float's range, such as 10**400
+        finite = False
+    if not finite:
+        raise ValueError(f"{name} must be finite, got {show_value(value)}")
 
 
 def _check_range(name: str, value: Any, low: float, high: float, *, integer: bool = False):
@@ -74,15 +88,17 @@ def _check_range(name: str, value: Any, low: float, high: float, *, integer: boo
     _check_number(name, value, integer=integer)
     if not low <= value <= high:
         span = f"{low}..{high}" if integer else f"[{low:g}, {high:g}]"
-        raise ValueError(f"{name} must be in {span}, got {value!r}")
+        raise ValueError(f"{name} must be in {span}, got {show_value(value)}")
 
 
 def _check_temperature(name: str, value: Any) -> None:
     _check_number(name, value)
     if value > 1e30:  # logits / T is then 0 for every token: say uniform, not a number
-        raise ValueError(f"{name} must be at most 1e30, got {value}")
+        raise ValueError(f"{name} must be at most 1e30, got {show_value(value)}")
     if value != 0 and not value >= MIN_TEMPERATURE:
-        raise ValueError(f"{name} must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {value}")
+        raise ValueError(
+            f"{name} must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {show_value(value)}"
+        )
 
 
 def _check_path(name: str, value: Any) -> None:
@@ -90,9 +106,11 @@ def _check_path(name: str, value: Any) -> None:
     if value is None:
         return
     if isinstance(value, bytes) or not isinstance(value, str | os.PathLike):
-        raise ValueError(f"{name} must be a path (str), got {value!r} ({type(value).__name__})")
+        raise ValueError(
+            f"{name} must be a path (str), got {show_value(value)} ({type(value).__name__})"
+        )
     if not os.fspath(value).strip():
-        raise ValueError(f"{name} must be a non-empty path, got {value!r}")
+        raise ValueError(f"{name} must be a non-empty path, got {show_value(value)}")
 
 
 def _enum_value(name: str, enum: type[Enum], value: Any) -> Enum:
@@ -102,7 +120,7 @@ def _enum_value(name: str, enum: type[Enum], value: Any) -> Enum:
         return enum(value)
     except ValueError:
         allowed = ", ".join(m.value for m in enum)  # type: ignore[attr-defined]
-        raise ValueError(f"{name} must be one of {allowed}; got {value!r}") from None
+        raise ValueError(f"{name} must be one of {allowed}; got {show_value(value)}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +163,7 @@ class SamplingParams:
         for token in self.stop_token_ids:
             _check_range("stop_token_ids", token, 0, MAX_TOKEN_ID, integer=True)
         if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+            raise ValueError(f"ignore_eos must be True or False, got {show_value(self.ignore_eos)}")
         object.__setattr__(self, "stop", _as_tuple("stop", self.stop))
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"stop holds at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
@@ -164,7 +182,7 @@ class SamplingParams:
 
 def _as_tuple(name: str, value: Any) -> tuple:
     if isinstance(value, str | bytes) or not isinstance(value, tuple | list):
-        raise ValueError(f"{name} must be a list or tuple, got {value!r}")
+        raise ValueError(f"{name} must be a list or tuple, got {show_value(value)}")
     return tuple(value)
 
 
@@ -250,7 +268,9 @@ class SpecConfig:
         from quickdraft.vocab import parse_shortlist
 
         if not isinstance(self.draft_shortlist, str):
-            raise ValueError(f"draft_shortlist must be a string, got {self.draft_shortlist!r}")
+            raise ValueError(
+                f"draft_shortlist must be a string, got {show_value(self.draft_shortlist)}"
+            )
         try:
             parse_shortlist(self.draft_shortlist)
         except ValueError as error:
@@ -261,7 +281,9 @@ class SpecConfig:
             _check_path(name, getattr(self, name))
 
         if not isinstance(self.tree, str):
-            raise ValueError(f"tree must be a string such as default or 4,2,1; got {self.tree!r}")
+            raise ValueError(
+                f"tree must be a string such as default or 4,2,1; got {show_value(self.tree)}"
+            )
         if self.method not in (Method.MEDUSA, Method.EAGLE) and self.tree != "default":
             raise ValueError("tree applies to methods medusa and eagle only")
         if self.method is not Method.MEDUSA and self.medusa_dir is not None:
@@ -273,15 +295,23 @@ class SpecConfig:
             if self.method is not Method.EAGLE:
                 raise ValueError("eagle_lookup applies to method eagle only")
         if not isinstance(self.drafter_int8, bool):
-            raise ValueError(f"drafter_int8 must be True or False, got {self.drafter_int8!r}")
+            raise ValueError(
+                f"drafter_int8 must be True or False, got {show_value(self.drafter_int8)}"
+            )
         if self.method is Method.MEDUSA:
             from quickdraft.drafters.medusa import check_tree
 
             check_tree(self.tree)  # syntax and size; the depth is checked against the heads
         if self.method is Method.EAGLE:
-            from quickdraft.drafters.eagle_tree import DynamicTree
+            from quickdraft.drafters.eagle_tree import DEFAULT_LOOKUP, DynamicTree
 
-            DynamicTree.parse(self.tree)
+            tree = DynamicTree.parse(self.tree)
+            lookup = DEFAULT_LOOKUP if self.eagle_lookup is None else self.eagle_lookup
+            if tree.tokens + lookup > MAX_DRAFT_TOKENS:
+                raise ValueError(
+                    f"tree: {tree.tokens} tokens plus eagle_lookup {lookup} exceed the "
+                    f"{MAX_DRAFT_TOKENS} tokens of one verify pass"
+                )
         names = ("lookahead_window", "lookahead_ngram", "lookahead_candidates")
         given = {name[len("lookahead_") :]: getattr(self, name) for name in names}
         given = {name: value for name, value in given.items() if value is not None}

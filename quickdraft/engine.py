@@ -240,7 +240,15 @@ def _as_batch(
         if tokenizer is None:
             raise ValueError("prompt: a text prompt needs a tokenizer")
         prompt = tokenizer.encode(valid_text("prompt", prompt))
-    ids = torch.as_tensor(prompt, dtype=torch.long)
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
+            raise ValueError(f"prompt: token ids must be integers, got {prompt.dtype}")
+    elif not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise ValueError("prompt: token ids must be integers")
+    try:
+        ids = torch.as_tensor(prompt, dtype=torch.long)
+    except (RuntimeError, OverflowError, TypeError):
+        raise ValueError("prompt: token ids must be integers below 2**63") from None
     if ids.dim() != 1:
         raise ValueError(f"prompt must be a text or a list of token ids, got shape {ids.shape}")
     return ids.unsqueeze(0)

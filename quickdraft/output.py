@@ -80,9 +80,9 @@ class StepOutput:
             self.reasons[row] = "stop"
         self.active &= ~stopped & (self.generated < self.sampling.max_new_tokens)
         if self.sampling.stop:
-            # Rows that grew this step, including one that just reached max_new_tokens: a stop
-            # string completed in its last chunk still cuts it and makes its reason "stop".
-            self._check_stop_strings(was_active & ~stopped)
+            # Rows that grew this step, including one that just reached max_new_tokens or a
+            # stop token: a stop string completed earlier in the chunk still cuts it there.
+            self._check_stop_strings(was_active)
 
     def _check_stop_strings(self, rows: torch.Tensor) -> None:
         """Cut ``rows`` ([B] bool) whose text contains a stop string: tokens up to the one

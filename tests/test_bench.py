@@ -78,3 +78,66 @@ def test_bench_runs_every_task_on_smollm2_and_writes_the_report(smollm2, tmp_pat
     for name in ("speedup_by_task.png", "acceptance_by_position.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     assert "wrote" in capsys.readouterr().out
+
+
+def test_an_interrupted_bench_leaves_partial_results_and_the_rerun_resumes(
+    smollm2, tmp_path, monkeypatch, capsys
+):
+    import quickdraft.bench.harness as harness
+
+    argv = ["bench", "--methods", "ar,ngram@3", "--tasks", "code,math", "--prompts-per-task",
+            "2", "--max-new-tokens", "4", "--out", str(tmp_path)]  # fmt: skip
+    (tmp_path / "results.json").write_text('{"meta": {"old": true}, "results": {}}')
+    real_generate, calls = harness.generate, []
+
+    def interrupted_after_three(*args, **kwargs):
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "generate", interrupted_after_three)
+    assert main(argv) == 130
+    partial = json.loads((tmp_path / "results.json").read_text())
+    assert partial["meta"]["partial"] is True and partial["meta"]["completed"] == "3/8"
+    assert "Partial results" in (tmp_path / "report.md").read_text()
+    assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 1 + 3
+
+    calls.clear()
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "generate", counted)
+    assert main(argv) == 0
+    assert len(calls) == 5  # only the runs the first attempt did not finish
+    done = json.loads((tmp_path / "results.json").read_text())
+    assert done["meta"]["partial"] is False and done["meta"]["completed"] == "8/8"
+    assert done["results"]["all"]["ngram k=3"]["identical_to_ar"] is True
+    assert "resuming: 3 runs" in capsys.readouterr().out
+
+    other = [*argv[:-2], "--max-new-tokens", "5", "--out", str(tmp_path)]  # another bench
+    calls.clear()
+    assert main(other) == 0
+    assert len(calls) == 8  # nothing reused from a bench with other settings
+
+
+def test_a_torn_last_line_keeps_the_runs_before_it(tmp_path):
+    from quickdraft.bench.harness import RunRecord
+    from quickdraft.bench.runlog import RunLog
+    from quickdraft.stats import Stats
+
+    settings = {"target": "t", "methods": ["ar"]}
+    log = RunLog(tmp_path, settings)
+    assert log.resume() == [] and not log.replaced
+    for item in ("a", "b"):
+        log.append(RunRecord("code", item, "ar", 0, [1, 2], 0.5, Stats(k=0, new_tokens=2)))
+    with log.path.open("a") as handle:
+        handle.write('{"task": "code", "item": "c", "meth')  # the process died mid-write
+    again = RunLog(tmp_path, settings)
+    kept = again.resume()
+    assert [r.item for r in kept] == ["a", "b"] and kept[0].stats.new_tokens == 2
+    assert len(again.path.read_text().splitlines()) == 3  # header and the two whole runs
+    other = RunLog(tmp_path, {**settings, "methods": ["ngram"]})
+    assert other.resume() == [] and other.replaced

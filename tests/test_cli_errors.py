@@ -77,6 +77,7 @@ def files(tmp_path_factory, smollm2):
     from quickdraft.drafters.eagle import eagle_folder
 
     shipped = eagle_folder("smollm2-135m")
+    made["shipped_eagle"] = shipped
     for name, edit in {
         "eagle_bad_json": lambda d: (d / "eagle.json").write_text("{"),
         "eagle_truncated": lambda d: (d / "eagle.safetensors").write_bytes(
@@ -155,6 +156,7 @@ def invocations(f) -> list[list[str]]:
         [*medusa, "/no/such/folder"],
         *([*medusa, str(f[name])] for name in f if name.startswith("medusa_")),
         *([*eagle, str(f[name])] for name in f if name.startswith("eagle_")),
+        [*eagle, str(f["shipped_eagle"]), "--target", str(f["tiny"])],
         ["generate", "caf\udce9", "--max-new-tokens", "2"],
         ["bench", "--methods", "ar", "--out", str(f["file"])],
         ["bench", "--methods", "bogus", "--out", out],
@@ -173,6 +175,8 @@ def invocations(f) -> list[list[str]]:
         ["export", "eagle", "--target", "smollm2-135m", "--out", str(f["file"])],
         ["export", "eagle", "--target", "smollm2-135m", "--eagle-dir", "/no/such", "--out", out],
         ["export", "eagle", "--target", "qwen2.5-coder-0.5b-nope", "--out", out],
+        ["export", "eagle", "--target", str(f["tiny"]), "--eagle-dir",
+         str(f["shipped_eagle"]), "--out", out],  # a drafter made for another target
         ["pick", "--calibrate", "/no/such/prompts.jsonl"],
         ["pick", "--calibrate", str(f["bad_prompts"])],
         ["pick", "--drafters", "bogus"],

@@ -18,13 +18,14 @@ from quickdraft.drafters.medusa import MedusaConfig, MedusaHeads, save_heads
 # Values of every type and range the fields meet in the wild: edges, overflows, typos.
 EDGES = [
     -(2**64), -(2**63), -1, 0, 1, 2, 3, 4, 5, 16, 32, 33, 63, 64, 65, 256, 257, 4096,
-    2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64, 10**30,
+    2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64, 10**30, 10**400, 10**5000,
     -1.0, -0.0, 0.0, 5e-324, 1e-46, 1e-38, 1e-7, 1e-6, 1e-5, 0.001, 0.1, 0.5, 0.9, 0.99,
     1.0, 1.0000001, 1.5, 2.0, 100.0, 1e30, 1e308, float("nan"), float("inf"), float("-inf"),
     True, False, None, "", " ", "0", "1", "abc", "default", "full", "fit:8", "fit:0",
     "fit:257", "fit:x", "4,2,1", "2,2", "300,300,300", "100,100,100", "1000000,1,1",
     "6,4,10,0.1", "4,4,12", "3,1,3", "6,4,10,1.5", "6,4,10,nan", "1,1,1,0", "0,1,1",
-    "fr:8", "fr:0", "dyna-pa:4", "nope:3", "ar", "ngram", "draft_model", "medusa", "eagle",
+    "\u00b2,1", "fit:\u00b2", "6,4,256", "6,4,252", "fr:8", "fr:0", "dyna-pa:4", "nope:3",
+    "ar", "ngram", "draft_model", "medusa", "eagle",
     "lookahead", "rejection_sampling", "greedy", "typical", "RAR", "\udcff", "a\x00b",
     b"bytes", bytearray(b"x"), [1, 2], (3,), ["</s>"], ("stop",), [], (), {}, {"a": 1},
     [2**70], ["\udcff"], [""], ["x"] * 65, Path("."), Path(""), object(),

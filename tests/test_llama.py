@@ -148,7 +148,7 @@ def test_hidden_taps_and_truncation():
 
 
 def test_int8_linear_is_close_to_float():
-    from quickdraft.models.llama import Linear
+    from quickdraft.models.ops import Linear
 
     weight = torch.randn(256, 128, generator=torch.Generator().manual_seed(6)) * 0.05
     x = torch.randn(3, 5, 128, generator=torch.Generator().manual_seed(7))

@@ -9,12 +9,9 @@ decoding, token for token.
 from __future__ import annotations
 
 import dataclasses
-import json
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from quickdraft.bench.tasks import TaskItem
@@ -82,7 +79,7 @@ def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
                 raise ValueError(f"methods: {part!r}: {error}") from None
             continue
         try:
-            chosen = int(k_text) if k_text else (k or DEFAULT_K[method])
+            chosen = int(k_text) if k_text else (DEFAULT_K[method] if k is None else k)
         except ValueError:
             raise ValueError(f"methods: {part!r}: the number after @ must be an integer") from None
         label = f"{name} k={chosen}" + (f" {shortlist}" if shortlist else "")
@@ -128,9 +125,11 @@ class BenchSettings:
     chat: bool = True
 
     def __post_init__(self) -> None:
-        if self.repeats < 1:
+        if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
-        SamplingParams(temperature=self.temperature, max_new_tokens=self.max_new_tokens)
+        SamplingParams(
+            temperature=self.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed
+        )
 
 
 @dataclass(slots=True)
@@ -152,9 +151,7 @@ class RunRecord:
         return (self.task, self.item, self.method, self.repeat)
 
     def to_json(self) -> dict[str, Any]:
-        record = {f: getattr(self, f) for f in self.__slots__ if f != "stats"}
-        record["stats"] = {f: getattr(self.stats, f) for f in self.stats.__slots__}
-        return record
+        return dataclasses.asdict(self)  # the Stats inside becomes a dict too
 
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> RunRecord:
@@ -182,37 +179,6 @@ class BenchRun:
     drafter_vocab: dict[str, int | None] = field(default_factory=dict)
 
 
-class RunLog:
-    """``runs.jsonl`` in a bench's output folder: a header with the bench's settings, then one
-    line per finished run. A rerun of the same bench resumes from it; a bench with other
-    settings starts a new log."""
-
-    def __init__(self, folder: Path, settings: dict[str, Any]):
-        self.path = Path(folder) / "runs.jsonl"
-        self.header = {"bench": settings}
-
-    def resume(self) -> list[RunRecord]:
-        """The runs already done by this bench; starts a fresh log when there are none."""
-        records: list[RunRecord] = []
-        if self.path.exists():
-            lines = self.path.read_text().splitlines()
-            try:
-                if lines and json.loads(lines[0]) == self.header:
-                    records = [RunRecord.from_json(json.loads(line)) for line in lines[1:]]
-            except (json.JSONDecodeError, TypeError, KeyError):
-                records = []  # a torn last line or an older format: run those again
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("w") as log:
-            log.write(json.dumps(self.header) + "\n")
-            for record in records:
-                log.write(json.dumps(record.to_json()) + "\n")
-        return records
-
-    def append(self, record: RunRecord) -> None:
-        with self.path.open("a") as log:
-            log.write(json.dumps(record.to_json()) + "\n")
-
-
 def run_bench(
     target: Model,
     tokenizer: Any,
@@ -227,7 +193,7 @@ def run_bench(
     medusa_dir: str | None = None,
     eagle_dir: str | None = None,
     drafters: dict[str, Any] | None = None,
-    on_run: Callable[[RunRecord], None] | None = None,
+    on_run: Callable[[RunRecord, BenchRun], None] | None = None,
     done: list[RunRecord] | None = None,
 ) -> BenchRun:
     """Every method on every item, ``settings.repeats`` times, interleaved item by item.
@@ -237,8 +203,9 @@ def run_bench(
     Medusa heads and EAGLE drafter shipped for the target (``medusa_dir`` and ``eagle_dir``
     override them). ``drafters`` gives
     prebuilt drafters by method label (a pruned draft model, say); the others are built from
-    their specs. ``done``: records of an interrupted run of the same bench, kept and not run
-    again (``on_run`` is not called for them)."""
+    their specs. ``on_run(record, bench)`` follows every run, with the bench so far.
+    ``done``: records of an interrupted run of the same bench, kept and not run again
+    (``on_run`` is not called for them)."""
     given = dict(drafters or {})
     needs_draft = [
         m for m in methods if m.spec.method is Method.DRAFT_MODEL and m.label not in given
@@ -326,7 +293,7 @@ def run_bench(
                         record.shortlist_by_position = shortlist.mean_size_by_position()
                     bench.records.append(record)
                     if on_run is not None:
-                        on_run(record)
+                        on_run(record, bench)
     return bench
 
 
@@ -334,104 +301,3 @@ def _prompt_ids(item: TaskItem, tokenizer: Any, chat: bool) -> list[int]:
     if chat and getattr(tokenizer, "has_chat_template", False):
         return tokenizer.apply_chat(list(item.messages))
     return tokenizer.encode(item.prompt)
-
-
-def summarise(bench: BenchRun) -> dict[str, Any]:
-    """Per task and method (and over all tasks): acceptance, speed, time split, identity."""
-    tasks = list(dict.fromkeys(record.task for record in bench.records))
-    result: dict[str, Any] = {}
-    for scope in [*tasks, "all"]:
-        chosen = [r for r in bench.records if scope == "all" or r.task == scope]
-        result[scope] = {run.label: _summary(chosen, run.label, bench) for run in bench.methods}
-    return result
-
-
-def _summary(records: list[RunRecord], label: str, bench: BenchRun) -> dict[str, Any]:
-    mine = [r for r in records if r.method == label]
-    pooled = Stats(k=max((r.stats.k for r in mine), default=0))
-    for record in mine:
-        pooled.accepted_drafts.extend(record.stats.accepted_drafts)
-        pooled.drafted.extend(record.stats.drafted)
-    ar_records = [r for r in records if r.method == "ar"]
-    ratios = _ratios(_per_item_median(mine), _per_item_median(ar_records))
-    decode_ratios = _ratios(
-        _per_item_median(mine, decode=True), _per_item_median(ar_records, decode=True)
-    )
-    reference = {
-        (r.task, r.item): r.token_ids for r in records if r.method == "ar" and r.repeat == 0
-    }
-    identical = None
-    compared = [r for r in mine if (r.task, r.item) in reference]  # a partial run may lack some
-    if bench.settings.temperature == 0 and compared:
-        identical = all(r.token_ids == reference[(r.task, r.item)] for r in compared)
-    count = max(len(mine), 1)
-    tokens = sum(len(r.token_ids) for r in mine)
-    return {
-        "runs": len(mine),
-        "new_tokens": tokens,
-        "mean_accepted_length": _finite(pooled.mean_accepted_length),
-        "acceptance_by_position": [_finite(x) for x in pooled.acceptance_by_position],
-        "tokens_per_s_median": _finite(
-            statistics.median([r.tokens_per_second for r in mine]) if mine else float("nan")
-        ),
-        "speedup_over_ar": _finite(statistics.median(ratios) if ratios else float("nan")),
-        "decode_tokens_per_s_median": _finite(
-            statistics.median([r.decode_tokens_per_second for r in mine]) if mine else float("nan")
-        ),
-        "decode_speedup_over_ar": _finite(
-            statistics.median(decode_ratios) if decode_ratios else float("nan")
-        ),
-        "time_per_run_s": {
-            "prefill": sum(r.stats.time_prefill for r in mine) / count,
-            "draft": sum(r.stats.time_draft for r in mine) / count,
-            "verify": sum(r.stats.time_verify for r in mine) / count,
-            "other": sum(r.stats.time_other for r in mine) / count,
-        },
-        "drafter_vocab_size": bench.drafter_vocab.get(label),
-        "draft_step_ms": _finite(_draft_step_ms(mine)),
-        "shortlist_size_mean": _finite(_mean_shortlist(mine)),
-        "shortlist_size_by_position": _shortlist_by_position(mine),
-        "identical_to_ar": identical,
-    }
-
-
-def _draft_step_ms(records: list[RunRecord]) -> float:
-    """Drafting time per drafted token, pooled over the runs."""
-    drafted = sum(sum(r.stats.drafted) for r in records)
-    seconds = sum(r.stats.time_draft for r in records)
-    return 1000 * seconds / drafted if drafted else float("nan")
-
-
-def _mean_shortlist(records: list[RunRecord]) -> float:
-    """Mean shortlist size per draft position, pooled over runs by their drafted tokens."""
-    pairs = [
-        (r.shortlist_size, sum(r.stats.drafted)) for r in records if r.shortlist_size is not None
-    ]
-    weight = sum(n for _, n in pairs)
-    return sum(size * n for size, n in pairs) / weight if weight else float("nan")
-
-
-def _shortlist_by_position(records: list[RunRecord]) -> list[float] | None:
-    rows = [r.shortlist_by_position for r in records if r.shortlist_by_position]
-    if not rows:
-        return None
-    width = max(len(row) for row in rows)
-    return [statistics.fmean(row[t] for row in rows if t < len(row)) for t in range(width)]
-
-
-def _per_item_median(
-    records: list[RunRecord], decode: bool = False
-) -> dict[tuple[str, str], float]:
-    by_item: dict[tuple[str, str], list[float]] = {}
-    for record in records:
-        rate = record.decode_tokens_per_second if decode else record.tokens_per_second
-        by_item.setdefault((record.task, record.item), []).append(rate)
-    return {item: statistics.median(values) for item, values in by_item.items()}
-
-
-def _ratios(speed: dict, baseline: dict) -> list[float]:
-    return [speed[item] / baseline[item] for item in speed if item in baseline]
-
-
-def _finite(value: float) -> float | None:
-    return None if value != value else value  # NaN -> None, for JSON

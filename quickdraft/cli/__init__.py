@@ -103,30 +103,35 @@ def _warning_line(message, category, filename, lineno, line=None) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 1 a check failed (conformance), 2 bad input or a bad file (one line
     on stderr naming it), 130 interrupted (Ctrl-C)."""
+    formatting = warnings.formatwarning
     warnings.formatwarning = _warning_line  # library warnings print as one line each
+    try:
+        return _run(argv)
+    finally:
+        warnings.formatwarning = formatting  # as it was, for a caller in the same process
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
     except KeyboardInterrupt:
         return _interrupted()
+    commands = {
+        "conformance": _conformance,
+        "theory": _theory,
+        "demo": _demo,
+        "generate": _generate,
+        "bench": _bench,
+        "pick": _pick,
+        "train": _train,
+        "export": _export,
+    }
     try:
-        commands = {
-            "conformance": _conformance,
-            "theory": _theory,
-            "demo": _demo,
-            "generate": _generate,
-            "bench": _bench,
-            "pick": _pick,
-            "train": _train,
-            "export": _export,
-        }
         out = vars(args).get("out")  # every --out is a folder: check it before any compute
         if out is not None:
             check_output(out, folder=True)
         return commands[args.command](args)
-    except ValueError as error:
-        print(f"error: {_one_line(error)}", file=sys.stderr)
-        return 2
-    except OSError as error:  # a path the user gave: missing, unreadable, disk full
+    except (ValueError, OSError) as error:  # OSError: a path the user gave, a full disk
         print(f"error: {_one_line(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -9,7 +9,7 @@ from typing import Any
 from rich.progress import Progress
 from rich.table import Table
 
-from quickdraft.cli.common import _positive_int, console
+from quickdraft.cli.common import _positive_int, _threads, console
 
 
 def _add_bench(commands: argparse._SubParsersAction) -> None:
@@ -45,7 +45,7 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--repeats", type=_positive_int, default=1)
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--threads", type=_positive_int, default=None)
+    bench.add_argument("--threads", type=_threads, default=None)
     bench.add_argument(
         "--no-chat",
         dest="chat",
@@ -67,15 +67,10 @@ def _bench(args: argparse.Namespace) -> int:
 
     import torch
 
-    from quickdraft.bench.harness import (
-        BenchRun,
-        BenchSettings,
-        RunLog,
-        parse_methods,
-        run_bench,
-        summarise,
-    )
+    from quickdraft.bench.harness import BenchSettings, parse_methods, run_bench
     from quickdraft.bench.report import write_report
+    from quickdraft.bench.runlog import RunLog
+    from quickdraft.bench.summary import summarise
     from quickdraft.bench.tasks import load_tasks, parse_tasks
     from quickdraft.config import Method
     from quickdraft.models.loading import load_model
@@ -117,28 +112,28 @@ def _bench(args: argparse.Namespace) -> int:
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
         f"torch {torch.__version__}",
     }
-    log = RunLog(args.out, {k: v for k, v in meta.items() if k != "machine"})
+    identity = {**meta, "medusa_dir": args.medusa_dir, "eagle_dir": args.eagle_dir}
+    log = RunLog(args.out, {k: str(v) if k.endswith("_dir") else v for k, v in identity.items()
+                            if k != "machine"})  # fmt: skip
     done = log.resume()
     if done:
         console.print(f"resuming: {len(done)} runs of this bench already in {log.path}")
+    if log.replaced:
+        console.print(f"{log.path} held another bench's runs; starting a new log")
     total = sum(len(items) for items in tasks.values()) * args.repeats * len(methods)
     # An older results.json must not look current while this run goes: mark it partial now.
     write_report({}, {**meta, "completed": f"{len(done)}/{total}"}, args.out, partial=True)
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task("bench", total=total, completed=len(done))
-        records: list[Any] = list(done)
 
-        def advance(record: Any) -> None:
+        def advance(record: Any, so_far: Any) -> None:
             log.append(record)
-            records.append(record)
-            partial = dataclasses.replace(bench_so_far, records=records)
-            meta["completed"] = f"{len(records)}/{total}"
-            write_report(summarise(partial), meta, args.out, partial=True)
+            meta["completed"] = f"{len(so_far.records)}/{total}"
+            write_report(summarise(so_far), meta, args.out, partial=True)
             progress.update(
                 bar, advance=1, description=f"{record.task} {record.item} {record.method}"
             )
 
-        bench_so_far = BenchRun(methods, settings)
         bench = run_bench(
             target,
             tokenizer,
@@ -222,7 +217,7 @@ def _add_pick(commands: argparse._SubParsersAction) -> None:
     )
     calibration.add_argument("--k-max", type=_positive_int, default=8)
     calibration.add_argument("--max-new-tokens", type=_positive_int, default=48)
-    calibration.add_argument("--threads", type=_positive_int, default=None)
+    calibration.add_argument("--threads", type=_threads, default=None)
     calibration.add_argument("--json", action="store_true", help="print the result as JSON")
 
 

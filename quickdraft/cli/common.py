@@ -16,3 +16,11 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _threads(text: str) -> int:
+    """A torch thread count: 1..1024."""
+    value = int(text)
+    if not 1 <= value <= 1024:
+        raise argparse.ArgumentTypeError(f"must be in 1..1024, got {value}")
+    return value

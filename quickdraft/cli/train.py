@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from quickdraft.cli.common import _positive_int, console
+from quickdraft.cli.common import _positive_int, _threads, console
 
 DEFAULT_CACHE = Path.home() / ".cache" / "quickdraft" / "train"
 
@@ -66,7 +66,7 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
         help="int8 weights while computing features (default on, as the draft runs)",
     )
     router.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    router.add_argument("--threads", type=_positive_int, default=None)
+    router.add_argument("--threads", type=_threads, default=None)
     router.add_argument("--seed", type=int, default=0)
 
     medusa = kinds.add_parser(
@@ -109,7 +109,7 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
         "the heads still rank the whole vocabulary when drafting",
     )
     medusa.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    medusa.add_argument("--threads", type=_positive_int, default=None)
+    medusa.add_argument("--threads", type=_threads, default=None)
     medusa.add_argument("--seed", type=int, default=0)
     _add_train_eagle(kinds)
 
@@ -161,7 +161,7 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
     eagle.add_argument("--batch-size", type=_positive_int, default=8, help="sequences")
     eagle.add_argument("--lr", type=float, default=1e-3)
     eagle.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    eagle.add_argument("--threads", type=_positive_int, default=None)
+    eagle.add_argument("--threads", type=_threads, default=None)
     eagle.add_argument("--seed", type=int, default=0)
 
 
@@ -335,17 +335,16 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from quickdraft.drafters.eagle import check_fits, eagle_folder, load_eagle
+    from quickdraft.drafters.eagle import eagle_folder, load_eagle
     from quickdraft.drafters.eagle_export import export_eagle
+    from quickdraft.drafters.eagle_net import check_fits
     from quickdraft.models.loading import load_model
 
     net = load_eagle(eagle_folder(args.target, args.eagle_dir))
     target, _ = load_model(args.target)
     check_fits(net, target)  # an export must load where generate would
     head = target.head_weight  # type: ignore[attr-defined]
-    folder = export_eagle(
-        net, head.float(), args.out, args.engine, getattr(target, "max_positions", 8192)
-    )
+    folder = export_eagle(net, head.float(), args.out, args.engine, target.max_positions)
     method = "eagle3" if net.config.variant == "eagle3" else "eagle"
     console.print(f"wrote {folder} ({net.config.variant}, for {args.engine})")
     console.print(

@@ -36,12 +36,12 @@ from quickdraft import artifacts
 from quickdraft.accept import Verdict
 from quickdraft.artifacts import load_state, read_json, read_safetensors
 from quickdraft.drafters.base import DecodeState, Draft, shipped_folder
-from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
+from quickdraft.drafters.eagle_net import EagleConfig, EagleNet, check_fits
 from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import Model
 from quickdraft.models.kv_cache import KVCache
-from quickdraft.models.llama import Linear
+from quickdraft.models.ops import Linear
 
 CONFIG_FILE = "eagle.json"
 WEIGHTS_FILE = "eagle.safetensors"
@@ -77,35 +77,6 @@ def load_eagle(folder: str | Path) -> EagleNet:
             folder / WEIGHTS_FILE, "draft_vocab holds ids past the config's vocab_size", remedy
         )
     return net.eval()
-
-
-def check_fits(net: EagleNet, target: Model) -> None:
-    """ValueError unless the drafter was made for a target of this shape: the native runner
-    (embedding and LM head), the same hidden size and vocabulary, and the tapped layers."""
-    config = net.config
-    for name in ("embed", "head_weight", "config"):
-        if not hasattr(target, name):
-            raise ValueError(
-                f"target: EAGLE reads the native runner's embedding and LM head, got "
-                f"{type(target).__name__}"
-            )
-    target_config = target.config  # type: ignore[attr-defined]
-    if target_config.hidden_size != config.hidden_size:
-        raise ValueError(
-            f"eagle_dir: a drafter of hidden size {config.hidden_size} does not fit the "
-            f"target's {target_config.hidden_size}"
-        )
-    if target.vocab_size != config.vocab_size:
-        raise ValueError(
-            f"eagle_dir: drafter trained for a vocabulary of {config.vocab_size}, the "
-            f"target has {target.vocab_size}"
-        )
-    beyond = [n for n in config.feature_layers if not 1 <= n <= target_config.num_layers]
-    if beyond:
-        raise ValueError(
-            f"eagle_dir: the drafter reads layers {beyond}, the target has "
-            f"{target_config.num_layers}"
-        )
 
 
 def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> Path:

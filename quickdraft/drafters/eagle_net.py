@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quickdraft.models.llama import _rotate
+from quickdraft.models.base import Model
+from quickdraft.models.ops import rotate
 
 
 class EagleVariant(StrEnum):
@@ -239,8 +240,8 @@ class EagleNet(nn.Module):
             return x.view(batch, length, count, dim).transpose(1, 2)
 
         cos, sin = rotary(positions, self.inv_freq)
-        q = _rotate(heads(attn.q_proj(attn_input), config.num_heads), cos, sin)
-        k = _rotate(heads(attn.k_proj(attn_input), config.num_kv_heads), cos, sin)
+        q = rotate(heads(attn.q_proj(attn_input), config.num_heads), cos, sin)
+        k = rotate(heads(attn.k_proj(attn_input), config.num_kv_heads), cos, sin)
         return q, k, heads(attn.v_proj(attn_input), config.num_kv_heads)
 
     def finish(self, attended: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -290,3 +291,32 @@ class EagleNet(nn.Module):
             feature = self.finish(attended, residual)
             outputs.append(feature)
         return outputs
+
+
+def check_fits(net: EagleNet, target: Model) -> None:
+    """ValueError unless the drafter was made for a target of this shape: the native runner
+    (embedding and LM head), the same hidden size and vocabulary, and the tapped layers."""
+    config = net.config
+    for name in ("embed", "head_weight", "config"):
+        if not hasattr(target, name):
+            raise ValueError(
+                f"target: EAGLE reads the native runner's embedding and LM head, got "
+                f"{type(target).__name__}"
+            )
+    target_config = target.config  # type: ignore[attr-defined]
+    if target_config.hidden_size != config.hidden_size:
+        raise ValueError(
+            f"eagle_dir: a drafter of hidden size {config.hidden_size} does not fit the "
+            f"target's {target_config.hidden_size}"
+        )
+    if target.vocab_size != config.vocab_size:
+        raise ValueError(
+            f"eagle_dir: drafter trained for a vocabulary of {config.vocab_size}, the "
+            f"target has {target.vocab_size}"
+        )
+    beyond = [n for n in config.feature_layers if not 1 <= n <= target_config.num_layers]
+    if beyond:
+        raise ValueError(
+            f"eagle_dir: the drafter reads layers {beyond}, the target has "
+            f"{target_config.num_layers}"
+        )

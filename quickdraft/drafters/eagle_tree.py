@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH
+from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH, show_value
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,13 +31,15 @@ class DynamicTree:
         for name, high in bounds.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
-                raise ValueError(f"tree: {name} must be an integer in 1..{high}, got {value!r}")
+                raise ValueError(
+                    f"tree: {name} must be an integer in 1..{high}, got {show_value(value)}"
+                )
         if (
             isinstance(self.min_prob, bool)
             or not isinstance(self.min_prob, int | float)
             or not 0.0 <= self.min_prob < 1.0
         ):
-            raise ValueError(f"tree: min_prob must be in [0, 1), got {self.min_prob!r}")
+            raise ValueError(f"tree: min_prob must be in [0, 1), got {show_value(self.min_prob)}")
 
     @classmethod
     def parse(cls, text: str | None, device: str = "cpu") -> DynamicTree:

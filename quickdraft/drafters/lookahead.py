@@ -26,7 +26,13 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.accept import Verdict
-from quickdraft.config import MAX_DRAFT_TOKENS, SpecConfig
+from quickdraft.config import (
+    MAX_DRAFT_TOKENS,
+    MAX_LOOKAHEAD_NGRAM,
+    MAX_TREE_WIDTH,
+    SpecConfig,
+    show_value,
+)
 from quickdraft.drafters.base import DecodeState, Draft, SideBranch
 from quickdraft.models.base import Model
 
@@ -45,16 +51,16 @@ class LookaheadConfig:
 
     def __post_init__(self) -> None:
         bounds = {
-            "window": (1, 64),
-            "ngram": (2, 16),
-            "candidates": (1, 64),
+            "window": (1, MAX_TREE_WIDTH),
+            "ngram": (2, MAX_LOOKAHEAD_NGRAM),
+            "candidates": (1, MAX_TREE_WIDTH),
             "pool_size": (1, 4096),
         }
         for name, (low, high) in bounds.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise ValueError(
-                    f"lookahead_{name} must be an integer in {low}..{high}, got {value!r}"
+                    f"lookahead_{name} must be an integer in {low}..{high}, got {show_value(value)}"
                 )
         tokens = (self.ngram - 1) * (self.window + self.candidates)
         if tokens > MAX_DRAFT_TOKENS:

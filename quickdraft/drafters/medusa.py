@@ -14,6 +14,7 @@ all of them together: their states are stacked into one product.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,10 +27,10 @@ from torch import nn
 from quickdraft import artifacts
 from quickdraft.accept import Verdict
 from quickdraft.artifacts import load_state, read_json, read_safetensors
-from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH
+from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH, show_value
 from quickdraft.drafters.base import DecodeState, Draft, shipped_folder
 from quickdraft.models.base import Model
-from quickdraft.models.llama import Linear
+from quickdraft.models.ops import Linear
 from quickdraft.tree import TreeShape
 
 CONFIG_FILE = "medusa.json"
@@ -95,11 +96,11 @@ def check_tree(text: str) -> None:
     if text == "default":
         return
     if text.startswith("fit:"):
-        if not text[4:].isdigit() or not 1 <= int(text[4:]) <= MAX_DRAFT_TOKENS:
+        if not re.fullmatch(r"[0-9]+", text[4:]) or not 1 <= int(text[4:]) <= MAX_DRAFT_TOKENS:
             raise ValueError(f"tree: expected fit:N with N in 1..{MAX_DRAFT_TOKENS}, got {text!r}")
         return
     parts = text.split(",")
-    if not all(part.strip().isdigit() for part in parts):
+    if not all(re.fullmatch(r" *[0-9]+ *", part) for part in parts):
         raise ValueError(f"tree: expected default or widths like 4,2,1, got {text!r}")
     widths = [int(part) for part in parts]
     if len(widths) > MAX_TREE_DEPTH or not all(1 <= w <= MAX_TREE_WIDTH for w in widths):
@@ -151,7 +152,7 @@ class MedusaConfig:
         for name in ("hidden_size", "vocab_size", "num_heads", "num_layers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ValueError(f"{name} must be a positive integer, got {show_value(value)}")
 
 
 class ResidualBlock(nn.Module):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from quickdraft.artifacts import ArtifactError, brief, remove_stale_partials
+from quickdraft.artifacts import ArtifactError, brief, partial_suffix, remove_stale_partials
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
 
@@ -159,14 +159,20 @@ def convert(path: Path, *, sha256: str | None = None) -> Path:
     remedy = "the file is truncated or not a GGUF model: download or copy it again"
     try:
         reader = GGUFReader(str(path))
-        config = read_config(reader)
-        state = read_state_dict(reader, config, progress=f"converting {path.name} (once)")
     except (ValueError, IndexError, KeyError, OSError, TypeError) as error:
         raise ArtifactError(path, f"unreadable GGUF ({brief(error)})", remedy) from None
+    try:
+        config = read_config(reader)  # its own ValueError names an unsupported architecture
+        state = read_state_dict(reader, config, progress=f"converting {path.name} (once)")
+    except (IndexError, KeyError, TypeError) as error:
+        problem = f"GGUF metadata or tensors incomplete ({brief(error)})"
+        raise ArtifactError(path, problem, remedy) from None
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
     # Write beside the target and rename into place, so concurrent loaders never see half a
     # folder; whoever renames first wins and the other's copy is dropped. A failure or Ctrl-C
     # removes the half-written copy at once; a killed process leaves it to the next start.
-    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    partial = folder.with_name(f"{folder.name}.partial-{partial_suffix()}")
     shutil.rmtree(partial, ignore_errors=True)
     try:
         partial.mkdir(parents=True)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from quickdraft.models import int8 as int8_ops
 from quickdraft.models.base import ModelOutput
 from quickdraft.models.kv_cache import KVCache
+from quickdraft.models.ops import Linear, rms_norm, rotate
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -83,67 +84,6 @@ class LlamaConfig:
         )
 
 
-class Linear:
-    """y = x W^T + b. On CPU in float32 the weight is prepacked for oneDNN (exact up to float
-    rounding); with ``int8`` it is quantized per output channel and run per-row by the int8
-    kernels of ``models.int8`` (``channel_amax``: calibrated input magnitudes, whose largest
-    channels stay in float). Elsewhere plain F.linear. Once packed, the dense weight is dropped
-    to save memory, unless ``prepack`` is False (a model that calibrates before quantizing).
-    ``observe()`` makes each call record the largest |x| per input channel in ``channel_amax``.
-    """
-
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        *,
-        int8: bool = False,
-        channel_amax: torch.Tensor | None = None,
-        prepack: bool = True,
-    ):
-        self.weight: torch.Tensor | None = weight
-        self.bias = bias
-        self.out_features = weight.shape[0]
-        self.channel_amax: torch.Tensor | None = None
-        self._observing = False
-        self._packed: Any = None
-        self._int8: int8_ops.Int8Weights | None = None
-        if weight.device.type != "cpu" or weight.dtype != torch.float32 or not prepack:
-            return
-        try:
-            if int8:
-                self._int8 = int8_ops.pack(weight, bias, channel_amax)
-            else:
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
-            self.weight = None
-        except (AttributeError, RuntimeError):  # a build without these kernels: plain F.linear
-            self._packed = self._int8 = None
-
-    def observe(self) -> None:
-        self._observing = True
-
-    def quantized(self) -> Linear:
-        """An int8 copy, keeping in float the input channels ``observe`` saw largest."""
-        if self.weight is None:
-            raise ValueError("quantized() needs the dense weight: build with prepack=False")
-        return Linear(self.weight, self.bias, int8=True, channel_amax=self.channel_amax)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._observing:
-            seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
-            self.channel_amax = seen if self.channel_amax is None else self.channel_amax.max(seen)
-        if self.weight is not None:
-            return F.linear(x, self.weight, self.bias)
-        flat = x.reshape(-1, x.shape[-1])
-        if not flat.is_contiguous():
-            flat = flat.contiguous()
-        if self._int8 is not None:
-            out = int8_ops.linear(flat, self._int8)
-        else:
-            out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
-        return out.view(*x.shape[:-1], self.out_features)
-
-
 def _rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     dim = config.head_dim
     inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
@@ -170,8 +110,6 @@ def _rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
 
 
 class _Layer:
-    PROJECTIONS = ("qkv", "o", "gate_up", "down")
-
     def __init__(self, weights: dict[str, torch.Tensor], prefix: str, bias: bool, linear: Callable):
         attn, mlp = prefix + "self_attn.", prefix + "mlp."
         qkv = torch.cat([weights[attn + f"{p}_proj.weight"] for p in "qkv"])
@@ -183,18 +121,6 @@ class _Layer:
         self.down = linear(weights[mlp + "down_proj.weight"])
         self.attn_norm = weights[prefix + "input_layernorm.weight"]
         self.mlp_norm = weights[prefix + "post_attention_layernorm.weight"]
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    variance = x.float().pow(2).mean(-1, keepdim=True)
-    return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype) * weight
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, Hugging Face's rotate-half convention. x: [B, T, heads, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
 
 
 class LlamaRunner:
@@ -251,19 +177,19 @@ class LlamaRunner:
             if original is not None:
                 self.quant_check = int8_ops.compare(self._logits(probe), original)
 
-    def _linears(self) -> list[tuple[Any, str]]:
-        """(owner, attribute) of every projection and the head."""
-        owned = [(layer, name) for layer in self.layers for name in _Layer.PROJECTIONS]
-        return [*owned, (self, "head")]
-
     def _quantize(self, calibration: torch.Tensor | None) -> None:
-        linears = self._linears()
+        """Every projection and the head to int8, in place; ``calibration`` first runs in
+        float to find each one's outlier input channels."""
+        divisors = {self.head: int8_ops.OUTLIER_DIVISOR}
+        for layer in self.layers:
+            divisors |= dict.fromkeys((layer.qkv, layer.o, layer.gate_up), int8_ops.OUTLIER_DIVISOR)
+            divisors[layer.down] = int8_ops.DOWN_OUTLIER_DIVISOR
         if calibration is not None:
-            for owner, name in linears:
-                getattr(owner, name).observe()
+            for linear in divisors:
+                linear.observe()
             self._logits(calibration)
-        for owner, name in linears:
-            setattr(owner, name, getattr(owner, name).quantized())
+        for linear, divisor in divisors.items():
+            linear.quantize(divisor)
 
     def _logits(self, ids: torch.Tensor) -> torch.Tensor:
         """[T] token ids -> [T, V] logits of one fresh pass."""
@@ -368,22 +294,22 @@ class LlamaRunner:
         x = self.embed[tokens]
         taps = {}
         for index, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.attn_norm, config.rms_norm_eps)
+            h = rms_norm(x, layer.attn_norm, config.rms_norm_eps)
             q, k, v = layer.qkv(h).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-            q = _rotate(q.view(batch, num_new, heads, dim), cos, sin)
-            k = _rotate(k.view(batch, num_new, kv_heads, dim), cos, sin)
+            q = rotate(q.view(batch, num_new, heads, dim), cos, sin)
+            k = rotate(k.view(batch, num_new, kv_heads, dim), cos, sin)
             cache.write(index, k, v.view(batch, num_new, kv_heads, dim), slots)
             keys, values = cache.view(index, used)
             attended = F.scaled_dot_product_attention(
                 q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=heads != kv_heads
             )
             x = x + layer.o(attended.transpose(1, 2).reshape(batch, num_new, heads * dim))
-            h = _rms_norm(x, layer.mlp_norm, config.rms_norm_eps)
+            h = rms_norm(x, layer.mlp_norm, config.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
             if index in self.tap_layers:
                 taps[index] = x
-        return _rms_norm(x, self.norm, config.rms_norm_eps), taps
+        return rms_norm(x, self.norm, config.rms_norm_eps), taps
 
     def _mask(
         self, lengths: torch.Tensor, num_new: int, used: int, tree_mask: torch.Tensor | None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import warnings
@@ -27,6 +26,8 @@ import torch
 
 from quickdraft.artifacts import (
     ArtifactError,
+    brief,
+    partial_suffix,
     read_json,
     read_safetensors,
     remove_stale_partials,
@@ -120,26 +121,28 @@ def load_model(
         LlamaConfig.from_hf(config)
     except (KeyError, TypeError) as error:
         raise ArtifactError(folder / "config.json", f"lacks {error}", remedy) from None
+    calibration = probe = None
+    if int8:
+        calibration = torch.tensor(tokenizer.encode(int8_ops.CALIBRATION_TEXT))
+        probe = torch.tensor(tokenizer.encode(int8_ops.PROBE_TEXT))
     try:
-        if not int8:
-            runner = LlamaRunner.from_state_dict(
-                config, state, dtype=dtype, device=device, tap_layers=tap_layers
-            )
-            return _named(runner, name_or_path), tokenizer
+        runner = LlamaRunner.from_state_dict(
+            config,
+            state,
+            dtype=dtype,
+            device=device,
+            tap_layers=tap_layers,
+            int8=int8,
+            calibration=calibration,
+            probe=probe,
+        )
     except KeyError as error:
         raise ArtifactError(folder, f"lacks the weight {error}", remedy) from None
-    runner = LlamaRunner.from_state_dict(
-        config,
-        state,
-        dtype=dtype,
-        device=device,
-        tap_layers=tap_layers,
-        int8=True,
-        calibration=torch.tensor(tokenizer.encode(int8_ops.CALIBRATION_TEXT)),
-        probe=torch.tensor(tokenizer.encode(int8_ops.PROBE_TEXT)),
-    )
+    except RuntimeError as error:  # a weight whose shape disagrees with config.json
+        problem = f"weights do not fit config.json ({brief(error)})"
+        raise ArtifactError(folder, problem, remedy) from None
     check = runner.quant_check
-    if check is not None and runner.int8 and not check.passed:
+    if check is not None and not check.passed:
         if not int8_fallback:
             raise ValueError(f"int8: {name_or_path} quantized fails its check: {check.describe()}")
         warnings.warn(
@@ -217,7 +220,7 @@ def packaged_gguf(alias: str) -> Path:
         return target  # only ever renamed into place after its checksum matched
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(target.parent, "*.partial-*")  # left by interrupted joins
-    partial = target.with_suffix(f".partial-{os.getpid()}")
+    partial = target.with_suffix(f".partial-{partial_suffix()}")
     try:
         with partial.open("wb") as out:
             for distribution, version, member in spec.parts:

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import save_file
 
 from quickdraft.artifacts import ArtifactError, read_safetensors
-from quickdraft.models.llama import Linear
+from quickdraft.models.ops import Linear
 from quickdraft.vocab.router import Router
 
 

@@ -1,0 +1,89 @@
+"""Kernels the models and drafters share: the packed and int8 linear layer, RMS norm and the
+rotary embedding (Hugging Face's rotate-half convention)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from quickdraft.models import int8 as int8_ops
+
+
+class Linear:
+    """y = x W^T + b. On CPU in float32 the weight is prepacked for oneDNN (exact up to float
+    rounding); with ``int8`` it is quantized per output channel and run per-row by the int8
+    kernels of ``models.int8`` (``channel_amax``: calibrated input magnitudes, whose largest
+    channels stay in float). Elsewhere plain F.linear. Once packed, the dense weight is dropped
+    to save memory, unless ``prepack`` is False (a model that calibrates before quantizing).
+    ``observe()`` makes each call record the largest |x| per input channel in ``channel_amax``.
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        int8: bool = False,
+        channel_amax: torch.Tensor | None = None,
+        prepack: bool = True,
+    ):
+        self.weight: torch.Tensor | None = weight
+        self.bias = bias
+        self.out_features = weight.shape[0]
+        self.channel_amax: torch.Tensor | None = None
+        self._observing = False
+        self._packed: Any = None
+        self._int8: int8_ops.Int8Weights | None = None
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or not prepack:
+            return
+        try:
+            if int8:
+                self._int8 = int8_ops.pack(weight, bias, channel_amax)
+            else:
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+            self.weight = None
+        except (AttributeError, RuntimeError):  # a build without these kernels: plain F.linear
+            self._packed = self._int8 = None
+
+    def observe(self) -> None:
+        self._observing = True
+
+    def quantize(self, divisor: int = int8_ops.OUTLIER_DIVISOR) -> None:
+        """To int8 in place, keeping in float the in // ``divisor`` input channels
+        ``observe`` saw largest."""
+        if self.weight is None:
+            raise ValueError("quantize() needs the dense weight: build with prepack=False")
+        self._observing = False
+        if self.weight.device.type != "cpu" or self.weight.dtype != torch.float32:
+            return  # the int8 kernels are CPU float32 ones: elsewhere it stays as it is
+        self._int8 = int8_ops.pack(self.weight, self.bias, self.channel_amax, divisor)
+        self.weight = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._observing:
+            seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
+            self.channel_amax = seen if self.channel_amax is None else self.channel_amax.max(seen)
+        if self.weight is not None:
+            return F.linear(x, self.weight, self.bias)
+        flat = x.reshape(-1, x.shape[-1])
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
+        if self._int8 is not None:
+            out = int8_ops.linear(flat, self._int8)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype) * weight
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, Hugging Face's rotate-half convention. x: [B, T, heads, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
