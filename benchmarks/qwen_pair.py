@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from quickdraft import Method, SamplingParams, SpecConfig, generate
+from quickdraft.bench.machine import describe_machine
 from quickdraft.calibrate import forward_costs
 from quickdraft.models.loading import load_model, resolve
 
@@ -175,8 +175,7 @@ def main() -> None:
         "threads": args.threads,
         "max_new_tokens": tokens,
         "greedy": True,
-        "machine": f"{platform.processor() or platform.machine()}, {args.threads} threads, "
-        f"torch {torch.__version__}",
+        "machine": f"{describe_machine()}, {args.threads} threads",
         "native_target_forward_ms": costs,
         "five_to_one_token_cost": costs[5] / costs[1],
         "summary": summary,

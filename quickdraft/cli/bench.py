@@ -63,11 +63,11 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     import dataclasses
-    import platform
 
     import torch
 
     from quickdraft.bench.harness import BenchSettings, parse_methods, run_bench
+    from quickdraft.bench.machine import describe_machine
     from quickdraft.bench.report import write_report
     from quickdraft.bench.runlog import RunLog
     from quickdraft.bench.summary import summarise
@@ -109,8 +109,7 @@ def _bench(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "chat": args.chat,
         "threads": torch.get_num_threads(),
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
-        f"torch {torch.__version__}",
+        "machine": describe_machine(),
     }
     identity = {**meta, "medusa_dir": args.medusa_dir, "eagle_dir": args.eagle_dir}
     log = RunLog(args.out, {k: str(v) if k.endswith("_dir") else v for k, v in identity.items()
