@@ -24,7 +24,10 @@ on a calibration probe rather than at every call):
    their weight columns (which are zeroed in the int8 weights, so they do not widen the
    per-channel weight scales).
 
-Measured on SmolLM2-135M (``benchmarks/int8_accuracy.py``): see the results file it writes.
+``benchmarks/int8_accuracy.py`` measures each draft model against its float original:
+top-1 agreement on the probe, relative logit error and the decode step's cost (results in
+``benchmarks/results/int8_accuracy.md``: SmolLM2-135M 95.9%, 0.047, 0.57 of the float step;
+Qwen2.5-Coder-0.5B 97.0%, 0.037, 0.55).
 """
 
 from __future__ import annotations
