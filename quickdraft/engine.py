@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from numbers import Integral
 
 import torch
 
@@ -243,11 +244,11 @@ def _as_batch(
     if isinstance(prompt, torch.Tensor):
         if prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
             raise ValueError(f"prompt: token ids must be integers, got {prompt.dtype}")
-    elif not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif not all(isinstance(t, Integral) and not isinstance(t, bool) for t in prompt):
         raise ValueError("prompt: token ids must be integers")
     try:
         ids = torch.as_tensor(prompt, dtype=torch.long)
-    except (RuntimeError, OverflowError, TypeError):
+    except (RuntimeError, OverflowError, TypeError, ValueError):
         raise ValueError("prompt: token ids must be integers below 2**63") from None
     if ids.dim() != 1:
         raise ValueError(f"prompt must be a text or a list of token ids, got shape {ids.shape}")

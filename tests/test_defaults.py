@@ -134,3 +134,16 @@ def test_temperatures_that_overflow_are_rejected_and_small_valid_ones_sample():
                                                           max_new_tokens=4, seed=1))  # fmt: skip
     greedy = generate(target, [1, 2], sampling=SamplingParams(temperature=0, max_new_tokens=4))
     assert out.token_ids == greedy.token_ids  # so cold and narrow it is greedy, not NaN
+
+
+def test_prompt_ids_of_any_integer_type_run_and_others_are_named():
+    import numpy as np
+    import torch
+
+    target = toy_target()
+    greedy = SamplingParams(temperature=0, max_new_tokens=3)
+    expected = generate(target, [1, 2, 3], sampling=greedy).token_ids
+    assert generate(target, np.array([1, 2, 3]), sampling=greedy).token_ids == expected
+    for bad in ([1.5, 2], [2**70], [True, 2], torch.tensor([1.0, 2.0])):
+        with pytest.raises(ValueError, match="prompt: token ids must be integers"):
+            generate(target, bad, sampling=greedy)
