@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--out", type=Path, default=RESULTS / "int8_accuracy.json")
     args = parser.parse_args()
+    if args.repeats < 3:
+        parser.error("--repeats must be at least 3 (three interleaved rounds)")
     torch.set_num_threads(args.threads)
     rows = []
     for name in args.models.split(","):

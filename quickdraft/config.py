@@ -169,11 +169,11 @@ class SamplingParams:
             raise ValueError(f"stop holds at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         for text in self.stop:
             if not isinstance(text, str) or not text:
-                raise ValueError(f"stop must hold non-empty strings, got {text!r}")
+                raise ValueError(f"stop must hold non-empty strings, got {show_value(text)}")
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:
-                raise ValueError(f"stop: {text!r} is not valid Unicode text") from None
+                raise ValueError(f"stop: {show_value(text)} is not valid Unicode text") from None
 
     @property
     def greedy(self) -> bool:

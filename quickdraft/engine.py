@@ -242,17 +242,21 @@ def _as_batch(
             raise ValueError("prompt: a text prompt needs a tokenizer")
         prompt = tokenizer.encode(valid_text("prompt", prompt))
     if isinstance(prompt, torch.Tensor):
+        if prompt.dim() != 1:
+            raise ValueError(f"prompt must be one row of token ids, got shape {prompt.shape}")
         if prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
             raise ValueError(f"prompt: token ids must be integers, got {prompt.dtype}")
-    elif not all(isinstance(t, Integral) and not isinstance(t, bool) for t in prompt):
-        raise ValueError("prompt: token ids must be integers")
+        return prompt.to(torch.long).unsqueeze(0)
     try:
-        ids = torch.as_tensor(prompt, dtype=torch.long)
+        ids = list(prompt)  # an iterator is read once, here
+    except TypeError:
+        raise ValueError(f"prompt must be a text or a list of token ids, got {prompt!r}") from None
+    if not all(isinstance(t, Integral) and not isinstance(t, bool) for t in ids):
+        raise ValueError("prompt: token ids must be integers (one row of them)")
+    try:
+        return torch.as_tensor(ids, dtype=torch.long).unsqueeze(0)
     except (RuntimeError, OverflowError, TypeError, ValueError):
         raise ValueError("prompt: token ids must be integers below 2**63") from None
-    if ids.dim() != 1:
-        raise ValueError(f"prompt must be a text or a list of token ids, got shape {ids.shape}")
-    return ids.unsqueeze(0)
 
 
 def _decoder(

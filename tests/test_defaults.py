@@ -144,6 +144,12 @@ def test_prompt_ids_of_any_integer_type_run_and_others_are_named():
     greedy = SamplingParams(temperature=0, max_new_tokens=3)
     expected = generate(target, [1, 2, 3], sampling=greedy).token_ids
     assert generate(target, np.array([1, 2, 3]), sampling=greedy).token_ids == expected
-    for bad in ([1.5, 2], [2**70], [True, 2], torch.tensor([1.0, 2.0])):
+    assert generate(target, iter([1, 2, 3]), sampling=greedy).token_ids == expected
+    for bad in ([1.5, 2], [2**70], [True, 2], torch.tensor([1.0, 2.0]), [[1, 2], [3, 4]]):
         with pytest.raises(ValueError, match="prompt: token ids must be integers"):
             generate(target, bad, sampling=greedy)
+    for bad in (5, None, torch.ones(2, 2, dtype=torch.long)):
+        with pytest.raises(ValueError, match="prompt must be"):
+            generate(target, bad, sampling=greedy)
+    with pytest.raises(ValueError, match="stop must hold"):
+        SamplingParams(stop=[10**5000])

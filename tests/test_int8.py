@@ -99,3 +99,15 @@ def test_a_failing_check_falls_back_for_drafts_and_raises_when_strict(monkeypatc
     assert not model.int8
     with pytest.raises(ValueError, match="int8: smollm2-135m quantized fails its check"):
         loading.load_model("smollm2-135m", int8=True, int8_fallback=False)
+
+
+def test_a_build_without_int8_kernels_keeps_float(monkeypatch):
+    def missing(*args, **kwargs):
+        raise RuntimeError("no quantized engine")
+
+    monkeypatch.setattr(torch.ops.quantized, "linear_prepack", missing, raising=False)
+    weight = torch.randn(8, 16, generator=torch.Generator().manual_seed(4))
+    linear = Linear(weight, prepack=False)
+    linear.quantize()
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(linear(x), x @ weight.T)

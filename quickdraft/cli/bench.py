@@ -118,7 +118,9 @@ def _bench(args: argparse.Namespace) -> int:
     if done:
         console.print(f"resuming: {len(done)} runs of this bench already in {log.path}")
     if log.replaced:
-        console.print(f"{log.path} held another bench's runs; starting a new log")
+        console.print(
+            f"{log.path} held another bench's runs (or an unreadable header); starting a new log"
+        )
     total = sum(len(items) for items in tasks.values()) * args.repeats * len(methods)
     # An older results.json must not look current while this run goes: mark it partial now.
     write_report({}, {**meta, "completed": f"{len(done)}/{total}"}, args.out, partial=True)

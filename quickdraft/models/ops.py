@@ -58,7 +58,10 @@ class Linear:
         self._observing = False
         if self.weight.device.type != "cpu" or self.weight.dtype != torch.float32:
             return  # the int8 kernels are CPU float32 ones: elsewhere it stays as it is
-        self._int8 = int8_ops.pack(self.weight, self.bias, self.channel_amax, divisor)
+        try:
+            self._int8 = int8_ops.pack(self.weight, self.bias, self.channel_amax, divisor)
+        except (AttributeError, RuntimeError):  # a build without the int8 kernels: float
+            return
         self.weight = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
