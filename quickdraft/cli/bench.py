@@ -111,9 +111,8 @@ def _bench(args: argparse.Namespace) -> int:
         "threads": torch.get_num_threads(),
         "machine": describe_machine(),
     }
-    identity = {**meta, "medusa_dir": args.medusa_dir, "eagle_dir": args.eagle_dir}
-    log = RunLog(args.out, {k: str(v) if k.endswith("_dir") else v for k, v in identity.items()
-                            if k != "machine"})  # fmt: skip
+    identity = {key: value for key, value in meta.items() if key != "machine"}
+    log = RunLog(args.out, {**identity, "medusa_dir": args.medusa_dir, "eagle_dir": args.eagle_dir})
     done = log.resume()
     if done:
         console.print(f"resuming: {len(done)} runs of this bench already in {log.path}")

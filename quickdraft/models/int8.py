@@ -128,10 +128,10 @@ def linear(x: torch.Tensor, weights: Int8Weights) -> torch.Tensor:
     outlier_part = None
     if weights.columns is not None:
         outlier_part = x.index_select(1, weights.columns) @ weights.dense_columns
-        x = x.index_fill(1, weights.columns, 0.0)
+        x = x.index_fill(1, weights.columns, 0.0)  # a copy: the caller's x is left alone
     row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)  # [N, 1]
-    out = torch.ops.quantized.linear_dynamic(x / row_scale, weights.packed, False)
-    out = out * row_scale
+    scaled = x.div_(row_scale) if outlier_part is not None else x / row_scale
+    out = torch.ops.quantized.linear_dynamic(scaled, weights.packed, False).mul_(row_scale)
     if outlier_part is not None:
         out += outlier_part
     if weights.bias is not None:

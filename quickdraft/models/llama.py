@@ -180,15 +180,16 @@ class LlamaRunner:
     def _quantize(self, calibration: torch.Tensor | None) -> None:
         """Every projection and the head to int8, in place; ``calibration`` first runs in
         float to find each one's outlier input channels."""
-        divisors = {self.head: int8_ops.OUTLIER_DIVISOR}
+        usual, down = int8_ops.OUTLIER_DIVISOR, int8_ops.DOWN_OUTLIER_DIVISOR
+        linears = [(self.head, usual)]
         for layer in self.layers:
-            divisors |= dict.fromkeys((layer.qkv, layer.o, layer.gate_up), int8_ops.OUTLIER_DIVISOR)
-            divisors[layer.down] = int8_ops.DOWN_OUTLIER_DIVISOR
+            linears += [(layer.qkv, usual), (layer.o, usual), (layer.gate_up, usual)]
+            linears.append((layer.down, down))
         if calibration is not None:
-            for linear in divisors:
+            for linear, _ in linears:
                 linear.observe()
             self._logits(calibration)
-        for linear, divisor in divisors.items():
+        for linear, divisor in linears:
             linear.quantize(divisor)
 
     def _logits(self, ids: torch.Tensor) -> torch.Tensor:

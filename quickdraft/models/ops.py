@@ -14,10 +14,10 @@ from quickdraft.models import int8 as int8_ops
 class Linear:
     """y = x W^T + b. On CPU in float32 the weight is prepacked for oneDNN (exact up to float
     rounding); with ``int8`` it is quantized per output channel and run per-row by the int8
-    kernels of ``models.int8`` (``channel_amax``: calibrated input magnitudes, whose largest
-    channels stay in float). Elsewhere plain F.linear. Once packed, the dense weight is dropped
-    to save memory, unless ``prepack`` is False (a model that calibrates before quantizing).
-    ``observe()`` makes each call record the largest |x| per input channel in ``channel_amax``.
+    kernels of ``models.int8``. Elsewhere plain F.linear. Once packed, the dense weight is
+    dropped to save memory, unless ``prepack`` is False (a model that calibrates first:
+    ``observe()`` makes each call record the largest |x| per input channel in
+    ``channel_amax``, and ``quantize()`` then keeps the largest of them in float).
     """
 
     def __init__(
@@ -26,7 +26,6 @@ class Linear:
         bias: torch.Tensor | None = None,
         *,
         int8: bool = False,
-        channel_amax: torch.Tensor | None = None,
         prepack: bool = True,
     ):
         self.weight: torch.Tensor | None = weight
@@ -36,16 +35,18 @@ class Linear:
         self._observing = False
         self._packed: Any = None
         self._int8: int8_ops.Int8Weights | None = None
-        if weight.device.type != "cpu" or weight.dtype != torch.float32 or not prepack:
+        if not prepack:
+            return
+        if int8:
+            self.quantize()
+            return
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return
         try:
-            if int8:
-                self._int8 = int8_ops.pack(weight, bias, channel_amax)
-            else:
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
             self.weight = None
-        except (AttributeError, RuntimeError):  # a build without these kernels: plain F.linear
-            self._packed = self._int8 = None
+        except (AttributeError, RuntimeError):  # a build without this kernel: plain F.linear
+            self._packed = None
 
     def observe(self) -> None:
         self._observing = True
