@@ -34,7 +34,7 @@ from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.summary import summarise
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import DecodeState
+from quickdraft.drafters.base import Batch, StepResult
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.models.loading import load_model
 from quickdraft.vocab import artifact_folder, build_shortlist
@@ -74,16 +74,11 @@ def _micro_pass(
     tasks = load_tasks(TASK_KINDS, 1)
     times: dict[str, list[float]] = {label: [] for label in drafters}
     for items in tasks.values():
-        prompt = torch.tensor([tokenizer.apply_chat(list(items[0].messages))])
-        state = DecodeState(
-            tokens=torch.cat([prompt, torch.zeros(1, 64, dtype=torch.long)], dim=1),
-            lengths=torch.tensor([prompt.shape[1]]),
-            prompt_length=prompt.shape[1],
-            sampling=SamplingParams(temperature=0),
-            generator=torch.Generator().manual_seed(0),
-        )
+        prompt = tokenizer.apply_chat(list(items[0].messages))
+        state = Batch.from_rows([prompt], SamplingParams(temperature=0, seed=0))
         for drafter in drafters.values():
-            drafter.begin(state)
+            drafter.reserve(1, state.capacity)
+            drafter.begin(0, StepResult(state, state.lengths - 1))
             drafter.propose(state)  # warm-up
         for _ in range(repeats):
             for label, drafter in drafters.items():

@@ -1,13 +1,22 @@
 """quickdraft: exact speculative decoding for language models."""
 
 from quickdraft.config import AcceptRule, Method, SamplingParams, SpecConfig
-from quickdraft.engine import BatchGeneration, Generation, generate, generate_batch
+from quickdraft.engine import (
+    BatchGeneration,
+    Engine,
+    Generation,
+    RequestOutput,
+    generate,
+    generate_batch,
+)
 
 __all__ = [
     "AcceptRule",
     "BatchGeneration",
+    "Engine",
     "Generation",
     "Method",
+    "RequestOutput",
     "SamplingParams",
     "SpecConfig",
     "generate",

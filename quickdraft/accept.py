@@ -107,10 +107,15 @@ def rejection_sampling(
     as u * p_i(d_i) < q_i(d_i) with u ~ U[0, 1): no division, and a token the target gives
     probability 0 (outside its top-k or top-p, say) is never accepted. At the first rejection,
     sample the residual; if none, sample the bonus token from q_{k+1}.
+
+    A deterministic drafter's point masses go to :func:`greedy`: accepting d_i with
+    probability q_i(d_i), else sampling q_i without d_i, is the same as drawing the target's
+    own token and comparing, in distribution and in acceptance. The walk spends one draw per
+    token it emits, so a seeded request's tokens never depend on what was drafted.
     """
-    batch, k = draft_tokens.shape
     if draft_probs is None:
-        draft_probs = point_mass(draft_tokens, target_probs.shape[-1])
+        return greedy(draft_tokens, None, target_probs, generator)
+    batch, k = draft_tokens.shape
     index = draft_tokens.unsqueeze(-1)
     p = draft_probs.gather(-1, index).squeeze(-1)  # [B, k]
     q = target_probs[:, :k].gather(-1, index).squeeze(-1)  # [B, k]
@@ -136,11 +141,12 @@ def greedy(
     is the corrected or bonus token. The output is the target's own samples, so the rule is exact
     for any drafter, but at temperature > 0 it accepts with probability sum_x p(x) q(x) instead
     of sum_x min(p(x), q(x)): prefer rejection sampling whenever the drafter has probabilities.
+    It is the tree walk (:func:`tree_greedy`) over a chain: the target draws its tokens one
+    position at a time, only as far as the walk goes.
     """
-    k = draft_tokens.shape[1]
-    choice = sample(target_probs, generator)  # [B, k+1]
-    num_accepted = accepted_count(draft_tokens == choice[:, :k])
-    return Verdict(num_accepted, choice.gather(1, num_accepted.unsqueeze(1)).squeeze(1))
+    shape = TreeShape.chain(draft_tokens.shape[1])
+    verdict = tree_greedy(draft_tokens, shape, None, target_probs, generator)
+    return Verdict(verdict.num_accepted, verdict.next_token)
 
 
 # -- trees -------------------------------------------------------------------------------
@@ -194,7 +200,11 @@ def tree_rejection_sampling(
     taken at a node follows the target's distribution there: the output is exact. With point
     masses a rejection just removes c_i from q, which is sampling q without replacement; that
     is exact whatever the candidates, so probabilities only raise acceptance, never exactness.
+    Point masses therefore go to :func:`tree_greedy`, the same rule as a walk that spends one
+    draw per emitted token: a seeded request's tokens never depend on the tree drafted.
     """
+    if draft_probs is None:
+        return tree_greedy(draft_tokens, shape, None, target_probs, generator)
     batch = draft_tokens.shape[0]
     rows, node, done, path, num_accepted = _walk_start(batch, shape, draft_tokens.device)
     q = target_probs[:, 0].clone()  # [B, V] the distribution the next token must follow
@@ -248,6 +258,8 @@ def tree_greedy(
     """
     batch = draft_tokens.shape[0]
     rows, node, done, path, num_accepted = _walk_start(batch, shape, draft_tokens.device)
+    if shape.num_nodes == 0:  # nothing drafted: plain sampling
+        return Verdict(num_accepted, sample(target_probs[:, 0], generator), path)
     next_token = torch.zeros_like(num_accepted)
     for depth in range(shape.max_depth + 1):
         choice = sample(target_probs[rows, node + 1], generator)  # [B] the target's token

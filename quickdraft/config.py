@@ -123,6 +123,12 @@ def _enum_value(name: str, enum: type[Enum], value: Any) -> Enum:
         raise ValueError(f"{name} must be one of {allowed}; got {show_value(value)}") from None
 
 
+# The serving engine's batch policy (``SpecConfig.disable_by_batch_size``): measured on
+# SmolLM2-135M with its EAGLE drafter, 2 CPU threads (benchmarks/engine_batch.py).
+DEFAULT_DISABLE_BY_BATCH_SIZE = 4
+MAX_BATCH = 1 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How the target's distribution is shaped and sampled; drafts use the same function.
@@ -228,6 +234,10 @@ class SpecConfig:
     prompt_lookup_min, prompt_lookup_max: ngram (and EAGLE's graft): the n-gram sizes matched,
         1..32.
     shortlist_dir, medusa_dir, eagle_dir: paths (str or os.PathLike).
+    disable_by_batch_size: the batch policy of the serving engine: with more requests than
+        this decoding at once, a step verifies no draft (plain decoding, the drafter still
+        follows along), since a batch already fills the target's pass that a draft would fill;
+        None always drafts. The default was measured (``benchmarks/engine_batch.py``).
     """
 
     method: Method = Method.DRAFT_MODEL
@@ -246,8 +256,13 @@ class SpecConfig:
     lookahead_window: int | None = None
     lookahead_ngram: int | None = None
     lookahead_candidates: int | None = None
+    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self) -> None:
+        if self.disable_by_batch_size is not None:
+            _check_range(
+                "disable_by_batch_size", self.disable_by_batch_size, 1, MAX_BATCH, integer=True
+            )
         object.__setattr__(self, "method", _enum_value("method", Method, self.method))
         object.__setattr__(
             self, "acceptance", _enum_value("acceptance", AcceptRule, self.acceptance)

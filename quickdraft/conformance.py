@@ -9,21 +9,23 @@ pooled together. A sequence the target cannot produce that shows up fails the ca
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import random
 import time
 from dataclasses import dataclass
 
 import torch
 from scipy import stats as scipy_stats
 
-from quickdraft.accept import ACCEPT_RULES, TREE_RULES, AcceptFn, TreeAcceptFn, Verdict
-from quickdraft.config import LOSSLESS_RULES, AcceptRule, SamplingParams
-from quickdraft.drafters.base import DecodeState, Draft, Drafter
+from quickdraft.accept import ACCEPT_RULES, TREE_RULES, AcceptFn, TreeAcceptFn
+from quickdraft.config import LOSSLESS_RULES, AcceptRule, SamplingParams, SpecConfig
+from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, Stateless
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.engine import SpeculativeDecoder
+from quickdraft.engine import Engine, RequestOutput
 from quickdraft.models.base import Model
 from quickdraft.models.toy import HeadedNGramLM, NGramLM
-from quickdraft.sampling import probs_from_logits, sample
+from quickdraft.sampling import probs_for_rows, probs_from_logits, sample_rows
 from quickdraft.tree import TreeShape
 from quickdraft.vocab import (
     ClusterShortlist,
@@ -60,6 +62,11 @@ EAGLE_ROWS = ("eagle:3,3,6", "eagle:3,3,6,0.1+3")
 # Lookahead rows: the toy target itself runs the Jacobi window (W 2, 3 levels) beside up to 2
 # pool candidates of 3 tokens (N 4); pool and window change with every step.
 LOOKAHEAD_ROWS = ("lookahead:2,4,2",)
+# Serving rows: the engine's table holds this many rows, far fewer than the samples, so
+# requests wait, join at every step as others leave, and arrive in random bursts.
+SERVING_ROWS = 1024
+# Every step drafts, however many rows run (the batch policy would verify none at 50,000).
+ALWAYS_DRAFT = SpecConfig(disable_by_batch_size=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +78,7 @@ class Case:
     k: int
     shortlist: str = "full"
     tree: str = ""  # "" for a chain of k, else a ``toy_tree`` spec; k is then its depth
+    serving: bool = False  # requests join at random steps, ragged prompts, mixed sampling
 
     @property
     def sampling(self) -> SamplingParams:
@@ -109,6 +117,8 @@ def quick_cases() -> list[Case]:
         cases += [Case(rule, *shaped, toy_tree(t).max_depth, tree=t) for t in TREE_ROWS]
         cases.append(Case(rule, *plain, 3, tree=EAGLE_ROWS[-1]))
         cases.append(Case(rule, *shaped, 3, tree=LOOKAHEAD_ROWS[0]))
+        cases.append(Case(rule, *shaped, 4, serving=True))
+    cases.append(Case(LOSSLESS_RULES[0], *shaped, 3, tree=TREE_ROWS[0], serving=True))
     return cases
 
 
@@ -129,6 +139,10 @@ def full_cases() -> list[Case]:
     lookahead = itertools.product(LOSSLESS_RULES, LOOKAHEAD_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
     for rule, tree, (t, top_k, top_p) in lookahead:
         cases.append(Case(rule, t, top_k, top_p, int(tree.split(",")[1]) - 1, tree=tree))
+    for rule in LOSSLESS_RULES:  # serving: a chain, a sampled tree and lookahead
+        cases.append(Case(rule, 0.6, 5, 0.9, 4, serving=True))
+        cases.append(Case(rule, 0.6, 5, 0.9, 3, tree=TREE_ROWS[0], serving=True))
+        cases.append(Case(rule, 0.6, 5, 0.9, 3, tree=LOOKAHEAD_ROWS[0], serving=True))
     return cases
 
 
@@ -187,12 +201,12 @@ def toy_tree(text: str) -> TreeShape:
     raise ValueError(f"tree: expected sample:W,W,.. or top:P|P|.., got {text!r}")
 
 
-class NGramTreeDrafter:
+class NGramTreeDrafter(Stateless):
     """Tree drafts from a toy n-gram draft model, whose distribution at any node it reads
     straight from the table (the context is the sequence, then the node's ancestors).
 
-    ``sampled``: each node's children are drawn from the draft's distribution (after the
-    target's sampling parameters) without replacement, and each reports the distribution it
+    ``sampled``: each node's children are drawn from the draft's distribution (after each
+    row's sampling parameters) without replacement, and each reports the distribution it
     was drawn from, its elder siblings removed; if they exhausted the support, the next is
     drawn from the full distribution again (still its true distribution given the history).
     Otherwise the children are the draft's top-ranked tokens, deterministic (point masses)."""
@@ -200,34 +214,27 @@ class NGramTreeDrafter:
     def __init__(self, model: NGramLM, shape: TreeShape, sampled: bool):
         self.model, self.shape, self.sampled = model, shape, sampled
         self.vocab_size = model.vocab_size
-        self.num_tokens = shape.num_nodes
-        self.depth = shape.max_depth
+        self.needs = Needs(tokens=shape.num_nodes, depth=shape.max_depth)
 
-    def begin(self, state: DecodeState) -> None:
-        """Nothing to prefill: the table is the whole model."""
-
-    def observe(self, state: DecodeState, verdict: Verdict) -> None:
-        """Nothing to learn."""
-
-    def propose(self, state: DecodeState) -> Draft:
+    def propose(self, batch: Batch) -> Draft:
         model, shape = self.model, self.shape
-        batch, width = state.batch_size, model.order - 1
-        slots = state.lengths.unsqueeze(1) - width + torch.arange(width)  # [B, n-1]
-        root = state.tokens.gather(1, slots.clamp_min(0))
+        width = model.order - 1
+        slots = batch.lengths.unsqueeze(1) - width + torch.arange(width)  # [B, n-1]
+        root = batch.tokens.gather(1, slots.clamp_min(0))
         root = torch.where(slots < 0, model.vocab_size, root)
         contexts: dict[int, torch.Tensor] = {-1: root}  # node -> its context [B, n-1]
-        tokens = torch.zeros(batch, shape.num_nodes, dtype=torch.long)
-        probs = torch.zeros(batch, shape.num_nodes, model.vocab_size)
+        tokens = torch.zeros(batch.size, shape.num_nodes, dtype=torch.long)
+        probs = torch.zeros(batch.size, shape.num_nodes, model.vocab_size)
         for parent in range(-1, shape.num_nodes):
             kids = [c for c in shape.children[parent + 1].tolist() if c >= 0]
             if not kids:
                 continue
             index = (contexts[parent] * model._powers).sum(-1)
-            full = probs_from_logits(model.table[index], state.sampling)  # [B, V]
+            full = probs_for_rows(model.table[index], batch.sampling)  # [B, V]
             left = full
             for rank, child in enumerate(kids):
                 if self.sampled:
-                    token = sample(left, state.generator)
+                    token = sample_rows(left, batch.generators, batch.generator)
                     probs[:, child] = left
                     rest = left.scatter(1, token.unsqueeze(1), 0.0)
                     mass = rest.sum(1, keepdim=True)
@@ -236,7 +243,7 @@ class NGramTreeDrafter:
                     token = torch.sort(full, dim=1, descending=True, stable=True).indices[:, rank]
                 tokens[:, child] = token
                 contexts[child] = torch.cat([contexts[parent][:, 1:], token.unsqueeze(1)], 1)
-        return Draft(tokens, shape.parents, probs if self.sampled else None)
+        return Draft(tokens, probs if self.sampled else None, shape)
 
 
 def toy_shortlist(text: str, num_positions: int, seed: int = 0) -> Shortlist | None:
@@ -344,35 +351,95 @@ def run_case(
         if shortlist is not None:
             draft = HeadedNGramLM.from_ngram(draft)
         drafter = DraftModelDrafter(draft, case.k, shortlist=shortlist)
-    depth = int(getattr(drafter, "depth", drafter.num_tokens))
-    if depth != case.k:
-        raise ValueError(f"drafter: drafts {depth} positions deep, the case needs {case.k}")
-    decoder = SpeculativeDecoder(
-        target,
-        drafter,
-        accept_fn or ACCEPT_RULES[case.rule],
-        tree_accept_fn=tree_accept_fn or TREE_RULES[case.rule],
-    )
-    prompts = torch.tensor([PROMPT], dtype=torch.long).expand(samples, -1)
-    sampling = SamplingParams(
-        temperature=case.temperature,
-        top_k=case.top_k,
-        top_p=case.top_p,
-        max_new_tokens=case.k + 1,
-        seed=seed,
-    )
-    out = decoder.run(prompts.contiguous(), sampling)
-    sequences = torch.tensor(out.token_ids, dtype=torch.long)  # [samples, k+1]
-    index = (sequences * TOY_VOCAB ** torch.arange(case.k, -1, -1)).sum(1)
-    observed = torch.bincount(index, minlength=TOY_VOCAB ** (case.k + 1))
-    probs = exact_distribution(target, PROMPT, case.sampling, case.k + 1)
-    p_value, tv, bins = chi_square(observed, probs)
+    if drafter.needs.depth != case.k:
+        raise ValueError(
+            f"drafter: drafts {drafter.needs.depth} positions deep, the case needs {case.k}"
+        )
+    rules = (accept_fn or ACCEPT_RULES[case.rule], tree_accept_fn or TREE_RULES[case.rule])
+    if case.serving:
+        groups, mean_accepted = _serve(case, target, drafter, rules, samples, seed)
+    else:
+        engine = Engine(
+            target,
+            drafter,
+            ALWAYS_DRAFT,
+            rules=rules,
+            max_batch=samples,
+            max_model_len=16,
+            seed=seed,
+        )
+        sampling = dataclasses.replace(case.sampling, seed=None)
+        for _ in range(samples):
+            engine.add_request(PROMPT, sampling)
+        outputs = _drain(engine)
+        groups = [(case.sampling, [out.token_ids for out in outputs])]
+        mean_accepted = engine.stats.mean_accepted_length
+    tests = []
+    for sampling, rows in groups:
+        sequences = torch.tensor(rows, dtype=torch.long)  # [samples, k+1]
+        index = (sequences * TOY_VOCAB ** torch.arange(case.k, -1, -1)).sum(1)
+        observed = torch.bincount(index, minlength=TOY_VOCAB ** (case.k + 1))
+        probs = exact_distribution(target, PROMPT, sampling, case.k + 1)
+        tests.append(chi_square(observed, probs))
+    # Several groups: the smallest p-value, Bonferroni-corrected; the largest distance.
+    p_value = min(1.0, min(t[0] for t in tests) * len(tests))
     return CaseResult(
         case,
         p_value,
-        tv,
-        bins,
+        max(t[1] for t in tests),
+        sum(t[2] for t in tests),
         samples,
-        out.stats.mean_accepted_length,
+        mean_accepted,
         time.perf_counter() - start,
     )
+
+
+def _drain(engine: Engine) -> list[RequestOutput]:
+    """Step until every request finished; their final outputs in the order added."""
+    finished: dict[str, RequestOutput] = {}
+    while engine.has_unfinished():
+        finished.update((out.request_id, out) for out in engine.step() if out.finished)
+    return [finished[key] for key in sorted(finished, key=int)]
+
+
+def _serve(
+    case: Case,
+    target: Model,
+    drafter: Drafter,
+    rules: tuple[AcceptFn, TreeAcceptFn],
+    samples: int,
+    seed: int,
+) -> tuple[list[tuple[SamplingParams, list[list[int]]]], float]:
+    """The case as a server sees it: requests arrive in random bursts between steps into
+    a table of fewer rows than requests (so they also wait, and join as others leave), with
+    prompts of three lengths ending alike (the n-gram toy then has one distribution for
+    them) and two sampling settings, the case's and plain sampling, tested separately."""
+    engine = Engine(
+        target,
+        drafter,
+        ALWAYS_DRAFT,
+        rules=rules,
+        max_batch=SERVING_ROWS,
+        max_model_len=16,
+        seed=seed,
+    )
+    settings = [
+        case.sampling,
+        dataclasses.replace(case.sampling, temperature=1.0, top_k=0, top_p=1.0),
+    ]
+    prompts = [PROMPT, (5, *PROMPT), (0, 6, 2, *PROMPT)]
+    chooser = random.Random(seed)
+    setting_of: dict[str, int] = {}
+    outputs: dict[str, RequestOutput] = {}
+    while len(setting_of) < samples or engine.has_unfinished():
+        burst = min(chooser.randint(0, 2 * SERVING_ROWS // 3), samples - len(setting_of))
+        for _ in range(burst):
+            which = chooser.randrange(2)
+            rid = engine.add_request(chooser.choice(prompts), settings[which])
+            setting_of[rid] = which
+        outputs.update((o.request_id, o) for o in engine.step() if o.finished)
+    groups = [
+        (sampling, [o.token_ids for rid, o in outputs.items() if setting_of[rid] == which])
+        for which, sampling in enumerate(settings)
+    ]
+    return groups, engine.stats.mean_accepted_length

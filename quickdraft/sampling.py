@@ -7,6 +7,8 @@ Order of operations, as in Hugging Face transformers: temperature, then top-k, t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from quickdraft.config import SamplingParams
@@ -71,3 +73,45 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     else:
         generator.manual_seed(seed)
     return generator
+
+
+def _key(params: SamplingParams) -> tuple[float, int, float]:
+    return (params.temperature, params.top_k, params.top_p)
+
+
+def probs_for_rows(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Each row's distribution under its own parameters. logits: [B, ..., V]; params: one per
+    row. Rows that share temperature, top-k and top-p go through ``probs_from_logits``
+    together, so the one definition holds row by row."""
+    first = params[0]
+    if all(_key(p) == _key(first) for p in params):
+        return probs_from_logits(logits, first)
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    groups: dict[tuple[float, int, float], list[int]] = {}
+    for row, p in enumerate(params):
+        groups.setdefault(_key(p), []).append(row)
+    for rows in groups.values():
+        index = torch.tensor(rows, device=logits.device)
+        out[index] = probs_from_logits(logits[index], params[rows[0]])
+    return out
+
+
+def sample_rows(
+    probs: torch.Tensor,
+    generators: Sequence[torch.Generator | None],
+    shared: torch.Generator | None,
+) -> torch.Tensor:
+    """``sample`` row by row where rows bring their own generator. probs: [B, ..., V];
+    generators: one per row, None for rows that draw from ``shared`` together. A seeded row
+    thus draws the same numbers whatever else is in the batch."""
+    own = [row for row, g in enumerate(generators) if g is not None]
+    if not own:
+        return sample(probs, shared)
+    out = torch.empty(probs.shape[:-1], dtype=torch.long, device=probs.device)
+    rest = [row for row, g in enumerate(generators) if g is None]
+    if rest:
+        index = torch.tensor(rest, device=probs.device)
+        out[index] = sample(probs[index], shared)
+    for row in own:
+        out[row] = sample(probs[row], generators[row])
+    return out

@@ -36,7 +36,7 @@ CASES = full_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 68
+    assert len(CASES) == 74
     assert {case.rule for case in CASES} == set(LOSSLESS_RULES)
     shortlisted = {case.shortlist for case in CASES} - {"full"}
     assert {s.split(":")[0] for s in shortlisted} == {"fr", "fr-pa", "dyna", "dyna-pa"}
@@ -52,6 +52,9 @@ def test_grid_covers_both_rules_and_every_setting():
     lookahead = [case for case in CASES if case.tree.startswith("lookahead")]
     assert {case.rule for case in lookahead} == set(LOSSLESS_RULES)
     assert {case.temperature for case in lookahead} == {1.0, 0.6}
+    serving = [case for case in CASES if case.serving]
+    assert {case.rule for case in serving} == set(LOSSLESS_RULES)
+    assert {case.tree.split(":")[0] for case in serving} == {"", "sample", "lookahead"}
 
 
 @pytest.mark.parametrize(
@@ -60,6 +63,7 @@ def test_grid_covers_both_rules_and_every_setting():
     ids=lambda c: (
         f"{c.rule.value}-T{c.temperature}-topk{c.top_k}-topp{c.top_p}-k{c.k}-{c.shortlist}"
         + (f"-tree{c.tree.split(':')[0]}" if c.tree else "")
+        + ("-serving" if c.serving else "")
     ),
 )
 def test_lossless_rule_matches_the_target_distribution(case):
@@ -101,18 +105,18 @@ def test_chi_square_pools_bins_with_small_expected_counts():
 class GreedyDraftAtTemperature(DraftModelDrafter):
     """Proposes the draft's argmax but reports its sampling distribution."""
 
-    def _choose(self, logits, params, generator):
-        probs = probs_from_logits(logits, params)
+    def _choose(self, logits, params, batch):
+        probs = probs_from_logits(logits, params[0])
         return probs.argmax(-1), probs
 
 
 class ProbsBeforeTopK(DraftModelDrafter):
     """Samples from the filtered draft distribution but reports the unfiltered one."""
 
-    def _choose(self, logits, params, generator):
-        probs = probs_from_logits(logits, params)
-        unfiltered = probs_from_logits(logits, dataclasses.replace(params, top_k=0))
-        return sample(probs, generator), unfiltered
+    def _choose(self, logits, params, batch):
+        probs = probs_from_logits(logits, params[0])
+        unfiltered = probs_from_logits(logits, dataclasses.replace(params[0], top_k=0))
+        return sample(probs, batch.generator), unfiltered
 
 
 class _Stash:
@@ -132,9 +136,9 @@ class _Stash:
 class ShortlistProbsNotRenormalised(DraftModelDrafter):
     """Samples among the shortlist but reports the draft's full-vocabulary distribution."""
 
-    def _choose_among(self, ids, logits, params, generator):
-        token, _ = super()._choose_among(ids, logits, params, generator)
-        return token, probs_from_logits(self.model.head(self.shortlist.hidden), params)
+    def _choose_among(self, ids, logits, params, batch):
+        token, _ = super()._choose_among(ids, logits, params, batch)
+        return token, probs_from_logits(self.model.head(self.shortlist.hidden), params[0])
 
 
 def _accept(draft_tokens, draft_probs, target_probs, generator):
@@ -232,7 +236,7 @@ class SiblingsReportTheFullDistribution(NGramTreeDrafter):
         for group in self.shape.children.tolist():
             kids = [c for c in group if c >= 0]
             probs[:, kids] = probs[:, kids[:1]]  # every sibling claims the first's distribution
-        return Draft(draft.tokens, draft.parents, probs)
+        return Draft(draft.tokens, probs, draft.tree)
 
 
 def test_broken_tree_variants_are_caught(monkeypatch):

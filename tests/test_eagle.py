@@ -6,7 +6,7 @@ import torch
 from conftest import FAMILIES, shipped_drafter_runs, tiny_folder_and_corpus, tiny_runners
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
-from quickdraft.drafters.base import DecodeState
+from quickdraft.drafters.base import Batch, StepResult
 from quickdraft.drafters.eagle import EagleDrafter, load_eagle, save_eagle
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
 from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
@@ -28,20 +28,19 @@ def random_net(target: LlamaRunner, variant: str, draft_vocab: int = 60, seed: i
     return net.eval()
 
 
-def prefilled_state(sequence: torch.Tensor, n: int, full) -> DecodeState:
-    """The engine's state with tokens 0..n-1 of ``sequence`` (n - 1 pending) and the target's
-    features at 0..n-2 (``full``: a tapped forward over the sequence), as after a prefill of
-    n - 1 tokens."""
-    return DecodeState(
-        tokens=torch.cat([sequence, torch.zeros(1, 8, dtype=torch.long)], 1),
-        lengths=torch.tensor([n]),
-        prompt_length=n,
-        sampling=GREEDY,
-        generator=torch.Generator(),
-        fresh_hidden=full.hidden[:, : n - 1],
-        fresh_taps={i: t[:, : n - 1] for i, t in full.taps.items()},
-        fresh_count=torch.tensor([n - 1]),
+def prefilled(drafter: EagleDrafter, sequence: torch.Tensor, n: int, full) -> tuple:
+    """(batch, start) as the engine hands them to ``begin``: tokens 0..n-1 of ``sequence``
+    (n - 1 pending) and the target's features at 0..n-2 (``full``: a tapped forward over the
+    sequence), as after a prefill of n - 1 tokens; the drafter's rows reserved."""
+    batch = Batch.from_rows([sequence[0, :n].tolist()], GREEDY, room=8)
+    start = StepResult(
+        batch,
+        torch.tensor([n - 1]),
+        full.hidden[:, : n - 1],
+        {i: t[:, : n - 1] for i, t in full.taps.items()},
     )
+    drafter.reserve(1, batch.capacity)
+    return batch, start
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +77,7 @@ def test_thresholds_grafted_lookup_and_int8_stay_token_identical(targets, family
     target = targets[family]
     net = random_net(target, "eagle3")
     drafter = EagleDrafter(target, net, DynamicTree.parse(tree), int8=True, lookup=lookup)
-    assert drafter.num_tokens == DynamicTree.parse(tree).tokens + lookup
+    assert drafter.needs.tokens == DynamicTree.parse(tree).tokens + lookup
     for prompt in PROMPTS:
         expected = generate(target, prompt, sampling=GREEDY).token_ids
         out = generate(target, prompt, sampling=GREEDY, draft=drafter)
@@ -92,7 +91,7 @@ def test_grafted_lookup_follows_the_tree_then_branches_off(targets):
     drafter = EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 2, 5), lookup=4)
     drafts, propose = [], drafter.propose
 
-    def recording(state: DecodeState):
+    def recording(state: Batch):
         draft = propose(state)
         drafts.append((draft, state.tokens[0, : int(state.lengths[0])].clone()))
         return draft
@@ -120,7 +119,7 @@ def test_a_batch_grafts_lookup_as_a_branch_of_its_own(targets):
     drafter = EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 3, 7), lookup=3)
     sizes, propose = [], drafter.propose
 
-    def recording(state: DecodeState):
+    def recording(state: Batch):
         draft = propose(state)
         sizes.append(draft.tokens.shape[1])
         if draft.tokens.shape[1] > 7:  # a branch of its own, from the root
@@ -147,12 +146,11 @@ def test_min_prob_keeps_only_nodes_the_drafter_believes_in(targets):
 
     def draft_with(min_prob: float):
         drafter = EagleDrafter(target, net, DynamicTree(1, 1, 1, min_prob))
-        state = prefilled_state(prompt, n, full)
-        drafter.begin(state)
+        batch, start = prefilled(drafter, prompt, n, full)
+        drafter.begin(0, start)
         with torch.inference_mode():
-            top = drafter._log_probs(drafter._catch_up(state)).exp().max().item()
-            drafter.begin(state)
-            return drafter.propose(state), top
+            top = drafter._log_probs(drafter._root[:1]).exp().max().item()
+            return drafter.propose(batch), top
 
     _, top = draft_with(0.0)
     below, _ = draft_with(top * 0.99)
@@ -174,9 +172,9 @@ def test_draft_cache_sees_what_training_unrolls(targets, variant):
     drafter = EagleDrafter(target, net, DynamicTree(3, 1, 3))
     sequence = torch.tensor([[5, 17, 3, 99, 42, 5, 17, 60, 2, 33, 71]])
     length, steps = sequence.shape[1], 3
-    tapped = target.with_taps(drafter.target_taps)
+    tapped = target.with_taps(drafter.needs.taps)
     full = tapped.forward(sequence, torch.arange(length).unsqueeze(0), tapped.new_cache(1, length))
-    taps = [full.taps[i] for i in drafter.target_taps]
+    taps = [full.taps[i] for i in drafter.needs.taps]
     with torch.no_grad():
         features = net.fuse(full.hidden, taps)
         embeds = target.embed[sequence[:, 1:]]  # e_{t+1} for anchor t
@@ -187,10 +185,11 @@ def test_draft_cache_sees_what_training_unrolls(targets, variant):
         )  # fmt: skip
 
     n = anchors + 1
-    state = prefilled_state(sequence, n, full)
-    drafter.begin(state)
+    _, start = prefilled(drafter, sequence, n, full)
+    assert drafter.cache is not None
+    cache = drafter.cache.narrow(0, 1)
     with torch.inference_mode():
-        output = drafter._catch_up(state)  # the pending token's entry: anchor n - 2, step 0
+        output = drafter._catch_up(cache, start)  # the pending token's entry: anchor n - 2
         torch.testing.assert_close(output[0], unrolled[0][0, n - 2], atol=1e-4, rtol=1e-4)
         entries: list[int] = []
         for step in range(1, steps):  # a chain along the real tokens n, n + 1, ..
@@ -199,7 +198,9 @@ def test_draft_cache_sees_what_training_unrolls(targets, variant):
             entries.append(len(entries) - 1)
             ancestors = torch.ones(len(entries), len(entries), dtype=torch.bool).tril()[-1:]
             position = torch.tensor([[n - 2 + step]])
-            output = drafter._attend(attn_input, residual, position, ancestors, step - 1)[:, 0]
+            output = drafter._attend(cache, attn_input, residual, position, ancestors, step - 1)[
+                :, 0
+            ]
             torch.testing.assert_close(output[0], unrolled[step][0, n - 2], atol=1e-4, rtol=1e-4)
 
 

@@ -92,7 +92,11 @@ def test_heads_round_trip_and_build_from_a_spec(targets, tmp_path):
     torch.testing.assert_close(loaded(hidden), heads(hidden), atol=1e-2, rtol=1e-2)  # fp16 file
     spec = SpecConfig(method=Method.MEDUSA, medusa_dir=str(tmp_path), tree="2,2")
     drafter = build_drafter(spec, target)
-    assert isinstance(drafter, MedusaDrafter) and drafter.num_tokens == 6 and drafter.depth == 2
+    assert (
+        isinstance(drafter, MedusaDrafter)
+        and drafter.needs.tokens == 6
+        and drafter.needs.depth == 2
+    )
 
 
 def test_bad_medusa_settings_name_the_field(targets, tmp_path):
@@ -263,7 +267,7 @@ def test_pruned_draft_with_a_distilled_exit_agrees_more_and_stays_exact(targets,
 def test_shipped_heads_on_smollm2_are_the_default_and_token_identical(smollm2):
     target, _ = smollm2
     drafter = build_drafter(SpecConfig(method=Method.MEDUSA), target, target_name="smollm2-135m")
-    assert isinstance(drafter, MedusaDrafter) and drafter.depth == 3
+    assert isinstance(drafter, MedusaDrafter) and drafter.needs.depth == 3
     assert drafter.heads.rank_accuracy is not None  # the tree is fitted to them
     accepted = shipped_drafter_runs(smollm2, drafter)
     assert max(accepted) > 1.3  # trained heads are accepted (untrained ones repeat a token)

@@ -1,26 +1,20 @@
 import pytest
-import torch
 
 from quickdraft.config import SamplingParams, SpecConfig
 from quickdraft.drafters import NGramDrafter, build_drafter
-from quickdraft.drafters.base import DecodeState
+from quickdraft.drafters.base import Batch
 from quickdraft.models import NGramLM
 
 
-def state_for(rows: list[list[int]]) -> DecodeState:
-    capacity = max(len(row) for row in rows) + 8
-    tokens = torch.zeros(len(rows), capacity, dtype=torch.long)
-    for b, row in enumerate(rows):
-        tokens[b, : len(row)] = torch.tensor(row)
-    lengths = torch.tensor([len(row) for row in rows])
-    return DecodeState(tokens, lengths, min(lengths).item(), SamplingParams(), torch.Generator())
+def state_for(rows: list[list[int]]) -> Batch:
+    return Batch.from_rows(rows, SamplingParams(), room=8)
 
 
 def test_longest_then_most_recent_match_is_proposed():
     drafter = NGramDrafter(vocab_size=50, num_tokens=3, min_n=1, max_n=3)
     # "7 8 9" occurred at the start followed by 1 2 3; "8 9" later followed by 4 5.
     draft = drafter.propose(state_for([[7, 8, 9, 1, 2, 3, 0, 8, 9, 4, 5, 6, 7, 8, 9]]))
-    assert draft.tokens.tolist() == [[1, 2, 3]] and draft.probs is None and draft.is_chain
+    assert draft.tokens.tolist() == [[1, 2, 3]] and draft.probs is None and draft.tree is None
     draft = drafter.propose(state_for([[5, 8, 9, 4, 5, 6, 0, 1, 8, 9]]))
     assert draft.tokens.tolist() == [[4, 5, 6]]  # bigram "8 9", most recent occurrence
 

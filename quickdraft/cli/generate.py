@@ -205,7 +205,7 @@ def _generate(args: argparse.Namespace) -> int:
     if args.stream and not args.json:
 
         def on_step(output: Any) -> None:
-            printer.show(output.row_ids(0), output.row_from_draft(0))
+            printer.show(output.token_ids, output.from_draft)
 
     out = generate(
         target,

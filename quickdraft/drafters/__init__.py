@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quickdraft.config import Method, SpecConfig
-from quickdraft.drafters.base import DecodeState, Draft, Drafter
+from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.eagle import EagleDrafter, build_eagle, eagle_folder
 from quickdraft.drafters.eagle_tree import DEFAULT_LOOKUP
@@ -142,7 +142,7 @@ def build_drafter(
 
 
 __all__ = [
-    "DecodeState",
+    "Batch",
     "Draft",
     "DraftModelDrafter",
     "Drafter",
@@ -150,5 +150,7 @@ __all__ = [
     "LookaheadDrafter",
     "MedusaDrafter",
     "NGramDrafter",
+    "Needs",
+    "StepResult",
     "build_drafter",
 ]

@@ -1,58 +1,91 @@
-"""The Drafter protocol: one fixed signature for every way of proposing tokens."""
+"""The drafter contract: what a drafter declares (``Needs``), what it reads before it drafts
+(``Batch``) and after the target verified (``StepResult``), and what it returns (``Draft``).
+
+The engine knows no drafter by name and never probes one: everything a method needs from the
+target or the step is declared once in ``needs`` and arrives in these values.
+
+Rows. The engine keeps every request in one row of its tables (the target's cache, its token
+buffer) and keeps the running requests in rows 0..B-1. A drafter with per-request state keeps
+it by row the same way: ``begin`` hands it new requests at rows first..first+n-1, and
+``reorder`` tells it how the running rows moved when requests left (the engine fills their rows
+with running rows past the new running count). Rows at and past the running count are free.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
-from quickdraft.accept import Verdict
 from quickdraft.config import SamplingParams
+from quickdraft.tree import TreeShape
 
 
-@dataclass(slots=True)
-class DecodeState:
-    """What the engine knows between steps; drafters read it and never write it.
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What a drafter reads from the engine and how much room its drafts take.
 
-    tokens:   [B, capacity] long, prompt then generated tokens; row b is valid up to lengths[b].
-    lengths:  [B] long. The last valid token of each row is "pending": known (the last prompt
-              token, or sampled) but not yet fed to the target, whose cache holds lengths - 1
-              entries.
-    prompt_length: tokens of the prompt (equal for all rows).
-    sampling: the target's sampling parameters.
-    generator: the one source of randomness of the run.
-    target_hidden: [B, D], the target's final hidden state at the token before the pending one
-              (the state its pending token was predicted from), for drafters that read the
-              target's features (Medusa, EAGLE); None before any target pass has seen that
-              token (a one-token prompt).
-    fresh_hidden: [B, M, D], the target's final hidden states at the tokens its last pass
-              kept, in order: row b's first fresh_count[b] are the tokens at positions
-              lengths - 1 - fresh_count .. lengths - 2 (after the prefill, the whole prompt
-              but its last token; after a verify, the old pending token and the accepted
-              drafts); the rest is padding. For drafters that keep a cache of the target's
-              features (EAGLE). None when no target pass has run.
-    fresh_taps: the same positions of the target's tapped layers ({layer: [B, M, D]}), for
-              drafters that declare ``target_taps``.
-    fresh_count: [B] long.
-    side_logits: [B, E, V], the target's logits at the last draft's side branch
-              (``SideBranch``), set before ``observe``; None when it had none.
+    tokens:      the most draft nodes one step proposes (the verify pass's width, less one).
+    depth:       the most draft positions one verify step can accept (k for a chain).
+    hidden:      whether it reads the target's final hidden states (``StepResult.hidden``).
+    taps:        target decoder layers whose outputs it reads (``StepResult.taps``).
+    side_tokens: the most side-branch tokens (``SideBranch``) it sends a step.
+    """
+
+    tokens: int
+    depth: int
+    hidden: bool = False
+    taps: tuple[int, ...] = ()
+    side_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0 or self.depth < 0 or self.depth > max(self.tokens, 0):
+            raise ValueError(
+                f"needs: 0 <= depth <= tokens, got depth {self.depth}, tokens {self.tokens}"
+            )
+        if self.side_tokens < 0:
+            raise ValueError(f"needs: side_tokens must be >= 0, got {self.side_tokens}")
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The running rows, as a drafter reads them before it drafts.
+
+    tokens:     [B, capacity] long, each row's prompt then output; valid up to lengths[b]. The
+                last valid token is *pending*: known, but not yet fed to the target, whose cache
+                holds lengths - 1 entries.
+    lengths:    [B] long.
+    sampling:   each row's sampling parameters.
+    generators: each row's own generator (a seeded request), or None: such rows share
+                ``generator``. ``sampling.sample_rows`` draws with them.
+    generator:  the engine's generator for rows without their own.
     """
 
     tokens: torch.Tensor
     lengths: torch.Tensor
-    prompt_length: int
-    sampling: SamplingParams
+    sampling: tuple[SamplingParams, ...]
+    generators: tuple[torch.Generator | None, ...]
     generator: torch.Generator
-    target_hidden: torch.Tensor | None = None
-    fresh_hidden: torch.Tensor | None = None
-    fresh_taps: dict[int, torch.Tensor] = field(default_factory=dict)
-    fresh_count: torch.Tensor | None = None
-    side_logits: torch.Tensor | None = None
+
+    @staticmethod
+    def from_rows(
+        rows: Sequence[Sequence[int]], sampling: SamplingParams | None = None, room: int = 64
+    ) -> Batch:
+        """A batch of these token rows (each row's last token pending) with ``room`` free
+        slots after the longest, for driving a drafter by hand (tests, benchmarks)."""
+        sampling = sampling or SamplingParams()
+        tokens = torch.zeros(len(rows), max(len(r) for r in rows) + room, dtype=torch.long)
+        for b, row in enumerate(rows):
+            tokens[b, : len(row)] = torch.tensor(list(row), dtype=torch.long)
+        lengths = torch.tensor([len(r) for r in rows])
+        generator = torch.Generator().manual_seed(0 if sampling.seed is None else sampling.seed)
+        return Batch(tokens, lengths, (sampling,) * len(rows), (None,) * len(rows), generator)
 
     @property
-    def batch_size(self) -> int:
+    def size(self) -> int:
         return self.tokens.shape[0]
 
     @property
@@ -61,11 +94,34 @@ class DecodeState:
 
 
 @dataclass(frozen=True, slots=True)
+class StepResult:
+    """What the target's last pass over some rows produced, for ``begin`` and ``observe``.
+
+    batch:   those rows after the pass: tokens and lengths include what it committed.
+    kept:    [B] long, target cache entries the pass kept per row: the tokens at positions
+             lengths - 1 - kept .. lengths - 2 (after a prefill: the prompt but its last token;
+             after a verify: the old pending token and the accepted drafts).
+    hidden:  [B, M, D] the target's final hidden states at those tokens, in order (columns
+             past kept[b] are padding); None unless ``Needs.hidden``.
+    taps:    {layer: [B, M, D]}, the same positions of the declared ``Needs.taps``.
+    accepted: [B] long, draft tokens the target accepted (None after a prefill).
+    side_logits: [B, E, V], the target's logits at the draft's side branch; None without one.
+    """
+
+    batch: Batch
+    kept: torch.Tensor
+    hidden: torch.Tensor | None = None
+    taps: dict[int, torch.Tensor] = field(default_factory=dict)
+    accepted: torch.Tensor | None = None
+    side_logits: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SideBranch:
     """Tokens the target runs in the verify pass beside the draft, for the drafter's own use
     (lookahead decoding's Jacobi branch). They are never accepted, nothing of the draft sees
     them, and their cache entries are dropped; the target's logits at them come back in
-    ``DecodeState.side_logits``.
+    ``StepResult.side_logits``.
 
     tokens:  [B, E] long.
     offsets: [E] long, position offsets from the pending token.
@@ -82,50 +138,94 @@ class SideBranch:
 class Draft:
     """A proposal, batched over rows (the DESIGN contract with a leading batch dimension).
 
-    tokens:  [B, N] long.
-    parents: [N] long, the parent node of each node, -1 for children of the pending token;
-             a chain has parents -1, 0, 1, .., N-2. The tree shape is shared by the batch.
-    probs:   [B, N, V] float, the distribution each token was drawn from, or None when the
-             drafter is deterministic (the acceptance rules then treat it as a point mass).
+    tokens: [B, N] long.
+    probs:  [B, N, V] float, the distribution each token was drawn from, or None when the
+            drafter is deterministic (the acceptance rules then treat it as a point mass).
+    tree:   the shape shared by the batch (``tree.TreeShape``: parents, mask, paths); None
+            for a chain d_1 .. d_N.
+    side:   a side branch for the drafter's own use, or None.
     """
 
     tokens: torch.Tensor
-    parents: torch.Tensor
-    probs: torch.Tensor | None
+    probs: torch.Tensor | None = None
+    tree: TreeShape | None = None
     side: SideBranch | None = None
 
     @staticmethod
-    def chain(tokens: torch.Tensor, probs: torch.Tensor | None) -> Draft:
-        parents = torch.arange(-1, tokens.shape[1] - 1, device=tokens.device)
-        return Draft(tokens, parents, probs)
+    def chain(tokens: torch.Tensor, probs: torch.Tensor | None = None) -> Draft:
+        return Draft(tokens, probs)
+
+    @staticmethod
+    def empty(rows: int, device: torch.device | str = "cpu") -> Draft:
+        return Draft(torch.zeros(rows, 0, dtype=torch.long, device=device))
+
+    @staticmethod
+    def from_parents(
+        tokens: torch.Tensor,
+        parents: Sequence[int] | torch.Tensor,
+        probs: torch.Tensor | None = None,
+        side: SideBranch | None = None,
+    ) -> Draft:
+        """A tree draft from each node's parent (-1 for the root's children)."""
+        return Draft(tokens, probs, TreeShape.from_parents(parents), side)
 
     @property
-    def is_chain(self) -> bool:
-        expected = torch.arange(-1, self.tokens.shape[1] - 1, device=self.parents.device)
-        return bool(torch.equal(self.parents, expected))
+    def parents(self) -> torch.Tensor:
+        """[N] long, each node's parent, -1 for children of the pending token."""
+        if self.tree is not None:
+            return self.tree.parents
+        return torch.arange(-1, self.tokens.shape[1] - 1)
+
+    @property
+    def depth(self) -> int:
+        """Draft positions a verify of this draft can accept."""
+        return self.tokens.shape[1] if self.tree is None else self.tree.max_depth
 
 
 class Drafter(Protocol):
-    """Proposes tokens for the target to verify.
+    """Proposes tokens for the target to verify; one fixed signature for every method.
 
-    begin(state):          once, after the target's prefill, before the first propose().
-    propose(state):        a Draft of this step's candidates.
-    observe(state, verdict): after verification; drafters that learn online update here.
-
-    A drafter that reads intermediate layers of the target declares them as ``target_taps``
-    (a tuple of decoder layer indices, whose outputs arrive in ``DecodeState.fresh_taps``);
-    one that sends a side branch (``SideBranch``) declares its largest size as
-    ``side_tokens``, so the target's cache has room for it.
+    needs:             declared once (``Needs``).
+    reserve(rows, capacity): allocate per-row state for up to ``rows`` requests of up to
+                       ``capacity`` tokens (the engine calls it once, before any begin).
+    begin(first, start): requests joined at rows first..first + n - 1; ``start`` covers those
+                       rows with their prompt's prefill (``StepResult`` with kept = prompt - 1).
+    propose(batch):    a Draft for the running rows 0..B-1.
+    observe(result):   after the verify step committed (every running row), before finished
+                       requests leave.
+    reorder(order):    requests left: rows 0..n-1 (the n still running) now hold the
+                       requests of rows ``order`` ([n] long); keep their state alike.
     """
 
     vocab_size: int
-    num_tokens: int
+    needs: Needs
 
-    def begin(self, state: DecodeState) -> None: ...
+    def reserve(self, rows: int, capacity: int) -> None: ...
 
-    def propose(self, state: DecodeState) -> Draft: ...
+    def begin(self, first: int, start: StepResult) -> None: ...
 
-    def observe(self, state: DecodeState, verdict: Verdict) -> None: ...
+    def propose(self, batch: Batch) -> Draft: ...
+
+    def observe(self, result: StepResult) -> None: ...
+
+    def reorder(self, order: torch.Tensor) -> None: ...
+
+
+class Stateless:
+    """The protocol's bookkeeping for drafters that keep nothing per request: reserve, begin,
+    observe and reorder do nothing."""
+
+    def reserve(self, rows: int, capacity: int) -> None:
+        """Nothing per row to allocate."""
+
+    def begin(self, first: int, start: StepResult) -> None:
+        """Nothing to prepare for a new request."""
+
+    def observe(self, result: StepResult) -> None:
+        """Nothing to learn from a step."""
+
+    def reorder(self, order: torch.Tensor) -> None:
+        """Nothing kept by row."""
 
 
 def shipped_folder(

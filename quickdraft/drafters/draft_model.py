@@ -7,25 +7,26 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from quickdraft.accept import Verdict
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import DecodeState, Draft
-from quickdraft.models.base import Cache, Model
-from quickdraft.sampling import probs_from_logits, sample
+from quickdraft.drafters.base import Batch, Draft, Needs, StepResult
+from quickdraft.models.base import Cache, FeatureModel, Model
+from quickdraft.sampling import probs_for_rows, sample_rows
 from quickdraft.vocab.shortlist import Shortlist
 
 
 class DraftModelDrafter:
     """Drafts a chain of ``num_tokens`` tokens with its own model and cache.
 
-    Cache bookkeeping: the draft cache lags the sequence by at most its last two tokens. Each step
-    rolls it back to ``lengths - 2`` and feeds [second-to-last, pending] (rewriting one entry with
-    identical values when it was already there), then one token per further draft. Every row of
-    a batch thus runs the same shapes, whatever each row accepted in the last step.
+    Cache bookkeeping, per row: ``valid`` counts the draft cache's entries known to match the
+    text (the draft tokens the target accepted among them). Each step feeds the tokens from
+    there to the pending one, rolling every row back to the batch's widest gap so that the
+    rows run one shape (rewriting entries with identical values); then one token per further
+    draft. Usually the gap is one or two tokens; after steps the batch policy left undrafted,
+    the draft catches up on all of them at once.
 
     shortlist: restricts the draft's head to a subset of the vocabulary (``quickdraft.vocab``);
-    the draft distribution is renormalised over it, so decoding stays exact. Needs a model
-    with a separate ``body`` and head weight (the native runner).
+    the draft distribution is renormalised over it, so decoding stays exact. Needs a feature
+    model (the native runner) for its separate body and head rows.
     """
 
     def __init__(
@@ -43,86 +44,127 @@ class DraftModelDrafter:
         # different sizes (Qwen); the draft's logits are cut or padded with -inf to match.
         self.vocab_size = vocab_size or model.vocab_size
         self.num_tokens = num_tokens
+        self.needs = Needs(tokens=num_tokens, depth=num_tokens)
         self.temperature = temperature
-        self._cache: Cache | None = None
-        # The native runner's body and head run separately: the head only on the last row.
-        self._split_head = hasattr(model, "body") and hasattr(model, "head")
+        # A feature model's body and head run separately: the head only on the last row.
+        self._features: FeatureModel | None = model if isinstance(model, FeatureModel) else None
         self.shortlist = shortlist
         if shortlist is not None:
-            if not self._split_head or not hasattr(model, "head_weight"):
+            if self._features is None:
                 raise ValueError(
                     "shortlist: needs a draft model on the native runner "
                     f"(got {type(model).__name__})"
                 )
-            shortlist.bind(model.head_weight, model.embed, self.vocab_size, model.int8)
+            features = self._features
+            shortlist.bind(features.head_weight, features.embed, self.vocab_size, features.int8)
+        self._cache: Cache | None = None
+        self._valid = torch.zeros(0, dtype=torch.long)
+        self._seen = torch.zeros(0, dtype=torch.long)  # text length the shortlist has read
+        self._drafted = False  # whether this step proposed (the batch policy may skip it)
 
-    def begin(self, state: DecodeState) -> None:
-        prompt = state.tokens[:, : state.prompt_length]
-        if bool((prompt >= self.model.vocab_size).any()):  # one host sync per request
+    # -- rows -----------------------------------------------------------------------------
+
+    def reserve(self, rows: int, capacity: int) -> None:
+        self._cache = self.model.new_cache(rows, capacity)
+        self._valid = torch.zeros(rows, dtype=torch.long, device=self._cache.lengths.device)
+        self._seen = torch.zeros_like(self._valid)
+
+    def begin(self, first: int, start: StepResult) -> None:
+        """The draft model's own prefill of the new prompts (all but the pending token)."""
+        assert self._cache is not None, "reserve() first"
+        batch = start.batch
+        lengths = batch.lengths.tolist()  # one host sync per joining group
+        prompts = batch.tokens[:, : max(lengths)]
+        if bool((prompts >= self.model.vocab_size).any()):
             raise ValueError(
                 f"draft: its vocabulary of {self.model.vocab_size} tokens is smaller than "
-                f"token id {int(prompt.max())} in the prompt; use a draft with the target's "
+                f"token id {int(prompts.max())} in the prompt; use a draft with the target's "
                 "tokenizer"
             )
-        self._cache = self.model.new_cache(state.batch_size, state.capacity)
         if self.shortlist is not None:
-            self.shortlist.begin(state.tokens[:, : state.prompt_length])
-            self._seen = torch.full((state.batch_size,), state.prompt_length)
-        head = state.prompt_length - 2  # propose() feeds the last two prompt tokens itself
+            # The shortlist's context is shared by the running rows: a lone request resets it.
+            columns = torch.arange(prompts.shape[1], device=prompts.device)
+            text = prompts[columns < batch.lengths.unsqueeze(1)]
+            (self.shortlist.begin if first == 0 else self.shortlist.extend)(text)
+            self._seen[first : first + batch.size] = batch.lengths
+        cache = self._cache.narrow(first, batch.size)
+        cache.rollback(0)
+        head = max(lengths) - 1
         if head > 0:
-            positions = torch.arange(head).expand(state.batch_size, -1)
-            if self._split_head:  # the prompt's logits are not needed: skip the head
-                self.model.body(state.tokens[:, :head], positions, self._cache)  # type: ignore[attr-defined]
-            else:
-                self.model.forward(state.tokens[:, :head], positions, self._cache)
-            self._cache.commit(head)
+            positions = torch.arange(head, device=prompts.device).expand(batch.size, -1)
+            self._body(prompts[:, :head], positions, cache)
+            cache.commit(batch.lengths - 1)
+        self._valid[first : first + batch.size] = batch.lengths - 1
 
-    def propose(self, state: DecodeState) -> Draft:
-        if self._cache is None:
-            raise RuntimeError("propose() called before begin()")
-        cache, params = self._cache, self._params(state.sampling)
-        # Two tokens a step keep the batch on one shape; one only for a 1-token prompt's start.
-        width = 2 if int(state.lengths.min()) >= 2 else 1
-        cache.rollback(state.lengths - width)
-        positions = (state.lengths - width).unsqueeze(1) + torch.arange(width)  # [B, width]
+    def reorder(self, order: torch.Tensor) -> None:
+        assert self._cache is not None
+        self._cache.permute(0, order)
+        self._valid[: order.shape[0]] = self._valid[order].clone()
+        self._seen[: order.shape[0]] = self._seen[order].clone()
+
+    def observe(self, result: StepResult) -> None:
+        """The draft entries of the tokens the target accepted stay valid."""
+        if not self._drafted:
+            return
+        self._drafted = False
+        size = result.batch.size
+        before = result.batch.lengths - result.kept  # the first draft token's position
+        assert self._cache is not None and result.accepted is not None
+        fed = self._cache.lengths[:size]
+        self._valid[:size] = torch.minimum(fed, before + result.accepted)
+
+    # -- drafting -------------------------------------------------------------------------
+
+    def propose(self, batch: Batch) -> Draft:
+        assert self._cache is not None, "reserve() first"
+        self._drafted = True
+        cache = self._cache.narrow(0, batch.size)
+        params = [self._params(p) for p in batch.sampling]
+        valid = self._valid[: batch.size]
+        width = int((batch.lengths - valid).max())  # host sync: the catch-up's width
+        cache.rollback(batch.lengths - width)
+        positions = (batch.lengths - width).unsqueeze(1) + torch.arange(
+            width, device=batch.lengths.device
+        )
         # A padded target vocabulary can hold ids past the draft's: the draft reads such a
         # token as its last id. Only its proposal can change; the target verifies as always.
-        inputs = state.tokens.gather(1, positions).clamp_max(self.model.vocab_size - 1)
+        inputs = batch.tokens.gather(1, positions).clamp_max(self.model.vocab_size - 1)
         if self.shortlist is not None:
-            # The tokens each row gained since the last step (its accepted output).
-            lo, hi = int(self._seen.min()), int(state.lengths.max())
-            index = torch.arange(lo, hi)
-            valid = (index >= self._seen.unsqueeze(1)) & (index < state.lengths.unsqueeze(1))
-            self.shortlist.extend(state.tokens[:, lo:hi][valid])
-            self._seen = state.lengths.clone()
-            return self._propose_shortlisted(state, inputs, positions, params)
+            return self._propose_shortlisted(batch, cache, inputs, positions, params)
         logits = self._logits(inputs, positions, cache)
         cache.commit(width)
         tokens, probs = [], []
         for i in range(self.num_tokens):
-            token, prob = self._choose(logits, params, state.generator)
+            token, prob = self._choose(logits, params, batch)
             tokens.append(token)
             probs.append(prob)
             if i + 1 < self.num_tokens:
-                position = (state.lengths + i).unsqueeze(1)
+                position = (batch.lengths + i).unsqueeze(1)
                 logits = self._logits(token.unsqueeze(1), position, cache)
                 cache.commit(1)
-        stacked = None if probs[0] is None else torch.stack(probs, dim=1)
-        return Draft.chain(torch.stack(tokens, dim=1), stacked)
+        return Draft.chain(torch.stack(tokens, dim=1), torch.stack(probs, dim=1))
 
     def _propose_shortlisted(
         self,
-        state: DecodeState,
+        batch: Batch,
+        cache: Cache,
         inputs: torch.Tensor,
         positions: torch.Tensor,
-        params: SamplingParams,
+        params: list[SamplingParams],
     ) -> Draft:
         """The draft loop with a shortlisted head. The router of draft position t reads the
         token fed at t and the hidden state before it: at t = 0 both come from the first
         forward; later it can run while the body processes the previous draft token."""
-        assert self._cache is not None and self.shortlist is not None
-        cache, shortlist, model = self._cache, self.shortlist, self.model
-        hidden = model.body(inputs, positions, cache)[0]
+        assert self.shortlist is not None
+        shortlist = self.shortlist
+        # The tokens each row gained since the last step (its accepted output).
+        seen = self._seen[: batch.size]
+        lo, hi = int(seen.min()), int(batch.lengths.max())
+        index = torch.arange(lo, hi, device=seen.device)
+        gained = (index >= seen.unsqueeze(1)) & (index < batch.lengths.unsqueeze(1))
+        shortlist.extend(batch.tokens[:, lo:hi][gained])
+        self._seen[: batch.size] = batch.lengths
+        hidden = self._body(inputs, positions, cache)
         cache.commit(inputs.shape[1])
         prev = hidden[:, -2] if inputs.shape[1] > 1 else torch.zeros_like(hidden[:, -1])
         shortlist.prepare(0, inputs[:, -1], prev)
@@ -130,41 +172,47 @@ class DraftModelDrafter:
         for i in range(self.num_tokens):
             last = hidden[:, -1]
             ids, logits = shortlist.logits(last)
-            token, prob = self._choose_among(ids, logits.cpu(), params, state.generator)
+            token, full = self._choose_among(ids, logits, params, batch)
             tokens.append(token)
-            probs.append(prob)
+            probs.append(full)
             if i + 1 < self.num_tokens:
                 shortlist.prepare(i + 1, token, last)
-                position = (state.lengths + i).unsqueeze(1)
-                hidden = model.body(token.unsqueeze(1), position, cache)[0]
+                position = (batch.lengths + i).unsqueeze(1)
+                hidden = self._body(token.unsqueeze(1), position, cache)
                 cache.commit(1)
         return Draft.chain(torch.stack(tokens, dim=1), torch.stack(probs, dim=1))
 
+    def _choose(
+        self, logits: torch.Tensor, params: list[SamplingParams], batch: Batch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft token per row from logits [B, V]: (tokens [B], probs [B, V])."""
+        probs = probs_for_rows(logits, params)
+        return sample_rows(probs, batch.generators, batch.generator), probs
+
     def _choose_among(
-        self,
-        ids: torch.Tensor,
-        logits: torch.Tensor,
-        params: SamplingParams,
-        generator: torch.Generator,
+        self, ids: torch.Tensor, logits: torch.Tensor, params: list[SamplingParams], batch: Batch
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample among the shortlisted ``ids`` [S] from their logits [B, S]: the draft
         distribution renormalised over the shortlist, zero elsewhere in the [B, V] result."""
-        sub = probs_from_logits(logits, params)
-        index = sample(sub, generator)
-        probs = torch.zeros(logits.shape[0], self.vocab_size, dtype=sub.dtype)
-        probs.scatter_(1, ids.expand(logits.shape[0], -1), sub)
+        sub = probs_for_rows(logits, params)
+        index = sample_rows(sub, batch.generators, batch.generator)
+        probs = torch.zeros(batch.size, self.vocab_size, dtype=sub.dtype, device=sub.device)
+        probs.scatter_(1, ids.expand(batch.size, -1), sub)
         return ids[index], probs
 
-    def observe(self, state: DecodeState, verdict: Verdict) -> None:
-        """Nothing to learn: the next propose() rolls the cache back to what was accepted."""
+    def _body(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Final hidden states [B, T, D], or logits for a model without a separate head."""
+        if self._features is not None:
+            return self._features.body(tokens, positions, cache)[0]
+        return self.model.forward(tokens, positions, cache).logits
 
     def _logits(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Full-vocabulary logits [B, V] after the last of ``tokens``."""
-        if self._split_head:
-            hidden = self.model.body(tokens, positions, cache)[0]  # type: ignore[attr-defined]
-            logits = self.model.head(hidden[:, -1]).float().cpu()  # type: ignore[attr-defined]
+        if self._features is not None:
+            hidden = self._features.body(tokens, positions, cache)[0]
+            logits = self._features.head(hidden[:, -1]).float()
         else:
-            logits = self.model.forward(tokens, positions, cache).logits[:, -1].cpu()
+            logits = self.model.forward(tokens, positions, cache).logits[:, -1]
         extra = self.vocab_size - logits.shape[-1]
         if extra > 0:
             return F.pad(logits, (0, extra), value=float("-inf"))
@@ -174,10 +222,3 @@ class DraftModelDrafter:
         if self.temperature is None:
             return target
         return dataclasses.replace(target, temperature=self.temperature)
-
-    def _choose(
-        self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One draft token per row from logits [B, V]: (tokens [B], probs [B, V])."""
-        probs = probs_from_logits(logits, params)
-        return sample(probs, generator), probs

@@ -4,8 +4,8 @@ The draft layer (``eagle_net.EagleNet``) keeps a KV cache of its own, one entry 
 token: the entry at position p reads the target's feature at p and the embedding of token p + 1.
 Each step:
 
-1. catch up: the target's features at the tokens its last pass kept (``DecodeState.
-   fresh_hidden`` / ``fresh_taps``) become real entries; the output of the last one (the
+1. catch up (``begin``, ``observe``): the target's features at the tokens its last pass kept
+   (``StepResult.hidden`` / ``taps``) become real entries; the output of the last one (the
    pending token's entry) scores the first draft level;
 2. expand (EAGLE-2): at each depth the ``topk`` nodes with the highest score, the product of the
    draft probabilities along their path, get an entry of their own (the parent's output as
@@ -33,13 +33,12 @@ import torch
 from safetensors.torch import save_file
 
 from quickdraft import artifacts
-from quickdraft.accept import Verdict
 from quickdraft.artifacts import load_state, read_json, read_safetensors
-from quickdraft.drafters.base import DecodeState, Draft, shipped_folder
+from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, shipped_folder
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet, check_fits
 from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
 from quickdraft.drafters.ngram import NGramDrafter
-from quickdraft.models.base import Model
+from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.kv_cache import KVCache
 from quickdraft.models.ops import Linear
 
@@ -85,8 +84,9 @@ def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> P
 
 
 class EagleDrafter:
-    """Drafts a dynamic tree with an EAGLE network over the target's features. Needs the native
-    runner (its embedding, LM head rows and, for EAGLE-3, layer taps)."""
+    """Drafts a dynamic tree with an EAGLE network over the target's features. Needs a
+    feature model (the native runner): its embedding, LM head rows and, for EAGLE-3, layer
+    taps."""
 
     def __init__(
         self,
@@ -99,77 +99,106 @@ class EagleDrafter:
         lookup_ngram: tuple[int, int] = (1, 3),
     ):
         config = net.config
+        if not isinstance(target, FeatureModel):
+            raise ValueError(
+                f"target: EAGLE reads the native runner's features, got {type(target).__name__}"
+            )
         check_fits(net, target)
-        self.target, self.net = target, _packed(net.eval(), int8)
+        self.net = _packed(net.eval(), int8)
+        self.device = target.device
         self.tree = tree or DEFAULT_TREES["cpu"]
         if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
             raise ValueError(f"eagle_lookup must be a non-negative integer, got {lookup!r}")
         self.vocab_size = target.vocab_size
         self.num_tokens = self.tree.tokens + lookup
-        self.depth = max(self.tree.depth, lookup)
         # Prompt lookup grafted onto the tree (0: off): its continuation is one more branch.
         self.lookup = NGramDrafter(self.vocab_size, lookup, *lookup_ngram) if lookup else None
-        # Target decoder layers whose outputs the drafter reads (the engine asks the target
-        # for them): the inputs of the feature layers are the outputs of the layers below.
-        self.target_taps = tuple(layer - 1 for layer in config.feature_layers)
-        self.embed = target.embed  # type: ignore[attr-defined]
+        # Target decoder layers whose outputs the drafter reads: the inputs of the feature
+        # layers are the outputs of the layers below.
+        taps = tuple(layer - 1 for layer in config.feature_layers)
+        self.needs = Needs(
+            tokens=self.num_tokens,
+            depth=max(self.tree.depth, lookup),
+            hidden=True,
+            taps=taps,
+        )
+        self.embed = target.embed
         vocab = net.draft_vocab
-        self.draft_vocab = vocab
-        head = target.head_weight[vocab].to(torch.float32)  # type: ignore[attr-defined]
+        self.draft_vocab = vocab.to(self.device)
+        head = target.head_weight[vocab].to(torch.float32)
         # Packed once: the draft vocabulary's rows.
         self.head = Linear(head.contiguous(), int8=int8)
         self.cache: KVCache | None = None
+        self._root = torch.zeros(0)
 
     # -- the protocol ---------------------------------------------------------------------
 
-    def begin(self, state: DecodeState) -> None:
+    def reserve(self, rows: int, capacity: int) -> None:
         config = self.net.config
         self.cache = KVCache(
             1,
-            state.batch_size,
-            state.capacity + self.tree.depth * self.tree.topk + 1,
+            rows,
+            capacity + self.tree.depth * self.tree.topk + 1,
             config.num_kv_heads,
             config.head_dim,
             dtype=torch.float32,
-            device="cpu",
+            device=self.device,
         )
+        self._root = torch.zeros(rows, config.hidden_size, device=self.device)
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState) -> Draft:
-        assert self.cache is not None, "begin() first"
-        if state.fresh_hidden is None:  # a one-token prompt: no target feature yet
-            return Draft.chain(torch.zeros(state.batch_size, 0, dtype=torch.long), None)
-        root = self._catch_up(state)  # [B, d]: the pending token's entry's output
-        draft = self._expand(state, root)
-        return draft if self.lookup is None else self._graft(state, draft)
+    def begin(self, first: int, start: StepResult) -> None:
+        """The prompt's features become the new rows' first entries."""
+        assert self.cache is not None, "reserve() first"
+        cache = self.cache.narrow(first, start.batch.size)
+        cache.rollback(0)
+        self._root[first : first + start.batch.size] = self._catch_up(cache, start)
 
-    def observe(self, state: DecodeState, verdict: Verdict) -> None:
-        """The accepted tokens' real features arrive with the next propose (catch-up)."""
+    @torch.inference_mode()
+    def observe(self, result: StepResult) -> None:
+        """The kept tokens' real features become entries (EAGLE's catch-up)."""
+        assert self.cache is not None, "reserve() first"
+        self._root[: result.batch.size] = self._catch_up(
+            self.cache.narrow(0, result.batch.size), result
+        )
+
+    def reorder(self, order: torch.Tensor) -> None:
+        assert self.cache is not None
+        self.cache.permute(0, order)
+        self._root[: order.shape[0]] = self._root[order].clone()
+
+    @torch.inference_mode()
+    def propose(self, batch: Batch) -> Draft:
+        assert self.cache is not None, "reserve() first"
+        cache = self.cache.narrow(0, batch.size)
+        draft = self._expand(cache, batch, self._root[: batch.size])
+        return draft if self.lookup is None else self._graft(batch, draft)
 
     # -- steps --------------------------------------------------------------------------
 
-    def _catch_up(self, state: DecodeState) -> torch.Tensor:
-        """Step 1: real entries for the target's fresh features; returns the output of each
-        row's last one."""
-        net, cache = self.net, self.cache
-        assert cache is not None and state.fresh_hidden is not None
-        count = state.fresh_count  # [B]
-        hidden = state.fresh_hidden.float()
-        taps = [state.fresh_taps[layer].float() for layer in self.target_taps]
-        feature = net.fuse(hidden, taps)  # [B, M, d]
-        batch, num = feature.shape[:2]
-        first = state.lengths - 1 - count  # position of each row's first fresh feature
-        positions = first.unsqueeze(1) + torch.arange(num)  # [B, M]
-        following = state.tokens.gather(1, (positions + 1).clamp_max(state.capacity - 1))
+    def _catch_up(self, cache: KVCache, result: StepResult) -> torch.Tensor:
+        """Step 1: real entries for the target's kept features; returns the output of each
+        row's last one [B, d] (zeros for a row with none: a one-token prompt)."""
+        net, batch, count = self.net, result.batch, result.kept
+        assert result.hidden is not None
+        if result.hidden.shape[1] == 0:
+            return torch.zeros(batch.size, net.config.hidden_size, device=self.device)
+        taps = [result.taps[layer].float() for layer in self.needs.taps]
+        feature = net.fuse(result.hidden.float(), taps)  # [B, M, d]
+        num = feature.shape[1]
+        first = batch.lengths - 1 - count  # position of each row's first kept feature
+        positions = first.unsqueeze(1) + torch.arange(num, device=self.device)  # [B, M]
+        following = batch.tokens.gather(1, (positions + 1).clamp(0, batch.capacity - 1))
         attn_input, residual = net.project(self.embed[following].float(), feature)
-        ancestors = torch.ones(num, num, dtype=torch.bool).tril()
-        output = self._attend(attn_input, residual, positions, ancestors, 0)
+        ancestors = torch.ones(num, num, dtype=torch.bool, device=self.device).tril()
+        output = self._attend(cache, attn_input, residual, positions, ancestors, 0)
         cache.commit(count)
-        last = (count - 1).clamp_min(0)
-        return output[torch.arange(batch), last]
+        last = output[torch.arange(batch.size, device=self.device), (count - 1).clamp_min(0)]
+        return torch.where((count > 0).unsqueeze(1), last, 0.0)
 
     def _attend(
         self,
+        cache: KVCache,
         attn_input: torch.Tensor,
         residual: torch.Tensor,
         positions: torch.Tensor,
@@ -180,16 +209,15 @@ class EagleDrafter:
         past each row's committed length. ancestors: [T, offset + T] bool, which scratch
         entries each new one sees (itself and its ancestors); committed entries are always
         visible. Returns the outputs [B, T, d]."""
-        net, cache = self.net, self.cache
-        assert cache is not None
+        net = self.net
         num = attn_input.shape[1]
         q, k, v = net.qkv(attn_input, positions)
         lengths = cache.lengths
-        slots = lengths.unsqueeze(1) + offset + torch.arange(num)
-        cache.write(0, k.transpose(1, 2), v.transpose(1, 2), slots)
-        used = int(lengths.max()) + offset + num
+        steps = torch.arange(num, device=self.device)
+        cache.write(0, k.transpose(1, 2), v.transpose(1, 2), lengths.unsqueeze(1) + offset + steps)
+        used = int(lengths.max()) + offset + num  # host sync: the attention's width
         keys, values = cache.view(0, used)
-        relative = torch.arange(used) - lengths.unsqueeze(1)  # [B, used]
+        relative = torch.arange(used, device=self.device) - lengths.unsqueeze(1)  # [B, used]
         prefix = (relative < 0).unsqueeze(1)  # [B, 1, used]
         columns = relative.clamp(0, offset + num - 1)
         scratch = (relative >= 0) & (relative < offset + num)
@@ -204,16 +232,16 @@ class EagleDrafter:
         """[.., d] -> log-probabilities over the draft vocabulary [.., S]."""
         return self.head(self.net.head_input(output)).float().log_softmax(-1)
 
-    def _expand(self, state: DecodeState, root: torch.Tensor) -> Draft:
+    def _expand(self, cache: KVCache, batch: Batch, root: torch.Tensor) -> Draft:
         """Steps 2 and 3: grow the tree level by level, then keep the best ``tokens`` nodes."""
         tree, net = self.tree, self.net
-        batch = root.shape[0]
+        rows = root.shape[0]
         top = self._log_probs(root).topk(tree.topk, dim=-1)  # [B, K]
         # Every candidate node so far: token [B], score [B] (log of its path probability),
         # parent (candidate index, -1 for the root's children), depth.
         tokens = [self.draft_vocab[top.indices]]  # per level: [B, C]
         scores = [top.values]
-        parents = [torch.full((tree.topk,), -1)]
+        parents = [torch.full((tree.topk,), -1, device=self.device)]
         level_start = [0]
         # Expanded nodes: their entries sit at scratch slots 0.. in this order.
         entry_of: dict[int, int] = {}  # candidate index -> scratch entry
@@ -222,9 +250,9 @@ class EagleDrafter:
         # each parent's is (the root's children read the root's output).
         outputs_of_level = root.unsqueeze(1)
         parent_slot = {-1: 0}
-        anchor = state.lengths - 2  # position of the pending token's entry
+        anchor = batch.lengths - 2  # position of the pending token's entry
         # Scores are summed over rows (one shared shape), so the floor is too.
-        floor = batch * math.log(tree.min_prob) if tree.min_prob > 0 else -math.inf
+        floor = rows * math.log(tree.min_prob) if tree.min_prob > 0 else -math.inf
         for level in range(1, tree.depth):
             level_total = scores[-1].sum(0)
             # Nodes under the floor are never drafted, nor are their children.
@@ -234,7 +262,9 @@ class EagleDrafter:
             chosen = level_total.topk(width).indices  # [W] within the level, shared
             base = level_start[-1]
             level_parents = parents[-1][chosen]  # candidate index of each one's parent
-            feature_index = torch.tensor([parent_slot[int(p)] for p in level_parents])
+            feature_index = torch.tensor(
+                [parent_slot[int(p)] for p in level_parents], device=self.device
+            )
             feature = outputs_of_level[:, feature_index]  # [B, W, d]
             chosen_tokens = tokens[-1][:, chosen]  # [B, W]
             attn_input, residual = net.project(self.embed[chosen_tokens].float(), feature)
@@ -243,9 +273,9 @@ class EagleDrafter:
                 parent = int(parents[-1][candidate])
                 entry_parent.append(entry_of[parent] if parent >= 0 else -1)
                 entry_of[base + candidate] = offset + slot
-            ancestors = _ancestors(entry_parent)[offset:]  # [W, offset + W]
-            positions = (anchor + level).unsqueeze(1).expand(batch, width)
-            output = self._attend(attn_input, residual, positions, ancestors, offset)
+            ancestors = _ancestors(entry_parent)[offset:].to(self.device)  # [W, offset + W]
+            positions = (anchor + level).unsqueeze(1).expand(rows, width)
+            output = self._attend(cache, attn_input, residual, positions, ancestors, offset)
             log_probs = self._log_probs(output).topk(tree.topk, dim=-1)  # [B, W, K]
             level_scores = scores[-1][:, chosen].unsqueeze(-1) + log_probs.values
             tokens.append(self.draft_vocab[log_probs.indices].flatten(1))
@@ -282,9 +312,9 @@ class EagleDrafter:
                 index[node] = len(order)
                 order.append(node)
         parent_ids = torch.tensor([index[all_parents[i]] for i in order], dtype=torch.long)
-        return Draft(all_tokens[:, order], parent_ids, None)
+        return Draft.from_parents(all_tokens[:, order], parent_ids)
 
-    def _graft(self, state: DecodeState, draft: Draft) -> Draft:
+    def _graft(self, batch: Batch, draft: Draft) -> Draft:
         """Prompt lookup's continuation as one more branch of the tree, after the drafter's
         nodes. With one row it follows the tree's nodes as long as they hold its tokens and
         branches off where they stop (no node is verified twice); in a batch, whose rows share
@@ -292,12 +322,12 @@ class EagleDrafter:
         like ``NGramDrafter``'s. Its tokens are point masses like the tree's, so the tree
         rules stay exact; a duplicate of a sibling's token is simply rejected."""
         assert self.lookup is not None
-        continuation = self.lookup.propose(state).tokens  # [B, L], L may be 0
+        continuation = self.lookup.propose(batch).tokens.to(draft.tokens.device)  # [B, L]
         if continuation.shape[1] == 0:
             return draft
         parents = draft.parents.tolist()
         attach, start = -1, 0
-        if state.batch_size == 1:
+        if batch.size == 1:
             row = draft.tokens[0].tolist()
             children: dict[tuple[int, int], int] = {}
             for node, parent in enumerate(parents):
@@ -312,11 +342,7 @@ class EagleDrafter:
             return draft
         size = len(parents)
         extra = [attach, *range(size, size + branch.shape[1] - 1)]
-        return Draft(
-            torch.cat([draft.tokens, branch], 1),
-            torch.cat([draft.parents, torch.tensor(extra, dtype=torch.long)]),
-            None,
-        )
+        return Draft.from_parents(torch.cat([draft.tokens, branch], 1), parents + extra)
 
 
 class _PackedLinear(torch.nn.Module):
@@ -365,7 +391,7 @@ def build_eagle(
     """A drafter from the network saved in ``folder``; ``tree`` as in ``DynamicTree.parse``;
     ``int8``: int8 weights for its layers and head on CPU; ``lookup``: the most tokens of
     prompt lookup (n-gram sizes ``lookup_ngram``) grafted onto each tree, 0 for none."""
-    device = getattr(getattr(target, "device", None), "type", "cpu")
+    device = target.device.type
     return EagleDrafter(
         target,
         load_eagle(folder),

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from quickdraft.accept import Verdict
 from quickdraft.config import (
     MAX_DRAFT_TOKENS,
     MAX_LOOKAHEAD_NGRAM,
@@ -33,7 +32,7 @@ from quickdraft.config import (
     SpecConfig,
     show_value,
 )
-from quickdraft.drafters.base import DecodeState, Draft, SideBranch
+from quickdraft.drafters.base import Batch, Draft, Needs, SideBranch, StepResult
 from quickdraft.models.base import Model
 
 
@@ -87,20 +86,27 @@ def side_mask(levels: int, window: int) -> torch.Tensor:
 class LookaheadDrafter:
     """Lookahead decoding as a drafter: ``propose`` returns the pool's candidates as a draft
     tree with the Jacobi window as its side branch; ``observe`` reads the target's logits at
-    the window (``DecodeState.side_logits``) and updates window and pool."""
+    the window (``StepResult.side_logits``) and updates window and pool.
+
+    Every row keeps all N-1 levels from its start (random prompt tokens at first, where the
+    paper grows them one per step), so that rows joining at any step share one side-branch
+    shape; a row's columns join the pool once N-2 Jacobi steps have replaced all but the
+    first level, which is when the paper's first n-grams are collected too."""
 
     def __init__(self, vocab_size: int, config: LookaheadConfig | None = None):
         self.config = config or LookaheadConfig()
         self.vocab_size = vocab_size
-        self.num_tokens = self.config.candidates * (self.config.ngram - 1)
-        self.depth = self.config.ngram - 1
-        self.side_tokens = (self.config.ngram - 1) * self.config.window  # the window, full
+        levels, window = self.config.ngram - 1, self.config.window
+        self.num_tokens = self.config.candidates * levels
+        self.needs = Needs(tokens=self.num_tokens, depth=levels, side_tokens=levels * window)
         # first token -> its continuations ((N-1)-tuples), most recent first; one pool for
         # every row and every request of the session.
         self.pool: dict[int, OrderedDict[tuple[int, ...], None]] = {}
         self._rng = random.Random(self.config.seed)
-        self.levels: list[torch.Tensor] = []  # each [B, W]
-        self._masks: dict[int, torch.Tensor] = {}
+        self.levels = torch.zeros(0, levels, window, dtype=torch.long)  # [rows, N-1, W]
+        self.age = torch.zeros(0, dtype=torch.long)  # Jacobi steps per row
+        self._mask = side_mask(levels, window)
+        self._offsets = torch.tensor([j + 1 + i for j in range(levels) for i in range(window)])
 
     # -- pool -------------------------------------------------------------------------
 
@@ -119,63 +125,66 @@ class LookaheadDrafter:
 
     # -- the protocol -------------------------------------------------------------------
 
-    def begin(self, state: DecodeState) -> None:
+    def reserve(self, rows: int, capacity: int) -> None:
+        self.levels = torch.zeros(rows, *self.levels.shape[1:], dtype=torch.long)
+        self.age = torch.zeros(rows, dtype=torch.long)
+
+    def begin(self, first: int, start: StepResult) -> None:
         """A fresh window of random prompt tokens (the paper's initialisation); the prompt's
         own n-grams join the pool."""
-        window = self.config.window
-        rows = []
-        for b in range(state.batch_size):
-            prompt = state.tokens[b, : int(state.lengths[b])].tolist()
+        batch = start.batch
+        texts, lengths = batch.tokens.cpu(), batch.lengths.tolist()
+        for b in range(batch.size):
+            prompt = texts[b, : lengths[b]].tolist()
             self._remember_text(prompt)
-            rows.append([self._rng.choice(prompt) for _ in range(window)])
-        self.levels = [torch.tensor(rows, dtype=torch.long)]
+            guesses = [self._rng.choice(prompt) for _ in range(self.levels[0].numel())]
+            self.levels[first + b] = torch.tensor(guesses).view_as(self.levels[0])
+            self.age[first + b] = 0
 
-    def propose(self, state: DecodeState) -> Draft:
-        tokens, parents = self._candidates(state)
-        levels = len(self.levels)
-        window = self.config.window
-        mask = self._masks.get(levels)
-        if mask is None:
-            mask = self._masks[levels] = side_mask(levels, window)
-        offsets = torch.tensor([j + 1 + i for j in range(levels) for i in range(window)])
-        side = SideBranch(torch.cat(self.levels, 1), offsets, mask)
-        return Draft(tokens, parents, None, side)
+    def reorder(self, order: torch.Tensor) -> None:
+        self.levels[: order.shape[0]] = self.levels[order.cpu()].clone()
+        self.age[: order.shape[0]] = self.age[order.cpu()].clone()
 
-    def observe(self, state: DecodeState, verdict: Verdict) -> None:
+    def propose(self, batch: Batch) -> Draft:
+        tokens, parents = self._candidates(batch)
+        side = SideBranch(self.levels[: batch.size].flatten(1), self._offsets, self._mask)
+        return Draft.from_parents(tokens, parents, None, side)
+
+    def observe(self, result: StepResult) -> None:
         """Step the Jacobi window with the target's argmax at its last level; collect the
-        columns' n-grams when the window is full; add the accepted text's n-grams."""
-        assert state.side_logits is not None, "the engine returns the side branch's logits"
-        window, levels = self.config.window, len(self.levels)
-        last = state.side_logits[:, (levels - 1) * window :, : self.vocab_size]
-        new = last.argmax(-1).cpu()  # [B, W]
-        if levels == self.config.ngram - 1:
-            grams = torch.stack([*self.levels, new], dim=-1)  # [B, W, N]
-            for gram in grams.flatten(0, 1).tolist():
+        columns' n-grams of rows whose window is all Jacobi output; add the accepted text's
+        n-grams. A step that verified no draft (the batch policy) moves the window not."""
+        batch, n = result.batch, self.config.ngram
+        if result.side_logits is not None:
+            window, levels = self.config.window, self.levels.shape[1]
+            last = result.side_logits[:, (levels - 1) * window :, : self.vocab_size]
+            new = last.argmax(-1).cpu()  # [B, W]
+            rows = self.levels[: batch.size]
+            mature = self.age[: batch.size] >= levels - 1
+            grams = torch.cat([rows, new.unsqueeze(1)], 1).transpose(1, 2)  # [B, W, N]
+            for gram in grams[mature].flatten(0, 1).tolist():
                 self._remember(tuple(gram))
-            self.levels = [*self.levels[1:], new]
-        else:
-            self.levels = [*self.levels, new]
-        n = self.config.ngram
-        for b in range(state.batch_size):  # the text's newest n-grams: exact continuations
-            end = int(state.lengths[b])
-            added = int(verdict.num_accepted[b]) + 1
-            recent = state.tokens[b, max(0, end - added - n + 1) : end].tolist()
-            self._remember_text(recent)
+            self.levels[: batch.size] = torch.cat([rows[:, 1:], new.unsqueeze(1)], 1)
+            self.age[: batch.size] += 1
+        texts = batch.tokens.cpu()
+        ends, added = batch.lengths.tolist(), result.kept.tolist()
+        for b in range(batch.size):  # the text's newest n-grams: exact continuations
+            self._remember_text(texts[b, max(0, ends[b] - added[b] - n + 1) : ends[b]].tolist())
 
     # -- candidates ---------------------------------------------------------------------
 
-    def _candidates(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
+    def _candidates(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The pool's continuations of each row's pending token: a trie for one row; for a
         batch, one chain per candidate (rows share a shape), padded by repeating."""
         config = self.config
         found = []
-        for b in range(state.batch_size):
-            pending = int(state.tokens[b, int(state.lengths[b]) - 1])
-            entries = list(self.pool.get(pending, ()))[: config.candidates]
+        pending = batch.tokens.gather(1, (batch.lengths - 1).unsqueeze(1)).flatten().tolist()
+        for b in range(batch.size):
+            entries = list(self.pool.get(pending[b], ()))[: config.candidates]
             if not entries:  # the window's own guess: column 0 read down its levels
-                entries = [tuple(int(level[b, 0]) for level in self.levels)]
+                entries = [tuple(self.levels[b, :, 0].tolist())]
             found.append(entries)
-        if state.batch_size == 1:
+        if batch.size == 1:
             return _trie(found[0])
         width = max(len(entries) for entries in found)
         length = config.ngram - 1
@@ -223,7 +232,7 @@ DEFAULTS = {
 
 def build_lookahead(spec: SpecConfig, target: Model) -> LookaheadDrafter:
     """The drafter for ``spec``: unset settings take the defaults of the target's device."""
-    device = getattr(getattr(target, "device", None), "type", "cpu")
+    device = target.device.type
     base = DEFAULTS.get(device, DEFAULTS["cpu"])
     config = LookaheadConfig(
         window=spec.lookahead_window or base.window,

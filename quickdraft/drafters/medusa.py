@@ -25,11 +25,10 @@ from safetensors.torch import save_file
 from torch import nn
 
 from quickdraft import artifacts
-from quickdraft.accept import Verdict
 from quickdraft.artifacts import load_state, read_json, read_safetensors
 from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH, show_value
-from quickdraft.drafters.base import DecodeState, Draft, shipped_folder
-from quickdraft.models.base import Model
+from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, shipped_folder
+from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.ops import Linear
 from quickdraft.tree import TreeShape
 
@@ -252,8 +251,9 @@ def heads_folder(target_name: str | None, folder: str | Path | None = None) -> P
 
 
 class MedusaDrafter:
-    """Drafts a tree from Medusa heads over the target's hidden state (``DecodeState.
-    target_hidden``). Needs a target with a separate ``head`` (the native runner)."""
+    """Drafts a tree from Medusa heads over the target's final hidden state at the token
+    before the pending one, kept per row from the last target pass. Needs a feature model
+    (the native runner) for the target's LM head."""
 
     def __init__(
         self,
@@ -264,13 +264,13 @@ class MedusaDrafter:
         int8: bool = False,
     ):
         config = heads.config
-        if not hasattr(target, "head"):
+        if not isinstance(target, FeatureModel):
             raise ValueError(
                 "target: Medusa heads need the native runner's LM head, got "
                 f"{type(target).__name__}"
             )
-        hidden_size = getattr(getattr(target, "config", None), "hidden_size", None)
-        if hidden_size is not None and hidden_size != config.hidden_size:
+        hidden_size = target.head_weight.shape[1]
+        if hidden_size != config.hidden_size:
             raise ValueError(
                 f"medusa: heads of hidden size {config.hidden_size} do not fit the target's "
                 f"{hidden_size}"
@@ -280,43 +280,62 @@ class MedusaDrafter:
             raise ValueError(
                 f"tree: {tree.max_depth} levels deep, the heads predict only {config.num_heads}"
             )
-        self.target, self.heads, self.tree = target, heads.eval(), tree
+        self.target: FeatureModel = target
+        self.heads, self.tree = heads.eval(), tree
         # Heads trained on a frequent-token subset rank those rows only: a packed head of them.
         self._subset: tuple[torch.Tensor, Linear] | None = None
         if heads.vocab is not None and heads.lm_heads is None:
-            rows = target.head_weight[heads.vocab].float().contiguous()  # type: ignore[attr-defined]
+            rows = target.head_weight[heads.vocab].float().contiguous()
             self._subset = (heads.vocab, Linear(rows, int8=int8))
         self.vocab_size = target.vocab_size
         self.num_tokens = tree.num_nodes
-        self.depth = tree.max_depth
+        self.needs = Needs(tokens=tree.num_nodes, depth=tree.max_depth, hidden=True)
         # Candidates needed: the widest rank at any depth, plus one; node n takes candidate
         # ranks[n] of head depth[n].
         self._width = int(tree.ranks.max()) + 1 if tree.num_nodes else 1
+        self._hidden = torch.zeros(0, config.hidden_size)  # [rows, D] per row
 
-    def begin(self, state: DecodeState) -> None:
-        """The heads read the target's prefill; nothing of their own to prepare."""
+    def reserve(self, rows: int, capacity: int) -> None:
+        self._hidden = torch.zeros(rows, self.heads.config.hidden_size, device=self.target.device)
+
+    def begin(self, first: int, start: StepResult) -> None:
+        """The heads read the prefill's last state (zeros for a one-token prompt: its first
+        draft is a guess, verified like any other)."""
+        self._hidden[first : first + start.batch.size] = _last_kept(start, self._hidden)
+
+    def observe(self, result: StepResult) -> None:
+        self._hidden[: result.batch.size] = _last_kept(result, self._hidden)
+
+    def reorder(self, order: torch.Tensor) -> None:
+        self._hidden[: order.shape[0]] = self._hidden[order].clone()
 
     @torch.inference_mode()
-    def propose(self, state: DecodeState) -> Draft:
-        hidden = state.target_hidden
-        if hidden is None:  # a one-token prompt: no target state yet, so no draft this step
-            return Draft.chain(torch.zeros(state.batch_size, 0, dtype=torch.long), None)
+    def propose(self, batch: Batch) -> Draft:
         tree = self.tree
+        hidden = self._hidden[: batch.size]
         states = self.heads(hidden.float())[:, : tree.max_depth]  # [B, D, d]
         if self._subset is not None:
             vocab, head = self._subset
             candidates = vocab[head(states).topk(self._width, dim=-1).indices]  # [B, D, W]
         else:
             if self.heads.lm_heads is None:
-                logits = self.target.head(states.to(hidden.dtype)).float()  # all heads at once
+                dtype = self.target.head_weight.dtype
+                logits = self.target.head(states.to(dtype)).float()  # all heads at once
             else:
                 logits = self.heads.logits(states, torch.empty(0))
             candidates = logits[..., : self.vocab_size].topk(self._width, dim=-1).indices
         tokens = candidates[:, tree.depth - 1, tree.ranks]  # [B, N]
-        return Draft(tokens.cpu(), tree.parents, None)
+        return Draft(tokens, None, tree)
 
-    def observe(self, state: DecodeState, verdict: Verdict) -> None:
-        """Nothing to learn online."""
+
+def _last_kept(result: StepResult, like: torch.Tensor) -> torch.Tensor:
+    """[B, D] each row's hidden state at its last kept token; zeros where none was kept."""
+    assert result.hidden is not None, "Needs.hidden brings the target's hidden states"
+    if result.hidden.shape[1] == 0:
+        return torch.zeros(result.batch.size, like.shape[1], device=like.device)
+    rows = torch.arange(result.batch.size, device=result.hidden.device)
+    last = result.hidden[rows, (result.kept - 1).clamp_min(0)].to(like)
+    return torch.where((result.kept > 0).unsqueeze(1), last, 0.0)
 
 
 def build_medusa(

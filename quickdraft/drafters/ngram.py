@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.accept import Verdict
-from quickdraft.drafters.base import DecodeState, Draft
+from quickdraft.drafters.base import Batch, Draft, Needs, Stateless
 
 
-class NGramDrafter:
+class NGramDrafter(Stateless):
     def __init__(self, vocab_size: int, num_tokens: int, min_n: int = 1, max_n: int = 3):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
@@ -25,28 +24,22 @@ class NGramDrafter:
             )
         self.vocab_size = vocab_size
         self.num_tokens = num_tokens
+        self.needs = Needs(tokens=num_tokens, depth=num_tokens)
         self.min_n, self.max_n = min_n, max_n
 
-    def begin(self, state: DecodeState) -> None:
-        """Nothing to prepare: the text itself is the model."""
-
-    def propose(self, state: DecodeState) -> Draft:
-        rows = [
-            self._lookup(state.tokens[b, : int(state.lengths[b])]) for b in range(state.batch_size)
-        ]
+    def propose(self, batch: Batch) -> Draft:
+        """The text itself is the model: the lookup runs on the host, over each row's text."""
+        lengths = batch.lengths.tolist()  # a host sync, and the text's used part below
+        texts = batch.tokens[:, : max(lengths)].cpu()
+        rows = [self._lookup(texts[b, : lengths[b]]) for b in range(batch.size)]
         width = max(len(row) for row in rows)
-        tokens = torch.zeros(state.batch_size, width, dtype=torch.long)
+        tokens = torch.zeros(batch.size, width, dtype=torch.long)
         for b, row in enumerate(rows):
             # Rows with a shorter match are padded by repeating their last known token: any
             # deterministic filler keeps the output exact; the target simply rejects it.
-            filler = row + [row[-1] if row else int(state.tokens[b, state.lengths[b] - 1])] * (
-                width - len(row)
-            )
-            tokens[b] = torch.tensor(filler, dtype=torch.long)
-        return Draft.chain(tokens, None)
-
-    def observe(self, state: DecodeState, verdict: Verdict) -> None:
-        """Nothing to learn: the next lookup sees the accepted tokens in the text."""
+            last = row[-1] if row else int(texts[b, lengths[b] - 1])
+            tokens[b] = torch.tensor(row + [last] * (width - len(row)), dtype=torch.long)
+        return Draft.chain(tokens)
 
     def _lookup(self, sequence: torch.Tensor) -> list[int]:
         length = sequence.shape[0]

@@ -8,6 +8,7 @@ pointer back when a caller wants to recompute entries it had kept.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -62,6 +63,39 @@ class Cache:
         columns past a row's num_kept are scratch. Caches of models that verify trees."""
         raise ValueError(f"{type(self).__name__}: this model's cache keeps chain drafts only")
 
+    # -- rows: the engine keeps one request per row and moves requests between rows --------
+
+    def narrow(self, start: int, count: int) -> Cache:
+        """A view of rows start..start+count-1 sharing this cache's storage: forwards and
+        commits through it write here."""
+        view = copy.copy(self)
+        view.lengths = self.lengths[start : start + count]
+        view._narrow_buffers(start, count)
+        return view
+
+    def _narrow_buffers(self, start: int, count: int) -> None:
+        """Subclasses narrow their buffers to the rows of a view."""
+        raise ValueError(f"{type(self).__name__}: this model's cache holds one row")
+
+    def permute(self, first: int, order: torch.Tensor) -> None:
+        """Rows first..first+n-1 take the entries and lengths of rows ``order`` ([n] long,
+        absolute row indices, a permutation of those rows); only rows that change are copied,
+        and only their committed entries."""
+        rows = torch.arange(first, first + order.shape[0], device=order.device)
+        moved = order != rows
+        if not bool(moved.any()):
+            return
+        dst, src = rows[moved], order[moved]
+        count = int(self.lengths[src].max())
+        if count:
+            self._copy_rows(src, dst, count)
+        self.lengths[dst] = self.lengths[src].clone()
+
+    def _copy_rows(self, src: torch.Tensor, dst: torch.Tensor, count: int) -> None:
+        """Subclasses copy the first ``count`` entries of rows src into rows dst (at once:
+        the two may overlap as a permutation does)."""
+        raise ValueError(f"{type(self).__name__}: this model's cache holds one row")
+
     def rollback(self, lengths: torch.Tensor | int) -> None:
         """Move each row's pointer back to ``lengths`` ([B] or scalar); never forward."""
         target = torch.as_tensor(lengths, device=self.lengths.device).expand_as(self.lengths)
@@ -75,11 +109,13 @@ class Model(Protocol):
     """What the engine needs from a language model, whatever its family or backend.
 
     name: the alias the model was loaded from (``load_model``), which finds the drafters
-    shipped for it; None for any other model."""
+    shipped for it; None for any other model. device: where its weights and caches live; the
+    engine keeps every tensor of its loop there."""
 
     vocab_size: int
     max_positions: int
     name: str | None
+    device: torch.device
 
     def new_cache(self, batch_size: int, capacity: int) -> Cache:
         """An empty cache for ``batch_size`` rows of at most ``capacity`` tokens."""
@@ -94,6 +130,38 @@ class Model(Protocol):
     ) -> ModelOutput:
         """tokens, positions: [B, T] long; tree_mask: [T, L+T] bool or None for causal."""
         ...
+
+
+@runtime_checkable
+class FeatureModel(Model, Protocol):
+    """A model whose parts feature-level drafters (EAGLE, Medusa, shortlists) read: the native
+    runner and the models pruned from it. Declared, so that nothing probes with hasattr.
+
+    embed:       [V, D] the input embedding (row i embeds token i).
+    head_weight: [V, D] the output head's rows (the embedding when tied).
+    int8:        whether its projections run in int8 (shortlists pack their rows alike).
+    head(hidden [.., D]) -> logits [.., V].
+    body(tokens, positions, cache, tree_mask) -> (final hidden [B, T, D], taps): ``forward``
+        without the head.
+    with_taps(layers) -> a view of the same weights that also returns those decoder layers'
+        outputs in ``ModelOutput.taps``.
+    """
+
+    embed: torch.Tensor
+    head_weight: torch.Tensor
+    int8: bool
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def body(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Cache,
+        tree_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]: ...
+
+    def with_taps(self, layers: tuple[int, ...]) -> FeatureModel: ...
 
 
 @runtime_checkable

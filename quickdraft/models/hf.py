@@ -20,6 +20,10 @@ class HFCache(Cache):
         super().__init__(1, capacity)
         self.hf_cache = hf_cache
 
+    def _narrow_buffers(self, start: int, count: int) -> None:
+        if (start, count) != (0, 1):
+            raise ValueError("the Hugging Face adapter's cache holds one row")
+
 
 class HFModel:
     def __init__(self, model: Any):
@@ -27,6 +31,7 @@ class HFModel:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 20))
         self.name: str | None = None
+        self.device = torch.device("cpu")  # outputs come back to the host
         # transformers 5.x renames past_key_values to cache; support both.
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"

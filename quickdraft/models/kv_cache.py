@@ -55,3 +55,12 @@ class KVCache(Cache):
         self.keys[:, self._rows, target] = self.keys[:, self._rows, source]
         self.values[:, self._rows, target] = self.values[:, self._rows, source]
         self.lengths += path.shape[1] if num_kept is None else num_kept
+
+    def _narrow_buffers(self, start: int, count: int) -> None:
+        self.keys = self.keys[:, start : start + count]
+        self.values = self.values[:, start : start + count]
+        self._rows = torch.arange(count, device=self.keys.device).unsqueeze(1)
+
+    def _copy_rows(self, src: torch.Tensor, dst: torch.Tensor, count: int) -> None:
+        for buffer in (self.keys, self.values):
+            buffer[:, dst, :count] = buffer[:, src, :count]

@@ -28,6 +28,7 @@ class PrunedModel:
         self.head_weight = base.head_weight
         self.embed = base.embed
         self.int8 = base.int8
+        self.device = base.device
 
     def new_cache(self, batch_size: int, capacity: int) -> KVCache:
         return self.runner.new_cache(batch_size, capacity)
@@ -47,6 +48,13 @@ class PrunedModel:
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.runner.head(hidden)
+
+    def with_taps(self, layers: tuple[int, ...]) -> PrunedModel:
+        """The same pruned model, also returning ``layers``' outputs (of its own layers)."""
+        clone = object.__new__(PrunedModel)
+        clone.__dict__.update(self.__dict__)
+        clone.runner = self.runner.with_taps(layers)
+        return clone
 
     def forward(
         self,

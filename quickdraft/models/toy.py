@@ -27,6 +27,12 @@ class TokenCache(Cache):
         super().__init__(batch_size, capacity)
         self.tokens = torch.zeros(batch_size, capacity, dtype=torch.long)
 
+    def _narrow_buffers(self, start: int, count: int) -> None:
+        self.tokens = self.tokens[start : start + count]
+
+    def _copy_rows(self, src: torch.Tensor, dst: torch.Tensor, count: int) -> None:
+        self.tokens[dst, :count] = self.tokens[src, :count]
+
     def commit_path(self, path: torch.Tensor, num_kept: torch.Tensor) -> None:
         rows = torch.arange(self.batch_size).unsqueeze(1)
         source = self.lengths.unsqueeze(1) + path
@@ -60,6 +66,7 @@ class NGramLM:
         self.vocab_size = vocab
         self.max_positions = max_positions
         self.name: str | None = None
+        self.device = torch.device("cpu")
         self.seed = seed
         generator = torch.Generator().manual_seed(seed + 1)
         # Fixed random features per context: the "hidden state" drafters may read.
@@ -198,6 +205,11 @@ class HeadedNGramLM(NGramLM):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden @ self.table
+
+    def with_taps(self, layers: tuple[int, ...]) -> HeadedNGramLM:
+        if layers:
+            raise ValueError("tap_layers: an n-gram model has no layers to tap")
+        return self
 
     def forward(
         self,

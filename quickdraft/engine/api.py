@@ -1,0 +1,150 @@
+"""``generate`` and ``generate_batch``: the engine, for callers who have their prompts now."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from quickdraft.config import Method, SamplingParams, SpecConfig
+from quickdraft.drafters import Drafter, build_drafter
+from quickdraft.engine.core import Engine
+from quickdraft.engine.prompts import as_ids, encode
+from quickdraft.engine.requests import RequestOutput
+from quickdraft.models.base import Model, Tokenizer
+from quickdraft.output import BatchGeneration, Generation
+
+
+def same_vocabulary(a: Tokenizer, b: Tokenizer) -> bool:
+    """Whether two tokenizers map text to the same ids (padded model vocabularies may differ)."""
+    if a is b:
+        return True
+    compare = getattr(a, "same_vocabulary", None)
+    return bool(compare(b)) if compare is not None else False
+
+
+def make_drafter(
+    target: Model,
+    spec: SpecConfig | None,
+    draft: Model | Drafter | None,
+    tokenizer: Tokenizer | None = None,
+    draft_tokenizer: Tokenizer | None = None,
+) -> tuple[Drafter | None, SpecConfig]:
+    """The drafter ``spec`` asks for (a drafter given as ``draft`` is used as it is), and the
+    spec: none means plain decoding, or draft-model speculation when a draft model is given."""
+    if spec is None:
+        spec = SpecConfig(method=Method.AR if draft is None else Method.DRAFT_MODEL)
+    if draft is not None and not isinstance(draft, Model):
+        return draft, spec
+    same = None
+    if tokenizer is not None and draft_tokenizer is not None:
+        same = same_vocabulary(tokenizer, draft_tokenizer)
+    return build_drafter(spec, target, draft, same_tokenizer=same), spec
+
+
+def generate(
+    target: Model,
+    prompt: str | Sequence[int],
+    *,
+    sampling: SamplingParams | None = None,
+    spec: SpecConfig | None = None,
+    draft: Model | Drafter | None = None,
+    tokenizer: Tokenizer | None = None,
+    draft_tokenizer: Tokenizer | None = None,
+    on_step: Callable[[RequestOutput], None] | None = None,
+) -> Generation:
+    """Generate a continuation of one prompt.
+
+    With neither ``spec`` nor ``draft`` this is plain autoregressive decoding; with a draft model
+    and no spec it is draft-model speculation at k = 4 with rejection sampling. Give
+    ``draft_tokenizer`` too when the draft's vocabulary size differs (padding) from the
+    target's. ``on_step`` sees the request's output after every step, for streaming.
+    """
+    sampling = sampling or SamplingParams()
+    ids = encode(prompt, tokenizer)
+    drafter, spec = make_drafter(target, spec, draft, tokenizer, draft_tokenizer)
+    engine = Engine(
+        target,
+        drafter,
+        spec,
+        tokenizer=tokenizer,
+        max_batch=1,
+        max_model_len=_length(target, [ids], sampling),
+    )
+    engine.add_request(ids, sampling)
+    last = None
+    while engine.has_unfinished():
+        for last in engine.step():
+            if on_step is not None:
+                on_step(last)
+    assert last is not None and last.finish_reason is not None
+    return Generation(last.token_ids, last.text, last.finish_reason, last.from_draft, last.stats)
+
+
+def generate_batch(
+    target: Model,
+    prompts: torch.Tensor | Sequence[Sequence[int]],
+    *,
+    sampling: SamplingParams | None = None,
+    spec: SpecConfig | None = None,
+    draft: Model | Drafter | None = None,
+    tokenizer: Tokenizer | None = None,
+    draft_tokenizer: Tokenizer | None = None,
+) -> BatchGeneration:
+    """Generate for a batch of prompts (token ids, of any lengths), all rows at once.
+
+    The rows share ``sampling``; its seed seeds the batch as a whole (rows draw different
+    samples). For a seed per prompt, use ``Engine`` with one ``SamplingParams`` each."""
+    sampling = sampling or SamplingParams()
+    if isinstance(prompts, torch.Tensor) and prompts.dim() != 2:
+        raise ValueError(f"prompts must be [B, L] token ids, got shape {tuple(prompts.shape)}")
+    if isinstance(prompts, str | bytes):
+        raise ValueError("prompts must be rows of token ids, got text")
+    rows = [as_ids(row) for row in prompts]
+    if not rows:
+        raise ValueError("prompts: give at least one prompt")
+    drafter, spec = make_drafter(target, spec, draft, tokenizer, draft_tokenizer)
+    engine = Engine(
+        target,
+        drafter,
+        spec,
+        tokenizer=tokenizer,
+        max_batch=len(rows),
+        max_model_len=_length(target, rows, sampling),
+        seed=sampling.seed,
+        prefill_chunk=max(len(r) for r in rows),
+    )
+    shared = SamplingParams(**{**_fields(sampling), "seed": None})
+    ids = [engine.add_request(row, shared) for row in rows]
+    finished: dict[str, RequestOutput] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    outs = [finished[i] for i in ids]
+    stats = engine.stats
+    stats.batch_size = len(rows)
+    stats.new_tokens = sum(len(o.token_ids) for o in outs)
+    return BatchGeneration(
+        [o.token_ids for o in outs],
+        None if tokenizer is None else [o.text or "" for o in outs],
+        [o.finish_reason or "length" for o in outs],
+        [o.from_draft for o in outs],
+        stats,
+    )
+
+
+def _fields(sampling: SamplingParams) -> dict:
+    return {name: getattr(sampling, name) for name in sampling.__slots__}
+
+
+def _length(target: Model, rows: list[list[int]], sampling: SamplingParams) -> int:
+    """The engine length these prompts need; a clear error past the model's context."""
+    longest = max(len(r) for r in rows)
+    needed = longest + sampling.max_new_tokens
+    if needed > target.max_positions:
+        raise ValueError(
+            f"prompt: {longest} prompt tokens + max_new_tokens {sampling.max_new_tokens} "
+            f"exceed the model's context of {target.max_positions} positions"
+        )
+    return needed

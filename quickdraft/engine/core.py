@@ -1,0 +1,293 @@
+"""The serving engine: requests join and leave at any step; each step drafts, verifies,
+accepts and commits for every running request at once.
+
+The engine knows no drafter by name: a drafter declares what it needs (``Needs``) and reads
+it from the ``Batch`` and ``StepResult`` it is handed. Every tensor of the loop lives on the
+target's device. Host syncs a step, by name: the cache's longest row (attention width), the
+acceptance walk's "all rows done" checks, and one read of the accepted tokens for the
+requests' outputs and stop checks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+
+import torch
+
+from quickdraft.accept import ACCEPT_RULES, TREE_RULES, AcceptFn, TreeAcceptFn
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
+from quickdraft.engine.requests import Request, RequestOutput, Status
+from quickdraft.engine.scheduler import Rows, Scheduler
+from quickdraft.engine.verify import accept_rows, verify_inputs
+from quickdraft.models.base import FeatureModel, Model, Tokenizer
+from quickdraft.sampling import make_generator, probs_for_rows
+from quickdraft.stats import Stats
+
+# The longest prompt + output an engine takes by default; the target's own limit if lower.
+DEFAULT_MAX_MODEL_LEN = 4096
+DEFAULT_MAX_BATCH = 8
+DEFAULT_PREFILL_CHUNK = 512
+
+
+class Engine:
+    """Continuous batching with speculative decoding.
+
+    target: the model whose distribution every request follows.
+    drafter: proposes tokens (``drafters.build_drafter`` makes one from a ``SpecConfig``);
+        None decodes autoregressively through the same step.
+    spec: the acceptance rule and the batch policy (``SpecConfig.disable_by_batch_size``:
+        above that many running requests a step decodes without drafting).
+    max_batch: rows of the tables: the most requests decoding at once; more wait their turn.
+    max_model_len: the longest prompt + max_new_tokens a request may ask for.
+    prefill_chunk: the most prompt tokens of one request the target prefills in one step.
+    seed: seeds the generator that requests without a seed of their own share.
+    rules: (chain rule, tree rule) in place of ``spec.acceptance``'s, for tests that prove
+        a broken rule is caught.
+    """
+
+    def __init__(
+        self,
+        target: Model,
+        drafter: Drafter | None = None,
+        spec: SpecConfig | None = None,
+        *,
+        tokenizer: Tokenizer | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_model_len: int | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        seed: int | None = None,
+        rules: tuple[AcceptFn, TreeAcceptFn] | None = None,
+    ):
+        spec = spec or SpecConfig()
+        for name, value in (("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        limit = target.max_positions
+        max_model_len = max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
+        if not 1 <= max_model_len <= limit:
+            raise ValueError(
+                f"max_model_len must be in 1..{limit} (the model's), got {max_model_len}"
+            )
+        self.needs = Needs(0, 0) if drafter is None else drafter.needs
+        if drafter is not None and drafter.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"drafter: its vocabulary ({drafter.vocab_size}) differs from the target's "
+                f"({target.vocab_size})"
+            )
+        if self.needs.taps:
+            if not isinstance(target, FeatureModel):
+                raise ValueError(
+                    f"target: the drafter reads target layers {list(self.needs.taps)}, which "
+                    f"{type(target).__name__} cannot return"
+                )
+            target = target.with_taps(self.needs.taps)  # same weights, also returns them
+        self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
+        self.chain_rule, self.tree_rule = rules or (
+            ACCEPT_RULES[spec.acceptance],
+            TREE_RULES[spec.acceptance],
+        )
+        self.disable_by_batch_size = spec.disable_by_batch_size
+        self.max_model_len = max_model_len
+        self.device = target.device
+        capacity = max_model_len + self.needs.tokens + self.needs.side_tokens + 1
+        self.cache = target.new_cache(max_batch, capacity)
+        self.rows = Rows(max_batch, capacity, self.device)
+        if drafter is not None:
+            drafter.reserve(max_batch, capacity)
+        self.generator = make_generator(seed, self.device)
+        keep = (self.needs.hidden, self.needs.taps)
+        self.scheduler = Scheduler(
+            target, self.cache, self.rows, drafter, prefill_chunk, keep, self._batch
+        )
+        self.requests: dict[str, Request] = {}
+        self.stats = Stats(k=self.needs.depth)  # every step of this engine's life
+        self._ids = itertools.count()
+        self._aborted: list[Request] = []
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        prompt_ids: Sequence[int] | torch.Tensor,
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a prompt (token ids); it joins the running requests at a coming step."""
+        sampling = sampling or SamplingParams()
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        if request_id in self.requests:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        prompt = self._check_prompt(prompt_ids, sampling)
+        request = Request(request_id, prompt, sampling, self.tokenizer, self.needs.depth)
+        if request.generator is not None and self.device.type != "cpu":
+            request.generator = make_generator(sampling.seed, self.device)
+        self.requests[request_id] = request
+        self.scheduler.waiting.append(request)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now; the next ``step`` reports it with finish reason "abort"."""
+        request = self.requests.get(request_id)
+        if request is None or request.status is Status.FINISHED:
+            return
+        if request.status is Status.WAITING:
+            self.scheduler.drop_waiting(request)
+        else:
+            self.scheduler.leave([request])
+        request.finish_reason = "abort"
+        self._aborted.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests) or bool(self._aborted)
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """One step for every running request: what each gained, and which finished."""
+        reports = [self._report(r) for r in self._aborted]
+        self._aborted = []
+        start = time.perf_counter()
+        # 1. Schedule: waiting requests take free rows and prefill a chunk of their prompt;
+        #    finished prompts join the running rows (their last token stays pending, so the
+        #    first verify reads [last prompt token, d_1 .. d_k] like every later one).
+        scheduler = self.scheduler
+        scheduler.admit()
+        scheduler.prefill()
+        scheduler.join()
+        prefill = time.perf_counter() - start
+        for request in self.rows.requests:
+            if request is not None and request.status is Status.PREFILL:
+                request.stats.time_prefill += prefill
+        if scheduler.running == 0:
+            self.stats.time_prefill += prefill
+            self.stats.time_total += prefill
+            return reports
+        batch = self._batch(0, scheduler.running)
+        requests = self._running()
+        tick = time.perf_counter()
+
+        # 2. Propose: the drafter's candidates (none above the batch policy's threshold).
+        draft = self._propose(batch)
+        tock = time.perf_counter()
+
+        # 3. Verify: one target forward over [pending, draft nodes, side branch].
+        tokens, positions, mask = verify_inputs(batch, draft)
+        out = self.target.forward(tokens, positions, self.cache.narrow(0, batch.size), mask)
+        nodes = draft.tokens.shape[1] + 1
+
+        # 4. Accept: the accepted path and the corrected or bonus token of every row.
+        target_probs = probs_for_rows(out.logits[:, :nodes], batch.sampling)
+        num_accepted, next_token, path = accept_rows(
+            self.chain_rule, self.tree_rule, draft, target_probs, batch
+        )
+        verified = time.perf_counter()
+
+        # 5. Commit: the cache keeps the pending token and the accepted nodes; the rows' tokens
+        #    and the requests' outputs gain the accepted drafts and the next token.
+        kept = torch.cat([torch.zeros_like(path[:, :1]), path.clamp_min(0) + 1], 1)
+        if draft.tree is None and draft.side is None:
+            self.cache.narrow(0, batch.size).commit(num_accepted + 1)
+        else:
+            self.cache.narrow(0, batch.size).commit_path(kept, num_accepted + 1)
+        chunk = torch.cat(
+            [draft.tokens.to(self.device).gather(1, path.clamp_min(0)), next_token[:, None]], 1
+        )
+        chunk.scatter_(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
+        self._append(batch, requests, chunk, num_accepted, draft.depth)
+
+        # 6. Observe: the drafter reads what it declared, at the kept positions.
+        if self.drafter is not None:
+            self.drafter.observe(self._result(batch, out, kept, num_accepted, nodes))
+        done = time.perf_counter()
+
+        # 7. Record: every request's statistics; finished requests leave their rows.
+        self._record(requests, tick - start, (done - verified) + (tock - tick), verified - tock)
+        scheduler.leave([r for r in requests if r.finish_reason is not None])
+        self.stats.time_total += time.perf_counter() - start
+        return reports + [self._report(r) for r in requests]
+
+    # -- the step's parts -------------------------------------------------------------------
+
+    def _propose(self, batch: Batch) -> Draft:
+        threshold = self.disable_by_batch_size
+        if self.drafter is None or (threshold is not None and batch.size > threshold):
+            return Draft.empty(batch.size, self.device)
+        return self.drafter.propose(batch)
+
+    def _append(
+        self,
+        batch: Batch,
+        requests: list[Request],
+        chunk: torch.Tensor,
+        num_accepted: torch.Tensor,
+        depth: int,
+    ) -> None:
+        """Write each row's chunk after its length; the requests check their stops."""
+        width = chunk.shape[1]
+        slots = batch.lengths.unsqueeze(1) + torch.arange(width, device=self.device)
+        slots = slots.clamp_max(batch.capacity - 1)
+        batch.tokens.scatter_(1, slots, chunk)
+        batch.lengths.add_(num_accepted + 1)
+        # The one read of the step's tokens to the host: outputs and stop checks.
+        for request, row, accepted in zip(
+            requests, chunk.tolist(), num_accepted.tolist(), strict=True
+        ):
+            request.extend(row[: accepted + 1], accepted)
+            request.stats.accepted_drafts.append(accepted)
+            request.stats.drafted.append(depth)
+        self.stats.accepted_drafts.extend(num_accepted.tolist())
+        self.stats.drafted.extend([depth] * len(requests))
+
+    def _result(
+        self, batch: Batch, out, kept: torch.Tensor, num_accepted: torch.Tensor, nodes: int
+    ) -> StepResult:
+        rows = torch.arange(batch.size, device=self.device).unsqueeze(1)
+        hidden = out.hidden[rows, kept] if self.needs.hidden else None
+        taps = {layer: out.taps[layer][rows, kept] for layer in self.needs.taps}
+        side = out.logits[:, nodes:] if out.logits.shape[1] > nodes else None
+        return StepResult(batch, num_accepted + 1, hidden, taps, num_accepted, side)
+
+    def _record(self, requests: list[Request], prefill: float, draft: float, verify: float) -> None:
+        for stats in [self.stats] + [r.stats for r in requests]:
+            stats.target_forwards += 1
+            stats.time_prefill += prefill
+            stats.time_draft += draft
+            stats.time_verify += verify
+
+    def _running(self) -> list[Request]:
+        return [r for r in self.rows.requests[: self.scheduler.running] if r is not None]
+
+    def _batch(self, first: int, count: int) -> Batch:
+        requests = [r for r in self.rows.requests[first : first + count] if r is not None]
+        return Batch(
+            self.rows.tokens[first : first + count],
+            self.rows.lengths[first : first + count],
+            tuple(r.sampling for r in requests),
+            tuple(r.generator for r in requests),
+            self.generator,
+        )
+
+    def _report(self, request: Request) -> RequestOutput:
+        if request.status is Status.FINISHED:
+            self.requests.pop(request.request_id, None)
+        return request.report()
+
+    def _check_prompt(
+        self, prompt_ids: Sequence[int] | torch.Tensor, sampling: SamplingParams
+    ) -> list[int]:
+        from quickdraft.engine.prompts import token_ids
+
+        prompt = token_ids(prompt_ids, self.target.vocab_size)
+        needed = len(prompt) + sampling.max_new_tokens
+        if needed > self.max_model_len:
+            raise ValueError(
+                f"prompt: {len(prompt)} prompt tokens + max_new_tokens "
+                f"{sampling.max_new_tokens} exceed the engine's max_model_len of "
+                f"{self.max_model_len}"
+            )
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError("stop: stop strings need a tokenizer")
+        return prompt

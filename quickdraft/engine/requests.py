@@ -1,0 +1,149 @@
+"""A request's life in the engine: its sampling, its own generator, its output as it grows,
+the checks that finish it, and what ``Engine.step`` reports of it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from quickdraft.config import SamplingParams
+from quickdraft.models.base import Tokenizer
+from quickdraft.sampling import make_generator
+from quickdraft.stats import Stats
+
+
+class Status(Enum):
+    WAITING = "waiting"  # added, not yet in a row
+    PREFILL = "prefill"  # in a row, its prompt going through the target chunk by chunk
+    RUNNING = "running"  # decoding with the others
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """What one ``step`` did for one request.
+
+    new_token_ids: the tokens it gained this step; new_from_draft: for each, whether it was a
+    draft token the target accepted. token_ids / from_draft: everything so far.
+    finish_reason: "stop" (a stop token or string), "length" (max_new_tokens), "abort", or
+    None while it runs. text: the output's text so far (cut before a stop string) when the
+    engine has a tokenizer.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    new_from_draft: list[bool]
+    token_ids: list[int]
+    from_draft: list[bool]
+    finished: bool
+    finish_reason: str | None
+    text: str | None
+    stats: Stats
+
+
+class Request:
+    """One prompt and everything the engine keeps of it between steps (outside the row
+    tables, which hold its tokens and cache)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: list[int],
+        sampling: SamplingParams,
+        tokenizer: Tokenizer | None,
+        depth: int,
+    ):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.sampling = sampling
+        self.tokenizer = tokenizer
+        # Seeded: its own generator, so its draws never depend on the batch around it.
+        self.generator = None if sampling.seed is None else make_generator(sampling.seed)
+        self.status = Status.WAITING
+        self.row = -1  # its row in the engine's tables while it has one
+        self.prefilled = 0  # prompt tokens the target has cached (all but the last, at most)
+        self.prompt_hidden: list[torch.Tensor] = []  # per prefill chunk, for Needs.hidden
+        self.prompt_taps: list[dict[int, torch.Tensor]] = []
+        self.output: list[int] = []
+        self.from_draft: list[bool] = []
+        self.reported = 0  # output tokens already returned by step()
+        self.finish_reason: str | None = None
+        self.stats = Stats(k=depth)
+        self.arrival = time.perf_counter()
+        stop_ids = set(sampling.stop_token_ids)
+        if tokenizer is not None and not sampling.ignore_eos:
+            stop_ids.update(tokenizer.eos_token_ids)
+        self.stop_ids = frozenset(stop_ids)
+
+    @property
+    def to_prefill(self) -> int:
+        """Prompt tokens the target still has to cache: all but the last, which stays
+        pending for the first verify step."""
+        return len(self.prompt) - 1 - self.prefilled
+
+    def extend(self, tokens: list[int], drafted: int) -> int:
+        """Append a step's tokens (the first ``drafted`` accepted drafts), stopping at a stop
+        token, max_new_tokens or a stop string. Returns how many were kept."""
+        room = self.sampling.max_new_tokens - len(self.output)
+        keep = min(len(tokens), room)
+        for i, token in enumerate(tokens[:keep]):
+            if token in self.stop_ids:
+                keep = i + 1
+                self.finish_reason = "stop"
+                break
+        self.output += tokens[:keep]
+        self.from_draft += [i < drafted for i in range(keep)]
+        if self.finish_reason is None and len(self.output) >= self.sampling.max_new_tokens:
+            self.finish_reason = "length"
+        if self.sampling.stop:
+            cut = self._stop_string_cut(keep)
+            if cut is not None:
+                removed = len(self.output) - cut
+                del self.output[cut:], self.from_draft[cut:]
+                keep -= removed
+                self.finish_reason = "stop"
+        return keep
+
+    def _stop_string_cut(self, added: int) -> int | None:
+        """The output length that ends at the first token completing a stop string, when the
+        last ``added`` tokens completed one."""
+        assert self.tokenizer is not None
+        decode, stops = self.tokenizer.decode, self.sampling.stop
+        if not any(s in decode(self.output) for s in stops):
+            return None
+        start = max(1, len(self.output) - added)
+        return next(
+            n
+            for n in range(start, len(self.output) + 1)
+            if any(s in decode(self.output[:n]) for s in stops)
+        )
+
+    def text(self) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self.tokenizer.decode(self.output)
+        cut = min((text.find(s) for s in self.sampling.stop if s in text), default=len(text))
+        return text[:cut]
+
+    def report(self) -> RequestOutput:
+        """The tokens since the last report, and the state now."""
+        new = slice(self.reported, len(self.output))
+        self.reported = len(self.output)
+        finished = self.status is Status.FINISHED
+        if finished:
+            self.stats.new_tokens = len(self.output)
+            self.stats.time_total = time.perf_counter() - self.arrival
+        return RequestOutput(
+            self.request_id,
+            self.output[new],
+            self.from_draft[new],
+            list(self.output),
+            list(self.from_draft),
+            finished,
+            self.finish_reason,
+            self.text() if finished else None,
+            self.stats,
+        )

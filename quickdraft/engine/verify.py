@@ -1,0 +1,89 @@
+"""Steps 3 and 4 of the engine's step as functions of tensors: the verify pass's inputs, and
+the acceptance rule applied row by row where rows bring their own generator."""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.accept import AcceptFn, TreeAcceptFn, Verdict
+from quickdraft.drafters.base import Batch, Draft
+from quickdraft.tree import TreeShape
+
+
+def verify_inputs(
+    batch: Batch, draft: Draft
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(tokens [B, T], positions [B, T], tree mask [T, T] or None for causal) of the verify
+    pass over [pending token, draft nodes, side branch]. A tree attends along its branches; a
+    side branch sees the pending token and itself, and no draft node sees it."""
+    device = batch.tokens.device
+    pending = batch.tokens.gather(1, (batch.lengths - 1).unsqueeze(1))
+    tokens = [pending, draft.tokens.to(device)]
+    tree, side = draft.tree, draft.side
+    if side is not None and tree is None:
+        tree = TreeShape.chain(draft.tokens.shape[1])
+    offsets = torch.arange(1 + draft.tokens.shape[1]) if tree is None else tree.position_offsets
+    mask = None if tree is None else tree.mask
+    if side is not None:
+        assert mask is not None
+        tokens.append(side.tokens.to(device))
+        offsets = torch.cat([offsets, side.offsets])
+        mask = with_side(mask, side.mask)
+    positions = (batch.lengths - 1).unsqueeze(1) + offsets.to(device)
+    return torch.cat(tokens, 1), positions, None if mask is None else mask.to(device)
+
+
+def with_side(tree_mask: torch.Tensor, side_mask: torch.Tensor) -> torch.Tensor:
+    """[1 + N + E]^2: the draft's tree mask, then the side branch, which sees the pending
+    token (index 0) and its own tokens as ``side_mask`` says; the draft never sees it."""
+    nodes, extra = tree_mask.shape[0], side_mask.shape[0]
+    mask = torch.zeros(nodes + extra, nodes + extra, dtype=torch.bool)
+    mask[:nodes, :nodes] = tree_mask
+    mask[nodes:, 0] = True
+    mask[nodes:, nodes:] = side_mask
+    return mask
+
+
+def accept_rows(
+    chain_rule: AcceptFn,
+    tree_rule: TreeAcceptFn,
+    draft: Draft,
+    target_probs: torch.Tensor,
+    batch: Batch,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(num_accepted [B], next_token [B], path [B, D]) with D the draft's depth: the accepted
+    nodes root first, -1 past num_accepted (a chain's path is 0, 1, ..).
+
+    target_probs: [B, N + 1, V]. Rows without a generator of their own are judged together
+    with the engine's; a seeded row alone with its own, so the numbers it draws never depend
+    on the batch around it. Rows at temperature 0 draw nothing and always go together."""
+    own = [b for b, g in enumerate(batch.generators) if g is not None]
+    own = [b for b in own if not batch.sampling[b].greedy]
+    shared = [b for b in range(batch.size) if b not in own]
+    device = target_probs.device
+    tokens = draft.tokens.to(device)
+    probs = None if draft.probs is None else draft.probs.to(device)
+    depth = draft.depth
+    num_accepted = torch.zeros(batch.size, dtype=torch.long, device=device)
+    next_token = torch.zeros_like(num_accepted)
+    path = torch.full((batch.size, depth), -1, dtype=torch.long, device=device)
+    groups = [(shared, batch.generator)] if shared else []
+    groups += [([b], batch.generators[b]) for b in own]
+    for rows, generator in groups:
+        index = slice(None) if len(rows) == batch.size else torch.tensor(rows, device=device)
+        part = None if probs is None else probs[index]
+        if draft.tree is None:
+            verdict = chain_rule(tokens[index], part, target_probs[index], generator)
+        else:
+            verdict = tree_rule(tokens[index], draft.tree, part, target_probs[index], generator)
+        num_accepted[index] = verdict.num_accepted
+        next_token[index] = verdict.next_token
+        path[index] = _path(verdict, depth)
+    return num_accepted, next_token, path
+
+
+def _path(verdict: Verdict, depth: int) -> torch.Tensor:
+    if verdict.path is not None:
+        return verdict.path[:, :depth]
+    steps = torch.arange(depth, device=verdict.num_accepted.device)
+    return torch.where(steps < verdict.num_accepted.unsqueeze(1), steps, -1)

@@ -1,0 +1,185 @@
+"""The serving engine: requests of any length join at any step and leave, each with its own
+sampling; every method stays token-identical to plain decoding, and a seeded request's tokens
+do not depend on the batch around it."""
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+from test_eagle import random_net
+from test_medusa import random_heads
+
+from quickdraft import Engine, SamplingParams, SpecConfig, generate
+from quickdraft.drafters import DraftModelDrafter, NGramDrafter
+from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.eagle_tree import DynamicTree
+from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
+from quickdraft.drafters.medusa import MedusaDrafter
+from quickdraft.models.llama import LlamaRunner
+
+PROMPTS = [
+    [5, 17, 3, 99, 42, 5, 17],
+    [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2],
+    [7],
+    [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80],
+    [9, 9],
+]
+ALWAYS = SpecConfig(disable_by_batch_size=None)
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaRunner:
+    hf = tiny_hf_model("llama-untied", layers=4)
+    return LlamaRunner.from_state_dict(hf.config.to_dict(), hf.state_dict())
+
+
+def drafters(target: LlamaRunner) -> dict:
+    return {
+        "draft_model": DraftModelDrafter(target.truncated(2), 3),
+        "ngram": NGramDrafter(target.vocab_size, 4),
+        "medusa": MedusaDrafter(target, random_heads(64, target.vocab_size, 3)),
+        "eagle": EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 2, 5), lookup=2),
+        "lookahead": LookaheadDrafter(target.vocab_size, LookaheadConfig(2, 3, 2)),
+    }
+
+
+def serve(engine: Engine, arrivals: dict[int, list[tuple]]) -> dict:
+    """Step the engine, adding (prompt, sampling, id) at the steps ``arrivals`` names; the
+    final output of every request by id."""
+    finished, step = {}, 0
+    while step <= max(arrivals) or engine.has_unfinished():
+        for prompt, sampling, rid in arrivals.get(step, []):
+            engine.add_request(prompt, sampling, request_id=rid)
+        finished.update((o.request_id, o) for o in engine.step() if o.finished)
+        step += 1
+    return finished
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "medusa", "eagle", "lookahead"])
+def test_every_method_is_token_identical_with_ragged_prompts_joining_mid_run(target, method):
+    greedy = [SamplingParams(temperature=0, max_new_tokens=n) for n in (24, 9, 17, 30, 5)]
+    expected = [
+        generate(target, p, sampling=s).token_ids for p, s in zip(PROMPTS, greedy, strict=True)
+    ]
+    engine = Engine(target, drafters(target)[method], ALWAYS, max_batch=3, prefill_chunk=6)
+    # Five requests over three rows: some wait for a row, some join while others decode.
+    arrivals = {0: [(PROMPTS[0], greedy[0], "a"), (PROMPTS[1], greedy[1], "b")]}
+    arrivals[2] = [(PROMPTS[2], greedy[2], "c")]
+    arrivals[3] = [(PROMPTS[3], greedy[3], "d"), (PROMPTS[4], greedy[4], "e")]
+    out = serve(engine, arrivals)
+    for rid, tokens in zip("abcde", expected, strict=True):
+        assert out[rid].token_ids == tokens, (method, rid)
+        assert out[rid].finish_reason == "length"
+    assert not engine.has_unfinished() and engine.scheduler.running == 0
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "ngram"])
+def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_batch(target, method):
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=20, seed=1234)
+    alone = serve(
+        Engine(target, drafters(target)[method], ALWAYS), {0: [(PROMPTS[0], seeded, "x")]}
+    )
+    others = [SamplingParams(temperature=1.0, max_new_tokens=12), SamplingParams(temperature=0)]
+    engine = Engine(target, drafters(target)[method], ALWAYS, max_batch=3, seed=5)
+    arrivals = {
+        0: [(PROMPTS[1], others[0], "o1"), (PROMPTS[3], others[1], "o2")],
+        2: [(PROMPTS[0], seeded, "x")],  # joins mid-run beside unseeded and greedy rows
+    }
+    batched = serve(engine, arrivals)
+    assert batched["x"].token_ids == alone["x"].token_ids
+
+
+def test_seeded_speculation_with_deterministic_drafts_gives_plain_sampling(target):
+    """Point-mass drafts are judged by drawing the target's own token (one draw per emitted
+    token), so a seeded request's tokens are plain sampling's with the same seed."""
+    seeded = SamplingParams(temperature=0.8, max_new_tokens=24, seed=99)
+    plain = serve(Engine(target), {0: [(PROMPTS[1], seeded, "x")]})["x"].token_ids
+    for method in ("ngram", "eagle", "medusa"):
+        engine = Engine(target, drafters(target)[method], ALWAYS)
+        assert serve(engine, {0: [(PROMPTS[1], seeded, "x")]})["x"].token_ids == plain, method
+
+
+def test_abort_frees_the_row_and_leaves_the_others_alone(target):
+    greedy = SamplingParams(temperature=0, max_new_tokens=20)
+    engine = Engine(target, drafters(target)["eagle"], ALWAYS, max_batch=2)
+    for rid, prompt in zip("abc", PROMPTS[:3], strict=True):
+        engine.add_request(prompt, greedy, request_id=rid)
+    outputs: dict = {}
+    for out in engine.step():
+        outputs.setdefault(out.request_id, []).append(out)
+    engine.abort("a")  # running
+    engine.abort("c")  # still waiting for a row
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    assert outputs["a"][-1].finish_reason == "abort" and outputs["a"][-1].finished
+    assert outputs["c"][-1].finish_reason == "abort" and outputs["c"][-1].token_ids == []
+    assert outputs["b"][-1].token_ids == generate(target, PROMPTS[1], sampling=greedy).token_ids
+    streamed = [t for out in outputs["b"] for t in out.new_token_ids]
+    assert streamed == outputs["b"][-1].token_ids
+
+
+def test_batch_policy_decodes_without_drafts_above_its_threshold(target):
+    greedy = SamplingParams(temperature=0, max_new_tokens=16)
+    policy = SpecConfig(disable_by_batch_size=1)
+    for method in ("draft_model", "eagle", "lookahead"):
+        engine = Engine(target, drafters(target)[method], policy, max_batch=2)
+        out = serve(engine, {0: [(PROMPTS[0], greedy, "a")], 3: [(PROMPTS[1], greedy, "b")]})
+        for rid, prompt in (("a", PROMPTS[0]), ("b", PROMPTS[1])):
+            assert out[rid].token_ids == generate(target, prompt, sampling=greedy).token_ids
+        drafted = out["a"].stats.drafted
+        assert drafted[0] > 0 and 0 in drafted, (method, drafted)  # alone, then beside "b"
+
+
+def test_per_request_stops_and_sampling_in_one_batch(target):
+    base = SamplingParams(temperature=0, max_new_tokens=30)
+    expected = generate(target, PROMPTS[0], sampling=base).token_ids
+    stop_at = expected[5]
+    engine = Engine(target, drafters(target)["ngram"], ALWAYS, max_batch=3)
+    out = serve(
+        engine,
+        {
+            0: [
+                (
+                    PROMPTS[0],
+                    SamplingParams(temperature=0, max_new_tokens=30, stop_token_ids=(stop_at,)),
+                    "stop",
+                ),
+                (PROMPTS[0], SamplingParams(temperature=0, max_new_tokens=4), "short"),
+                (PROMPTS[0], SamplingParams(temperature=1.0, top_k=3, max_new_tokens=10), "hot"),
+            ]
+        },
+    )
+    assert out["stop"].token_ids == expected[: expected.index(stop_at) + 1]
+    assert out["stop"].finish_reason == "stop"
+    assert out["short"].token_ids == expected[:4] and out["short"].finish_reason == "length"
+    assert len(out["hot"].token_ids) == 10
+
+
+def test_engine_errors_name_the_field(target):
+    engine = Engine(target, max_model_len=32)
+    short = SamplingParams(max_new_tokens=8)
+    engine.add_request([1, 2], short, request_id="r")
+    with pytest.raises(ValueError, match="request_id"):
+        engine.add_request([1, 2], short, request_id="r")
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request(list(range(30)), SamplingParams(max_new_tokens=8))
+    with pytest.raises(ValueError, match="prompt"):
+        engine.add_request([], short)
+    with pytest.raises(ValueError, match="prompt"):
+        engine.add_request([1, target.vocab_size], short)
+    with pytest.raises(ValueError, match="max_batch"):
+        Engine(target, max_batch=0)
+    with pytest.raises(ValueError, match="max_model_len"):
+        Engine(target, max_model_len=10**9)
+    with pytest.raises(ValueError, match="stop"):
+        engine.add_request([1], SamplingParams(max_new_tokens=8, stop=("x",)))
+
+
+def test_chunked_prefill_of_a_long_prompt_matches_one_pass(target):
+    greedy = SamplingParams(temperature=0, max_new_tokens=12)
+    prompt = [
+        int(t) for t in torch.randint(0, 101, (50,), generator=torch.Generator().manual_seed(0))
+    ]
+    expected = generate(target, prompt, sampling=greedy).token_ids
+    engine = Engine(target, drafters(target)["eagle"], ALWAYS, prefill_chunk=7)
+    assert serve(engine, {0: [(prompt, greedy, "p")]})["p"].token_ids == expected
