@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum, StrEnum
 from typing import Any
 
@@ -83,7 +83,7 @@ def _check_number(name: str, value: Any, *, integer: bool = False) -> None:
         raise ValueError(f"{name} must be finite, got {show_value(value)}")
 
 
-def _check_range(name: str, value: Any, low: float, high: float, *, integer: bool = False):
+def check_range(name: str, value: Any, low: float, high: float, *, integer: bool = False):
     """A number of the right type in [low, high], else ValueError naming the field."""
     _check_number(name, value, integer=integer)
     if not low <= value <= high:
@@ -91,7 +91,7 @@ def _check_range(name: str, value: Any, low: float, high: float, *, integer: boo
         raise ValueError(f"{name} must be in {span}, got {show_value(value)}")
 
 
-def _check_temperature(name: str, value: Any) -> None:
+def check_temperature(name: str, value: Any) -> None:
     _check_number(name, value)
     if value > 1e30:  # logits / T is then 0 for every token: say uniform, not a number
         raise ValueError(f"{name} must be at most 1e30, got {show_value(value)}")
@@ -156,18 +156,18 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_temperature("temperature", self.temperature)
-        _check_range("top_k", self.top_k, 0, MAX_TOKEN_ID, integer=True)
-        _check_range("top_p", self.top_p, MIN_TOP_P, 1.0)
+        check_temperature("temperature", self.temperature)
+        check_range("top_k", self.top_k, 0, MAX_TOKEN_ID, integer=True)
+        check_range("top_p", self.top_p, MIN_TOP_P, 1.0)
         # A huge Python int (10**30) is a valid number but no tensor scalar: store floats.
         object.__setattr__(self, "temperature", float(self.temperature))
         object.__setattr__(self, "top_p", float(self.top_p))
-        _check_range("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS, integer=True)
+        check_range("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS, integer=True)
         if self.seed is not None:
-            _check_range("seed", self.seed, 0, MAX_SEED, integer=True)
+            check_range("seed", self.seed, 0, MAX_SEED, integer=True)
         object.__setattr__(self, "stop_token_ids", _as_tuple("stop_token_ids", self.stop_token_ids))
         for token in self.stop_token_ids:
-            _check_range("stop_token_ids", token, 0, MAX_TOKEN_ID, integer=True)
+            check_range("stop_token_ids", token, 0, MAX_TOKEN_ID, integer=True)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {show_value(self.ignore_eos)}")
         object.__setattr__(self, "stop", _as_tuple("stop", self.stop))
@@ -260,86 +260,54 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         if self.disable_by_batch_size is not None:
-            _check_range(
+            check_range(
                 "disable_by_batch_size", self.disable_by_batch_size, 1, MAX_BATCH, integer=True
             )
-        object.__setattr__(self, "method", _enum_value("method", Method, self.method))
+        from quickdraft import methods  # the registry core: it imports no drafter
+
+        entry = methods.get(self.method)
+        builtin = entry.name in {m.value for m in Method}
+        object.__setattr__(self, "method", Method(entry.name) if builtin else entry.name)
         object.__setattr__(
             self, "acceptance", _enum_value("acceptance", AcceptRule, self.acceptance)
         )
-        _check_range(
+        check_range(
             "num_speculative_tokens",
             self.num_speculative_tokens,
             1,
             MAX_SPECULATIVE_TOKENS,
             integer=True,
         )
-        if self.draft_temperature is not None:
-            if self.method is not Method.DRAFT_MODEL:
-                raise ValueError("draft_temperature applies to method draft_model only")
-            _check_temperature("draft_temperature", self.draft_temperature)
-            object.__setattr__(self, "draft_temperature", float(self.draft_temperature))
-
-        from quickdraft.vocab import parse_shortlist
-
+        for name in ("shortlist_dir", "medusa_dir", "eagle_dir"):
+            _check_path(name, getattr(self, name))
         if not isinstance(self.draft_shortlist, str):
             raise ValueError(
                 f"draft_shortlist must be a string, got {show_value(self.draft_shortlist)}"
             )
-        try:
-            parse_shortlist(self.draft_shortlist)
-        except ValueError as error:
-            raise ValueError(f"draft_{error}") from None
-        if self.draft_shortlist != "full" and self.method is not Method.DRAFT_MODEL:
-            raise ValueError("draft_shortlist applies to method draft_model only")
-        for name in ("shortlist_dir", "medusa_dir", "eagle_dir"):
-            _check_path(name, getattr(self, name))
-
         if not isinstance(self.tree, str):
             raise ValueError(
                 f"tree must be a string such as default or 4,2,1; got {show_value(self.tree)}"
             )
-        if self.method not in (Method.MEDUSA, Method.EAGLE) and self.tree != "default":
-            raise ValueError("tree applies to methods medusa and eagle only")
-        if self.method is not Method.MEDUSA and self.medusa_dir is not None:
-            raise ValueError("medusa_dir applies to method medusa only")
-        if self.method is not Method.EAGLE and self.eagle_dir is not None:
-            raise ValueError("eagle_dir applies to method eagle only")
-        if self.eagle_lookup is not None:
-            _check_range("eagle_lookup", self.eagle_lookup, 0, MAX_SPECULATIVE_TOKENS, integer=True)
-            if self.method is not Method.EAGLE:
-                raise ValueError("eagle_lookup applies to method eagle only")
         if not isinstance(self.drafter_int8, bool):
             raise ValueError(
                 f"drafter_int8 must be True or False, got {show_value(self.drafter_int8)}"
             )
-        if self.method is Method.MEDUSA:
-            from quickdraft.drafters.medusa import check_tree
-
-            check_tree(self.tree)  # syntax and size; the depth is checked against the heads
-        if self.method is Method.EAGLE:
-            from quickdraft.drafters.eagle_tree import DEFAULT_LOOKUP, DynamicTree
-
-            tree = DynamicTree.parse(self.tree)
-            lookup = DEFAULT_LOOKUP if self.eagle_lookup is None else self.eagle_lookup
-            if tree.tokens + lookup > MAX_DRAFT_TOKENS:
-                raise ValueError(
-                    f"tree: {tree.tokens} tokens plus eagle_lookup {lookup} exceed the "
-                    f"{MAX_DRAFT_TOKENS} tokens of one verify pass"
+        # Options of other methods: each belongs to the methods that declare it.
+        owners: dict[str, list[str]] = {}
+        for other in methods.entries():
+            for option in other.options:
+                owners.setdefault(option, []).append(other.name)
+        defaults = {f.name: f.default for f in fields(self)}
+        for option, names in owners.items():
+            if entry.name not in names and getattr(self, option) != defaults[option]:
+                which = (
+                    "method " + names[0] if len(names) == 1 else "methods " + " and ".join(names)
                 )
-        names = ("lookahead_window", "lookahead_ngram", "lookahead_candidates")
-        given = {name[len("lookahead_") :]: getattr(self, name) for name in names}
-        given = {name: value for name, value in given.items() if value is not None}
-        if given and self.method is not Method.LOOKAHEAD:
-            named = ", ".join(f"lookahead_{name}" for name in given)
-            raise ValueError(f"{named} apply to method lookahead only")
-        if given:
-            from quickdraft.drafters.lookahead import LookaheadConfig
-
-            LookaheadConfig(**given)  # each value's range and the verify pass's size
-
+                raise ValueError(f"{option} applies to {which} only")
+        if entry.check is not None:
+            entry.check(self)
         for name in ("prompt_lookup_min", "prompt_lookup_max"):
-            _check_range(name, getattr(self, name), 1, MAX_LOOKUP_NGRAM, integer=True)
+            check_range(name, getattr(self, name), 1, MAX_LOOKUP_NGRAM, integer=True)
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(
                 f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "

@@ -20,35 +20,26 @@ from scipy import stats as scipy_stats
 
 from quickdraft.accept import ACCEPT_RULES, TREE_RULES, AcceptFn, TreeAcceptFn
 from quickdraft.config import LOSSLESS_RULES, AcceptRule, SamplingParams, SpecConfig
-from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, Stateless
+from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.engine import Engine, RequestOutput
 from quickdraft.models.base import Model
-from quickdraft.models.toy import HeadedNGramLM, NGramLM
-from quickdraft.sampling import probs_for_rows, probs_from_logits, sample_rows
-from quickdraft.tree import TreeShape
-from quickdraft.vocab import (
-    ClusterShortlist,
-    FrequencyShortlist,
-    Router,
-    RouterConfig,
-    Shortlist,
-    parse_shortlist,
+from quickdraft.models.toy import HeadedNGramLM
+from quickdraft.sampling import probs_from_logits
+from quickdraft.toys import (
+    TOY_VOCAB,
+    NGramTreeDrafter,
+    toy_eagle,
+    toy_llama,
+    toy_pair,
+    toy_shortlist,
+    toy_tree,
 )
 
-# The toy pair every case runs on: small enough to enumerate V^(k+1) sequences, peaked enough
-# that top-k and top-p change the distribution, and a draft far enough from the target that a
-# wrong rule shows (the tests check that each deliberately broken rule is caught).
-TOY_VOCAB = 8
-TOY_ORDER = 3
-TOY_SHARPNESS = 1.5
-TOY_DRAFT_DISTANCE = 0.6
+# The prompt of every case (toy models and drafters: ``quickdraft.toys``).
 PROMPT = (3, 1)
 MIN_EXPECTED = 5.0
-# Shortlist rows: 4 clusters of the 8 tokens, a random (untrained) router, so the shortlist
-# changes with the context in ways no test anticipates; sizes leave the target's likely tokens
-# out of the draft's support often.
-TOY_CLUSTERS = 4
+# Shortlist rows: sizes that often leave the target's likely tokens out of the draft's support.
 SHORTLIST_ROWS = ("fr:3", "fr-pa:6", "dyna:2", "dyna-pa:3")
 # Tree rows: siblings sampled without replacement from the draft (2 + 4 + 4 nodes, depth 3), and
 # a Medusa-style tree of deterministic top-ranked candidates (point masses, 7 nodes, depth 3).
@@ -146,130 +137,6 @@ def full_cases() -> list[Case]:
     return cases
 
 
-def toy_llama(seed: int = 0) -> Model:
-    """A 2-layer Llama over the toy vocabulary with random, peaked weights (native runner)."""
-    from quickdraft.models.llama import LlamaRunner
-
-    config = {
-        "model_type": "llama", "vocab_size": TOY_VOCAB, "hidden_size": 32,
-        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": False,
-    }  # fmt: skip
-    generator = torch.Generator().manual_seed(seed + 11)
-
-    def weight(rows: int, columns: int, scale: float) -> torch.Tensor:
-        return torch.randn(rows, columns, generator=generator) * scale / columns**0.5
-
-    weights = {"model.embed_tokens.weight": weight(TOY_VOCAB, 32, 6.0)}
-    for i in range(2):
-        prefix = f"model.layers.{i}."
-        for name, rows, columns in (
-            ("self_attn.q_proj", 32, 32), ("self_attn.k_proj", 16, 32),
-            ("self_attn.v_proj", 16, 32), ("self_attn.o_proj", 32, 32),
-            ("mlp.gate_proj", 64, 32), ("mlp.up_proj", 64, 32), ("mlp.down_proj", 32, 64),
-        ):  # fmt: skip
-            weights[prefix + name + ".weight"] = weight(rows, columns, 2.0)
-        weights[prefix + "input_layernorm.weight"] = torch.ones(32)
-        weights[prefix + "post_attention_layernorm.weight"] = torch.ones(32)
-    weights["model.norm.weight"] = torch.ones(32)
-    weights["lm_head.weight"] = weight(TOY_VOCAB, 32, 1.5)  # about the n-gram toy's spread
-    return LlamaRunner.from_state_dict(config, weights)
-
-
-def toy_eagle(target: Model, tree: str, seed: int = 0) -> Drafter:
-    """An untrained EAGLE-3 drafter on ``toy_llama``'s features; ``tree`` is
-    ``eagle:D,K,N[,MIN_PROB][+LOOKUP]``."""
-    from quickdraft.drafters.eagle import EagleDrafter
-    from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
-    from quickdraft.drafters.eagle_tree import DynamicTree
-
-    torch.manual_seed(seed + 13)
-    net = EagleNet(EagleConfig.for_target(target.config, "eagle3", 6))  # type: ignore
-    net.draft_vocab = torch.randperm(TOY_VOCAB)[:6]
-    shape, _, lookup = tree.partition(":")[2].partition("+")
-    return EagleDrafter(target, net, DynamicTree.parse(shape), lookup=int(lookup or 0))
-
-
-def toy_tree(text: str) -> TreeShape:
-    """``sample:W1,W2,..`` (a full tree of those widths) or ``top:P|P|..`` (Medusa paths, each
-    a dot-separated list of ranks)."""
-    kind, _, spec = text.partition(":")
-    if kind == "sample":
-        return TreeShape.from_branching([int(w) for w in spec.split(",")])
-    if kind == "top":
-        return TreeShape.from_paths([[int(r) for r in p.split(".")] for p in spec.split("|")])
-    raise ValueError(f"tree: expected sample:W,W,.. or top:P|P|.., got {text!r}")
-
-
-class NGramTreeDrafter(Stateless):
-    """Tree drafts from a toy n-gram draft model, whose distribution at any node it reads
-    straight from the table (the context is the sequence, then the node's ancestors).
-
-    ``sampled``: each node's children are drawn from the draft's distribution (after each
-    row's sampling parameters) without replacement, and each reports the distribution it
-    was drawn from, its elder siblings removed; if they exhausted the support, the next is
-    drawn from the full distribution again (still its true distribution given the history).
-    Otherwise the children are the draft's top-ranked tokens, deterministic (point masses)."""
-
-    def __init__(self, model: NGramLM, shape: TreeShape, sampled: bool):
-        self.model, self.shape, self.sampled = model, shape, sampled
-        self.vocab_size = model.vocab_size
-        self.needs = Needs(tokens=shape.num_nodes, depth=shape.max_depth)
-
-    def propose(self, batch: Batch) -> Draft:
-        model, shape = self.model, self.shape
-        width = model.order - 1
-        slots = batch.lengths.unsqueeze(1) - width + torch.arange(width)  # [B, n-1]
-        root = batch.tokens.gather(1, slots.clamp_min(0))
-        root = torch.where(slots < 0, model.vocab_size, root)
-        contexts: dict[int, torch.Tensor] = {-1: root}  # node -> its context [B, n-1]
-        tokens = torch.zeros(batch.size, shape.num_nodes, dtype=torch.long)
-        probs = torch.zeros(batch.size, shape.num_nodes, model.vocab_size)
-        for parent in range(-1, shape.num_nodes):
-            kids = [c for c in shape.children[parent + 1].tolist() if c >= 0]
-            if not kids:
-                continue
-            index = (contexts[parent] * model._powers).sum(-1)
-            full = probs_for_rows(model.table[index], batch.sampling)  # [B, V]
-            left = full
-            for rank, child in enumerate(kids):
-                if self.sampled:
-                    token = sample_rows(left, batch.generators, batch.generator)
-                    probs[:, child] = left
-                    rest = left.scatter(1, token.unsqueeze(1), 0.0)
-                    mass = rest.sum(1, keepdim=True)
-                    left = torch.where(mass > 0, rest / mass.clamp_min(1e-30), full)
-                else:
-                    token = torch.sort(full, dim=1, descending=True, stable=True).indices[:, rank]
-                tokens[:, child] = token
-                contexts[child] = torch.cat([contexts[parent][:, 1:], token.unsqueeze(1)], 1)
-        return Draft(tokens, probs if self.sampled else None, shape)
-
-
-def toy_shortlist(text: str, num_positions: int, seed: int = 0) -> Shortlist | None:
-    """A shortlist for the toy draft: a random frequency ranking, or round-robin clusters with
-    a randomly initialised router over the toy's one-hot context states."""
-    kind, size = parse_shortlist(text)
-    generator = torch.Generator().manual_seed(seed + 7)
-    if kind == "full":
-        return None
-    if kind in ("fr", "fr-pa"):
-        ranked = torch.randperm(TOY_VOCAB, generator=generator)
-        if kind == "fr":
-            return FrequencyShortlist(ranked, [size])
-        return FrequencyShortlist.position_aware(ranked, size, num_positions)
-    contexts = (TOY_VOCAB + 1) ** (TOY_ORDER - 1)
-    torch.manual_seed(seed + 7)  # the router's initialisation
-    router = Router(RouterConfig(contexts, TOY_CLUSTERS, width=16)).eval()
-    assignment = torch.arange(TOY_VOCAB) % TOY_CLUSTERS
-    return ClusterShortlist(assignment, router, size, position_aware=kind == "dyna-pa")
-
-
-def toy_pair(seed: int = 0) -> tuple[NGramLM, NGramLM]:
-    target = NGramLM.random(TOY_VOCAB, TOY_ORDER, seed=seed, sharpness=TOY_SHARPNESS)
-    return target, target.perturbed(TOY_DRAFT_DISTANCE)
-
-
 def exact_distribution(
     model: Model, prompt: tuple[int, ...], params: SamplingParams, length: int
 ) -> torch.Tensor:
@@ -281,8 +148,10 @@ def exact_distribution(
     for _ in range(length):
         rows, width = sequences.shape
         cache = model.new_cache(rows, width)
-        logits = model.forward(sequences, torch.arange(width).expand(rows, -1), cache).logits
-        step = probs_from_logits(logits[:, -1], params).double()  # [rows, V]
+        positions = torch.arange(width).expand(rows, -1)
+        device = model.device
+        logits = model.forward(sequences.to(device), positions.to(device), cache).logits
+        step = probs_from_logits(logits[:, -1], params).double().cpu()  # [rows, V]
         joint = (joint.unsqueeze(1) * step).reshape(-1)
         sequences = torch.cat(
             [sequences.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(rows).unsqueeze(1)],
@@ -326,16 +195,18 @@ def run_case(
     drafter: Drafter | None = None,
     accept_fn: AcceptFn | None = None,
     tree_accept_fn: TreeAcceptFn | None = None,
+    device: str = "cpu",
 ) -> CaseResult:
     """Sample ``samples`` continuations of k+1 tokens and test them against the exact joint.
 
     drafter and accept_fn default to the draft-model drafter and the case's rule; the tests pass
-    deliberately broken ones to check that the test has the power to catch them.
+    deliberately broken ones to check that the test has the power to catch them. device: where
+    the EAGLE rows' tiny Llama runs (the n-gram toys are the host's).
     """
     start = time.perf_counter()
     target, draft = toy_pair(seed)
     if case.tree.startswith("eagle"):
-        target = toy_llama(seed)
+        target = toy_llama(seed, device)
         drafter = drafter or toy_eagle(target, case.tree, seed)
     if case.tree.startswith("lookahead") and drafter is None:
         from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter

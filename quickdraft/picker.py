@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from quickdraft import methods
 from quickdraft.bench.tasks import TASK_KINDS
 from quickdraft.config import Method, SpecConfig
 from quickdraft.theory import CostModel, optimal_num_draft, speedup
@@ -82,9 +83,10 @@ class Workload:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.memory_gb is not None and not self.memory_gb >= 0:
             raise ValueError(f"memory_gb must be >= 0, got {self.memory_gb}")
-        unknown = [d for d in self.drafters if d not in DRAFTERS]
+        registered = methods.names()
+        unknown = [d for d in self.drafters if d not in registered]
         if unknown:
-            raise ValueError(f"drafters: unknown {unknown}; available: {', '.join(DRAFTERS)}")
+            raise ValueError(f"drafters: unknown {unknown}; methods: {', '.join(registered)}")
         if self.device not in ("cpu", "gpu"):
             raise ValueError(f"device must be cpu or gpu, got {self.device!r}")
 
@@ -101,7 +103,7 @@ class Recommendation:
 
     def quickdraft_json(self) -> dict[str, Any]:
         spec = self.spec
-        data: dict[str, Any] = {"method": spec.method.value}
+        data: dict[str, Any] = {"method": str(spec.method)}
         if self.speculate:
             data["num_speculative_tokens"] = spec.num_speculative_tokens
             data["acceptance"] = spec.acceptance.value
@@ -132,7 +134,7 @@ class Recommendation:
 
     def as_text(self, draft_model: str | None = None) -> str:
         lines = [
-            f"recommendation: {self.spec.method.value}"
+            f"recommendation: {self.spec.method!s}"
             + (f", k = {self.spec.num_speculative_tokens}" if self.speculate else "")
             + f" (modelled speedup {self.predicted_speedup:.2f}x)",
             "because:",
@@ -174,6 +176,9 @@ def pick(workload: Workload) -> Recommendation:
     reasons = []
     candidates = []
     for name in workload.drafters:
+        if name not in ALPHA_PRIORS:  # a registered method the model has no priors for
+            reasons.append(f"{name}: no acceptance prior or cost model for it yet; not ranked")
+            continue
         method = Method(name)
         if (
             method is Method.DRAFT_MODEL

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from quickdraft import SamplingParams, SpecConfig, generate
-from quickdraft.conformance import TOY_VOCAB, toy_llama
 from quickdraft.drafters.eagle import save_eagle
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
 from quickdraft.drafters.medusa import MedusaConfig, MedusaHeads, save_heads
+from quickdraft.toys import TOY_VOCAB, toy_llama
 
 # Values of every type and range the fields meet in the wild: edges, overflows, typos.
 EDGES = [

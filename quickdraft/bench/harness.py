@@ -9,19 +9,19 @@ decoding, token for token.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from quickdraft import methods as registry
 from quickdraft.bench.tasks import TaskItem
 from quickdraft.config import Method, SamplingParams, SpecConfig
 from quickdraft.drafters import build_drafter
 from quickdraft.engine import generate, same_vocabulary
 from quickdraft.models.base import Model
 from quickdraft.stats import Stats
-
-DEFAULT_K = {Method.DRAFT_MODEL: 4, Method.NGRAM: 5}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,89 +31,31 @@ class MethodRun:
 
 
 def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
-    """'ar,draft_model,ngram,medusa,eagle', each optionally with '@K' ('draft_model@3'; for
-    medusa the tree's widths, 'medusa@4.2.1'; for eagle its dynamic tree's depth, top-k and
-    tokens with an optional minimum path probability, 'eagle@4.4.12', 'eagle@6.4.10p0.1'; for
-    lookahead W.N.G, 'lookahead@4.4.3') and, for draft_model, '+SHORTLIST'
-    ('draft_model@5+dyna-pa:32', see ``quickdraft.vocab``), for eagle '+N', the prompt-lookup
-    tokens grafted onto its tree ('eagle+0': the network alone); ar always first."""
+    """Comma-separated methods, each a registered name with its entry's label syntax
+    (``quickdraft.methods``): 'ar,draft_model,ngram,medusa,eagle', with '@K' for chains
+    ('draft_model@3'; ``k`` or the method's default k otherwise); for medusa the tree's
+    widths, 'medusa@4.2.1'; for eagle its dynamic tree's depth, top-k and tokens with an
+    optional minimum path probability, 'eagle@4.4.12', 'eagle@6.4.10p0.1'; for lookahead
+    W.N.G, 'lookahead@4.4.3'; for draft_model '+SHORTLIST' ('draft_model@5+dyna-pa:32', see
+    ``quickdraft.vocab``), for eagle '+N', the prompt-lookup tokens grafted onto its tree
+    ('eagle+0': the network alone). ar always runs, first."""
     runs: dict[str, MethodRun] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        part, _, shortlist = part.partition("+")
-        name, _, k_text = part.partition("@")
+        match = re.match(r"[A-Za-z0-9_]*", part)
+        name = match.group(0) if match else ""
+        rest = part[len(name) :]
         try:
-            method = Method(name)
-        except ValueError:
-            allowed = ", ".join(m.value for m in Method)
-            raise ValueError(f"methods: unknown method {name!r}; choose from {allowed}") from None
-        if method is Method.AR:
-            runs["ar"] = MethodRun("ar", SpecConfig(method=Method.AR))
-            continue
-        if method is Method.LOOKAHEAD:
-            label = "lookahead" + (f" W.N.G={k_text}" if k_text else "")
-            try:
-                values = [int(v) for v in k_text.split(".")] if k_text else []
-                if values and len(values) != 3:
-                    raise ValueError
-            except ValueError:
-                raise ValueError(
-                    f"methods: {part!r}: lookahead takes @W.N.G, such as lookahead@4.4.3"
-                ) from None
-            names = ("lookahead_window", "lookahead_ngram", "lookahead_candidates")
-            try:
-                spec = SpecConfig(method=method, **dict(zip(names, values, strict=False)))
-            except ValueError as error:
-                raise ValueError(f"methods: {part!r}: {error}") from None
-            runs[label] = MethodRun(label, spec)
-            continue
-        if method is Method.EAGLE:
-            run = _eagle_run(part, k_text, shortlist)
-            runs[run.label] = run
-            continue
-        if method is Method.MEDUSA:
-            tree = k_text.replace(".", ",") if k_text else "default"
-            label = name + (f" tree={k_text}" if k_text else "")
-            try:
-                runs[label] = MethodRun(label, SpecConfig(method=method, tree=tree))
-            except ValueError as error:
-                raise ValueError(f"methods: {part!r}: {error}") from None
-            continue
+            entry = registry.get(name)
+        except ValueError as error:
+            raise ValueError(f"methods: unknown method {name!r}; {error}") from None
         try:
-            chosen = int(k_text) if k_text else (DEFAULT_K[method] if k is None else k)
-        except ValueError:
-            raise ValueError(f"methods: {part!r}: the number after @ must be an integer") from None
-        label = f"{name} k={chosen}" + (f" {shortlist}" if shortlist else "")
-        try:
-            spec = SpecConfig(
-                method=method, num_speculative_tokens=chosen, draft_shortlist=shortlist or "full"
-            )
+            label, fields = entry.label(rest.removeprefix("@"), k)
+            spec = SpecConfig(method=entry.name, **fields)
         except ValueError as error:
             raise ValueError(f"methods: {part!r}: {error}") from None
         runs[label] = MethodRun(label, spec)
     runs.setdefault("ar", MethodRun("ar", SpecConfig(method=Method.AR)))
     return [runs["ar"]] + [run for label, run in runs.items() if label != "ar"]
-
-
-def _eagle_run(part: str, tree_text: str, lookup_text: str) -> MethodRun:
-    """``eagle[@D.K.N[pMIN_PROB]][+LOOKUP]``: the dynamic tree (``eagle@6.4.10p0.1`` is
-    ``--tree 6,4,10,0.1``) and the prompt-lookup tokens grafted on (``+0``: none)."""
-    shape, _, min_prob = tree_text.partition("p")
-    tree = shape.replace(".", ",") + (f",{min_prob}" if min_prob else "") if shape else "default"
-    settings: dict = {"tree": tree}
-    label = "eagle" + (f" tree={tree}" if tree_text else "")
-    if lookup_text:
-        try:
-            settings["eagle_lookup"] = int(lookup_text)
-        except ValueError:
-            raise ValueError(
-                f"methods: {part!r}: eagle takes +N, the prompt-lookup tokens grafted onto "
-                "its tree, such as eagle@6.4.10p0.1+5"
-            ) from None
-        label += f" lookup={lookup_text}"
-    try:
-        return MethodRun(label, SpecConfig(method=Method.EAGLE, **settings))
-    except ValueError as error:
-        raise ValueError(f"methods: {part!r}: {error}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,50 +149,38 @@ def run_bench(
     ``done``: records of an interrupted run of the same bench, kept and not run again
     (``on_run`` is not called for them)."""
     given = dict(drafters or {})
-    needs_draft = [
-        m for m in methods if m.spec.method is Method.DRAFT_MODEL and m.label not in given
-    ]
+    entries = {run.label: registry.get(run.spec.method) for run in methods}
+    needs_draft = [m for m in methods if entries[m.label].draft_model and m.label not in given]
     if needs_draft and draft is None:
-        raise ValueError("draft: method draft_model needs --draft")
+        raise ValueError(f"draft: method {needs_draft[0].spec.method} needs --draft")
     bench = BenchRun(methods, settings, records=list(done or []))
     finished = {record.key for record in bench.records}
     same = None
     if draft is not None and draft_tokenizer is not None:
         same = same_vocabulary(tokenizer, draft_tokenizer)
-    folders = {Method.MEDUSA: ("medusa_dir", medusa_dir), Method.EAGLE: ("eagle_dir", eagle_dir)}
-    for method, (field_name, folder) in folders.items():
-        if folder is None:
-            continue
-        methods = [
-            MethodRun(m.label, dataclasses.replace(m.spec, **{field_name: folder}))
-            if m.spec.method is method
-            else m
-            for m in methods
-        ]
-    bench.methods = methods
+    folders = {"medusa_dir": medusa_dir, "eagle_dir": eagle_dir}
+    runs = []
+    for run in methods:
+        owned = {f: v for f, v in folders.items() if v and f in entries[run.label].options}
+        runs.append(MethodRun(run.label, dataclasses.replace(run.spec, **owned)) if owned else run)
+    bench.methods = runs
     built = {
         run.label: given[run.label]
         if run.label in given
         else build_drafter(
             run.spec,
             target,
-            draft if run.spec.method is Method.DRAFT_MODEL else None,
+            draft if entries[run.label].draft_model else None,
             same_tokenizer=same,
             draft_name=draft_name,
             target_name=target_name,
         )
-        for run in methods
+        for run in runs
     }
-    for run in methods:
-        drafter = built[run.label]
-        bench.drafter_vocab[run.label] = {
-            Method.AR: None,
-            Method.NGRAM: 0,
-            Method.MEDUSA: target.vocab_size,
-            Method.LOOKAHEAD: 0,
-        }.get(run.spec.method, getattr(drafter, "vocab_size", None))
-        if run.spec.method is Method.EAGLE:  # it scores its draft vocabulary only
-            bench.drafter_vocab[run.label] = int(drafter.draft_vocab.numel())
+    for run in runs:
+        drafter, rows = built[run.label], entries[run.label].head_rows
+        known = drafter is not None and rows is not None
+        bench.drafter_vocab[run.label] = rows(drafter, target) if known else None
     sampling = SamplingParams(
         temperature=settings.temperature,
         max_new_tokens=settings.max_new_tokens,
@@ -261,7 +191,7 @@ def run_bench(
         for item in items:
             prompt = _prompt_ids(item, tokenizer, settings.chat)
             for repeat in range(settings.repeats):
-                order = methods[index % len(methods) :] + methods[: index % len(methods)]
+                order = runs[index % len(runs) :] + runs[: index % len(runs)]
                 index += 1
                 for run in order:
                     if (kind, item.id, run.label, repeat) in finished:

@@ -153,7 +153,7 @@ def _demo(args: argparse.Namespace) -> int:
             text = Text()
             for token, drafted in zip(out.token_ids, out.from_draft, strict=True):
                 text.append(tokenizer.decode([token]), style="bold cyan" if drafted else None)
-            console.print(f"[bold]{spec.method.value}[/bold], temperature {temperature:g}:")
+            console.print(f"[bold]{spec.method!s}[/bold], temperature {temperature:g}:")
             console.print(text)
             console.print(out.stats.summary() + "\n")
     return 0
@@ -172,7 +172,7 @@ def _draft_shape(tree: str, k: int) -> str:
     if tree.startswith("lookahead"):
         window, ngram, candidates = tree.partition(":")[2].split(",")
         return f"lookahead W={window} N={ngram} G={candidates}"
-    from quickdraft.conformance import toy_tree
+    from quickdraft.toys import toy_tree
 
     kind = "sampled" if tree.startswith("sample") else "top-k"
     return f"{kind} tree ({toy_tree(tree).num_nodes} nodes)"

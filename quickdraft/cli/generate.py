@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.text import Text
 
+from quickdraft import methods
 from quickdraft.cli.common import _threads, console
 
 DEFAULT_PROMPT = (
@@ -38,13 +39,10 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument(
         "--method",
         default="auto",
-        choices=["auto", "ar", "draft_model", "ngram", "medusa", "eagle", "lookahead"],
+        choices=["auto", *methods.names()],
         help="auto: draft_model with --draft, else eagle where an EAGLE drafter ships for "
-        "the target (the fastest method measured for it), else ngram; medusa: heads on the "
-        "target (those "
-        "shipped for it, or --medusa-dir); eagle: a feature-level draft layer with dynamic "
-        "trees (the one shipped for the target, or --eagle-dir); lookahead: Jacobi iteration "
-        "and an n-gram pool, no drafter",
+        "the target (the fastest method measured for it), else ngram; "
+        + "; ".join(f"{entry.name}: {entry.description}" for entry in methods.entries()),
     )
     generate.add_argument("--draft", default=None, help="draft model for --method draft_model")
     generate.add_argument(
@@ -52,7 +50,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "--num-speculative-tokens",
         type=int,
         default=None,
-        help="draft tokens per step (default 4 for draft_model, 5 for ngram)",
+        help="draft tokens per step (default: the method's, 4 for draft_model, 5 for ngram)",
     )
     generate.add_argument(
         "--acceptance", default="rejection_sampling", choices=[rule.value for rule in AcceptRule]
@@ -138,24 +136,20 @@ def _generate(args: argparse.Namespace) -> int:
 
     import torch
 
-    from quickdraft.config import Method, SamplingParams, SpecConfig
+    from quickdraft.config import SamplingParams, SpecConfig
     from quickdraft.drafters import build_drafter
     from quickdraft.engine import generate, same_vocabulary
     from quickdraft.models.loading import load_model
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    method = args.method
-    if method == "auto":
-        method = _auto_method(args)
-    if args.draft and method != "draft_model":
-        raise ValueError(f"draft: --draft is used by --method draft_model, not {method}")
+    entry = methods.get(_auto_method(args) if args.method == "auto" else args.method)
+    if args.draft and not entry.draft_model:
+        raise ValueError(f"draft: --draft is used by --method draft_model, not {entry.name}")
     k = args.num_speculative_tokens
-    if k is None:
-        k = 5 if method == "ngram" else 4
     spec = SpecConfig(
-        method=Method(method),
-        num_speculative_tokens=k,
+        method=entry.name,
+        num_speculative_tokens=entry.default_k if k is None else k,
         acceptance=args.acceptance,
         draft_temperature=args.draft_temperature,
         prompt_lookup_min=args.prompt_lookup_min,
@@ -178,11 +172,10 @@ def _generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
     )
-    if method == "draft_model" and not args.draft:
-        raise ValueError("draft: --method draft_model needs --draft MODEL")
+    if entry.draft_model and not args.draft:
+        raise ValueError(f"draft: --method {entry.name} needs --draft MODEL")
     target, tokenizer = load_model(args.target, device=args.device, backend=args.backend)
-    draft = None
-    if method == "draft_model":
+    if entry.draft_model:
         int8 = args.draft_int8 and args.device == "cpu" and args.backend != "hf"
         draft_model, draft_tokenizer = load_model(
             args.draft, device=args.device, backend=args.backend, int8=int8
@@ -194,7 +187,7 @@ def _generate(args: argparse.Namespace) -> int:
             same_tokenizer=same_vocabulary(tokenizer, draft_tokenizer),
             draft_name=args.draft,
         )
-    elif method in ("medusa", "eagle", "lookahead"):
+    else:
         draft = build_drafter(spec, target, target_name=args.target)
     chat = args.chat if args.chat is not None else args.prompt is None
     text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
@@ -228,7 +221,7 @@ def _generate(args: argparse.Namespace) -> int:
         "" if shortlist is None else f", {shortlist.name} mean {shortlist.mean_size():.0f} tokens"
     )
     console.print(
-        f"[dim]{spec.method.value}, {_shape(spec, draft)}{vocab}: {out.stats.summary()}; "
+        f"[dim]{entry.name}, {entry.shape(spec, draft)}{vocab}: {out.stats.summary()}; "
         f"finish: {out.finish_reason}[/dim]"
     )
     return 0
@@ -245,23 +238,6 @@ def _auto_method(args: argparse.Namespace) -> str:
         return "draft_model"
     shipped = {folder.name for folder in ARTIFACTS.iterdir() if folder.is_dir()}
     return "eagle" if args.target in shipped and args.backend != "hf" else "ngram"
-
-
-def _shape(spec: Any, drafter: Any) -> str:
-    if spec.method.value == "medusa":
-        return f"tree of {drafter.num_tokens} nodes, depth {drafter.depth}"
-    if spec.method.value == "lookahead":
-        config = drafter.config
-        return f"W={config.window} N={config.ngram} G={config.candidates}"
-    if spec.method.value == "eagle":
-        tree = drafter.tree
-        shape = f"dynamic tree: depth {tree.depth}, top-{tree.topk}, {tree.tokens} tokens"
-        if tree.min_prob:
-            shape += f" of path probability >= {tree.min_prob:g}"
-        if drafter.lookup is not None:
-            shape += f", + up to {drafter.lookup.num_tokens} of prompt lookup"
-        return shape
-    return f"k={spec.k}"
 
 
 class _MarkedPrinter:

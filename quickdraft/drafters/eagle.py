@@ -25,6 +25,7 @@ rerank then rank nodes by their scores summed over rows; with one row this is EA
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -40,7 +41,7 @@ from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.kv_cache import KVCache
-from quickdraft.models.ops import Linear
+from quickdraft.models.ops import Linear, packed_copy, prefix_tree_mask
 
 CONFIG_FILE = "eagle.json"
 WEIGHTS_FILE = "eagle.safetensors"
@@ -104,8 +105,13 @@ class EagleDrafter:
                 f"target: EAGLE reads the native runner's features, got {type(target).__name__}"
             )
         check_fits(net, target)
-        self.net = _packed(net.eval(), int8)
         self.device = target.device
+        # Prepacked (and int8) layers are the CPU's fast path; elsewhere the plain network.
+        int8 = int8 and self.device.type == "cpu"
+        if self.device.type == "cpu":
+            self.net = packed_copy(net.eval(), int8)
+        else:
+            self.net = copy.deepcopy(net).eval().to(self.device)
         self.tree = tree or DEFAULT_TREES["cpu"]
         if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
             raise ValueError(f"eagle_lookup must be a non-negative integer, got {lookup!r}")
@@ -217,12 +223,7 @@ class EagleDrafter:
         cache.write(0, k.transpose(1, 2), v.transpose(1, 2), lengths.unsqueeze(1) + offset + steps)
         used = int(lengths.max()) + offset + num  # host sync: the attention's width
         keys, values = cache.view(0, used)
-        relative = torch.arange(used, device=self.device) - lengths.unsqueeze(1)  # [B, used]
-        prefix = (relative < 0).unsqueeze(1)  # [B, 1, used]
-        columns = relative.clamp(0, offset + num - 1)
-        scratch = (relative >= 0) & (relative < offset + num)
-        visible = scratch.unsqueeze(1) & ancestors[:, columns].permute(1, 0, 2)  # [B, T, used]
-        mask = (prefix | visible).unsqueeze(1)
+        mask = prefix_tree_mask(lengths, used, ancestors, num)
         attended = torch.nn.functional.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1]
         )
@@ -343,30 +344,6 @@ class EagleDrafter:
         size = len(parents)
         extra = [attach, *range(size, size + branch.shape[1] - 1)]
         return Draft.from_parents(torch.cat([draft.tokens, branch], 1), parents + extra)
-
-
-class _PackedLinear(torch.nn.Module):
-    """An inference-only stand-in for an ``nn.Linear``: the runner's prepacked product, whose
-    cost stays nearly flat from 1 to 16 rows on CPU where ``F.linear``'s does not."""
-
-    def __init__(self, linear: torch.nn.Linear, int8: bool):
-        super().__init__()
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        self.linear = Linear(linear.weight.detach().float().contiguous(), bias, int8=int8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x)
-
-
-def _packed(net: EagleNet, int8: bool) -> EagleNet:
-    """A copy of ``net`` for drafting, its linear layers prepacked (int8: quantized)."""
-    copy = EagleNet(net.config)
-    copy.load_state_dict(net.state_dict())
-    for module in list(copy.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear):
-                setattr(module, name, _PackedLinear(child, int8))
-    return copy.eval()
 
 
 def _ancestors(entry_parent: list[int]) -> torch.Tensor:

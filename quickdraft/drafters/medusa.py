@@ -281,7 +281,8 @@ class MedusaDrafter:
                 f"tree: {tree.max_depth} levels deep, the heads predict only {config.num_heads}"
             )
         self.target: FeatureModel = target
-        self.heads, self.tree = heads.eval(), tree
+        self.heads, self.tree = heads.eval().to(target.device), tree
+        int8 = int8 and target.device.type == "cpu"  # the int8 kernels are the CPU's
         # Heads trained on a frequent-token subset rank those rows only: a packed head of them.
         self._subset: tuple[torch.Tensor, Linear] | None = None
         if heads.vocab is not None and heads.lm_heads is None:

@@ -62,15 +62,7 @@ def generate(
     """
     sampling = sampling or SamplingParams()
     ids = encode(prompt, tokenizer)
-    drafter, spec = make_drafter(target, spec, draft, tokenizer, draft_tokenizer)
-    engine = Engine(
-        target,
-        drafter,
-        spec,
-        tokenizer=tokenizer,
-        max_batch=1,
-        max_model_len=_length(target, [ids], sampling),
-    )
+    engine = _engine(target, spec, draft, tokenizer, draft_tokenizer, [ids], sampling)
     engine.add_request(ids, sampling)
     last = None
     while engine.has_unfinished():
@@ -103,17 +95,7 @@ def generate_batch(
     rows = [as_ids(row) for row in prompts]
     if not rows:
         raise ValueError("prompts: give at least one prompt")
-    drafter, spec = make_drafter(target, spec, draft, tokenizer, draft_tokenizer)
-    engine = Engine(
-        target,
-        drafter,
-        spec,
-        tokenizer=tokenizer,
-        max_batch=len(rows),
-        max_model_len=_length(target, rows, sampling),
-        seed=sampling.seed,
-        prefill_chunk=max(len(r) for r in rows),
-    )
+    engine = _engine(target, spec, draft, tokenizer, draft_tokenizer, rows, sampling)
     shared = SamplingParams(**{**_fields(sampling), "seed": None})
     ids = [engine.add_request(row, shared) for row in rows]
     finished: dict[str, RequestOutput] = {}
@@ -131,6 +113,30 @@ def generate_batch(
         [o.finish_reason or "length" for o in outs],
         [o.from_draft for o in outs],
         stats,
+    )
+
+
+def _engine(
+    target: Model,
+    spec: SpecConfig | None,
+    draft: Model | Drafter | None,
+    tokenizer: Tokenizer | None,
+    draft_tokenizer: Tokenizer | None,
+    rows: list[list[int]],
+    sampling: SamplingParams,
+) -> Engine:
+    """An engine sized for these prompts: a row each, every prompt prefilled in one pass, the
+    batch's shared generator seeded with ``sampling.seed``."""
+    drafter, spec = make_drafter(target, spec, draft, tokenizer, draft_tokenizer)
+    return Engine(
+        target,
+        drafter,
+        spec,
+        tokenizer=tokenizer,
+        max_batch=len(rows),
+        max_model_len=_length(target, rows, sampling),
+        prefill_chunk=max(len(r) for r in rows),
+        seed=sampling.seed,
     )
 
 

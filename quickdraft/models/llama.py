@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from quickdraft.models import int8 as int8_ops
 from quickdraft.models.base import ModelOutput
 from quickdraft.models.kv_cache import KVCache
-from quickdraft.models.ops import Linear, rms_norm, rotate
+from quickdraft.models.ops import Linear, prefix_tree_mask, rms_norm, rotate
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -316,18 +316,8 @@ class LlamaRunner:
         self, lengths: torch.Tensor, num_new: int, used: int, tree_mask: torch.Tensor | None
     ) -> torch.Tensor:
         """[B, 1, T, used] bool: the committed prefix, then the new tokens causally or by tree."""
-        relative = torch.arange(used, device=self.device) - lengths.to(self.device).unsqueeze(1)
-        prefix = (relative < 0).unsqueeze(1)  # [B, 1, used]
-        new = (relative >= 0) & (relative < num_new)  # [B, used]
-        query = torch.arange(num_new, device=self.device).view(1, -1, 1)
-        if tree_mask is None:
-            visible = new.unsqueeze(1) & (relative.unsqueeze(1) <= query)
-        else:
-            if tree_mask.shape != (num_new, num_new):
-                raise ValueError(
-                    f"tree_mask must be [T, T] = [{num_new}, {num_new}], "
-                    f"got {list(tree_mask.shape)}"
-                )
-            columns = relative.clamp(0, num_new - 1)  # [B, used]
-            visible = new.unsqueeze(1) & tree_mask.to(self.device)[:, columns].permute(1, 0, 2)
-        return (prefix | visible).unsqueeze(1)
+        if tree_mask is not None and tree_mask.shape != (num_new, num_new):
+            raise ValueError(
+                f"tree_mask must be [T, T] = [{num_new}, {num_new}], got {list(tree_mask.shape)}"
+            )
+        return prefix_tree_mask(lengths.to(self.device), used, tree_mask, num_new)

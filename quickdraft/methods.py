@@ -1,0 +1,119 @@
+"""The method registry: one entry per way of drafting, read by config validation, the CLI, the
+bench and the picker. Adding a method is one module with its drafter and one ``register`` call.
+
+This module imports no drafter (so ``config.py``, which validates against it, does not either):
+the built-in entries live in ``drafters/registry.py``, imported the first time an entry is
+looked up.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from quickdraft.config import SpecConfig
+    from quickdraft.drafters.base import Drafter
+    from quickdraft.models.base import Model
+
+
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    """What a builder may use besides the spec: the target, a draft model (methods that
+    declare ``draft_model``), whether the draft's tokenizer is the target's (None: unknown),
+    and the aliases that find shipped artifacts."""
+
+    target: Model
+    draft: Model | None = None
+    same_tokenizer: bool | None = None
+    draft_name: str | None = None
+    target_name: str | None = None
+
+
+def k_label(name: str, text: str, k: int | None, default_k: int) -> tuple[str, dict[str, Any]]:
+    """The usual bench label, ``name[@K]``: k from the label, else ``k``, else the default."""
+    try:
+        chosen = int(text) if text else (default_k if k is None else k)
+    except ValueError:
+        raise ValueError(f"the number after @ must be an integer, got {text!r}") from None
+    return f"{name} k={chosen}", {"num_speculative_tokens": chosen}
+
+
+@dataclass(frozen=True, slots=True)
+class MethodEntry:
+    """One method.
+
+    name:        its name in SpecConfig.method, the CLI's --method and bench labels.
+    description: one line for --help and the docs.
+    build:       (spec, context) -> the drafter (None only for plain decoding).
+    default_k:   draft tokens per step when none is given (bench labels, the CLI).
+    options:     the SpecConfig fields only this method reads; setting one for another method
+                 is an error naming it.
+    check:       validates this method's options in a SpecConfig (raises ValueError).
+    parse_label: (text after the name, k) -> (bench label, SpecConfig fields), for bench
+                 method lists such as ``eagle@6.4.10p0.1+5``; by default ``name[@K]``.
+    describe:    (spec, drafter) -> a short description of the draft's shape, for the CLI.
+    draft_model: whether the method drafts with a separate draft model (--draft).
+    head_rows:   (drafter, target) -> the vocabulary rows its head scores a draft token
+                 (bench reports; 0 for a drafter with no head, None when unknown).
+    """
+
+    name: str
+    description: str
+    build: Callable[[SpecConfig, BuildContext], Drafter | None]
+    default_k: int = 4
+    options: tuple[str, ...] = ()
+    check: Callable[[SpecConfig], None] | None = None
+    parse_label: Callable[[str, int | None], tuple[str, dict[str, Any]]] | None = None
+    describe: Callable[[SpecConfig, Any], str] | None = None
+    draft_model: bool = False
+    head_rows: Callable[[Any, Model], int | None] | None = None
+
+    def label(self, text: str, k: int | None) -> tuple[str, dict[str, Any]]:
+        if self.parse_label is not None:
+            return self.parse_label(text, k)
+        return k_label(self.name, text, k, self.default_k)
+
+    def shape(self, spec: SpecConfig, drafter: Any) -> str:
+        return self.describe(spec, drafter) if self.describe is not None else f"k={spec.k}"
+
+
+_REGISTRY: dict[str, MethodEntry] = {}
+_BUILT_INS = "quickdraft.drafters.registry"
+
+
+def register(entry: MethodEntry) -> None:
+    """Add a method (replacing one of the same name: a re-run notebook cell, say)."""
+    if not entry.name or not entry.name.replace("_", "").isalnum():
+        raise ValueError(f"method name must be letters, digits and _, got {entry.name!r}")
+    _REGISTRY[entry.name] = entry
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def _load_built_ins() -> None:
+    importlib.import_module(_BUILT_INS)  # registers them on import
+
+
+def names() -> tuple[str, ...]:
+    _load_built_ins()
+    return tuple(_REGISTRY)
+
+
+def get(name: Any) -> MethodEntry:
+    """The entry of ``name``; a ValueError listing the methods when there is none."""
+    _load_built_ins()
+    entry = _REGISTRY.get(str(name)) if isinstance(name, str) else None
+    if entry is None:
+        shown = repr(name) if isinstance(name, str) else type(name).__name__
+        raise ValueError(f"method must be one of {', '.join(_REGISTRY)}; got {shown}")
+    return entry
+
+
+def entries() -> tuple[MethodEntry, ...]:
+    _load_built_ins()
+    return tuple(_REGISTRY.values())
