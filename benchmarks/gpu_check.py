@@ -220,6 +220,45 @@ def costs(name: str, device: str, dtype: torch.dtype, quick: bool) -> dict:
     return result
 
 
+def methods_on(name: str, device: str, dtype: torch.dtype, quick: bool) -> dict:
+    """Plain decoding against each method on random weights shaped like ``name``: ms per
+    step and tokens per step (random weights accept little: the step costs are the point)."""
+    target = random_runner(SHAPES[name], device, dtype)
+    vocab = target.vocab_size
+    torch.manual_seed(3)
+    net = EagleNet(EagleConfig.for_target(target.config, "eagle3", min(32000, vocab)))
+    net.draft_vocab = torch.randperm(vocab)[: net.config.draft_vocab_size]
+    hidden = target.config.hidden_size
+    runs = {
+        "ar": None,
+        "draft_model": DraftModelDrafter(
+            target.truncated(max(1, target.config.num_layers // 5)), 4
+        ),
+        "ngram": NGramDrafter(vocab, 5),
+        "medusa": MedusaDrafter(target, MedusaHeads(MedusaConfig(hidden, vocab, 3)).eval()),
+        "eagle": EagleDrafter(target, net.eval(), DEFAULT_TREES.get(device), lookup=5),
+        "lookahead": LookaheadDrafter(
+            vocab, LookaheadConfig(15, 5, 15) if device == "cuda" else None
+        ),
+    }
+    prompt = list(range(100, 100 + (64 if quick else 256)))
+    sampling = SamplingParams(temperature=0, max_new_tokens=16 if quick else 64, ignore_eos=True)
+    result = {}
+    for method, drafter in runs.items():
+        generate(target, prompt, sampling=sampling, draft=drafter)  # warm-up
+        if device == "cuda":
+            torch.cuda.synchronize()
+        out = generate(target, prompt, sampling=sampling, draft=drafter)
+        steps = out.stats.target_forwards
+        decode = out.stats.time_total - out.stats.time_prefill
+        result[method] = {
+            "ms_per_step": 1000 * decode / steps,
+            "tokens_per_step": len(out.token_ids) / steps,
+            "tokens_per_second": len(out.token_ids) / decode,
+        }
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -235,6 +274,8 @@ def main() -> None:
     }
     report["correctness"] = correctness(args.device, args.quick)
     print(json.dumps(report["correctness"], indent=1), flush=True)
+    report["methods_smollm2_shape"] = methods_on("smollm2-135m", args.device, dtype, args.quick)
+    print(json.dumps(report["methods_smollm2_shape"]), flush=True)
     report["costs"] = {}
     for name in args.shapes.split(","):
         report["costs"][name] = costs(name, args.device, dtype, args.quick)

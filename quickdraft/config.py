@@ -238,6 +238,8 @@ class SpecConfig:
         this decoding at once, a step verifies no draft (plain decoding, the drafter still
         follows along), since a batch already fills the target's pass that a draft would fill;
         None always drafts. The default was measured (``benchmarks/engine_batch.py``).
+        Output stays exact either way. A seeded request's tokens depend on which steps
+        drafted only with a sampling drafter (draft_model): its draws include the draft's.
     """
 
     method: Method = Method.DRAFT_MODEL

@@ -56,6 +56,7 @@ class MethodEntry:
                  method lists such as ``eagle@6.4.10p0.1+5``; by default ``name[@K]``.
     describe:    (spec, drafter) -> a short description of the draft's shape, for the CLI.
     draft_model: whether the method drafts with a separate draft model (--draft).
+    drafts:      False for plain decoding: no drafter is built (a draft model given is unused).
     head_rows:   (drafter, target) -> the vocabulary rows its head scores a draft token
                  (bench reports; 0 for a drafter with no head, None when unknown).
     """
@@ -69,6 +70,7 @@ class MethodEntry:
     parse_label: Callable[[str, int | None], tuple[str, dict[str, Any]]] | None = None
     describe: Callable[[SpecConfig, Any], str] | None = None
     draft_model: bool = False
+    drafts: bool = True
     head_rows: Callable[[Any, Model], int | None] | None = None
 
     def label(self, text: str, k: int | None) -> tuple[str, dict[str, Any]]:

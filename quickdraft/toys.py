@@ -115,7 +115,7 @@ class NGramTreeDrafter(Stateless):
             kids = [c for c in shape.children[parent + 1].tolist() if c >= 0]
             if not kids:
                 continue
-            index = (contexts[parent] * model._powers).sum(-1)
+            index = (contexts[parent] * model.powers).sum(-1)
             full = probs_for_rows(model.table[index], batch.sampling)  # [B, V]
             left = full
             for rank, child in enumerate(kids):

@@ -183,3 +183,59 @@ def test_chunked_prefill_of_a_long_prompt_matches_one_pass(target):
     expected = generate(target, prompt, sampling=greedy).token_ids
     engine = Engine(target, drafters(target)["eagle"], ALWAYS, prefill_chunk=7)
     assert serve(engine, {0: [(prompt, greedy, "p")]})["p"].token_ids == expected
+
+
+def test_drafters_follow_along_through_undrafted_steps_and_short_joiners(target):
+    """Above the batch policy's threshold steps verify no draft; the drafters' state must
+    still follow every row (EAGLE's cache holds one entry per committed token, the draft
+    model catches up on the gap), also when a one-token prompt joins beside a long gap."""
+    greedy = SamplingParams(temperature=0, max_new_tokens=24)
+    policy = SpecConfig(disable_by_batch_size=1)
+    for method in ("draft_model", "eagle", "medusa"):
+        drafter = drafters(target)[method]
+        engine = Engine(target, drafter, policy, max_batch=3)
+        arrivals = {0: [(PROMPTS[0], greedy, "a"), (PROMPTS[1], greedy, "b")]}
+        arrivals[6] = [([7], greedy, "c")]
+        out, step = {}, 0
+        while step <= 6 or engine.has_unfinished():
+            for prompt, sampling, rid in arrivals.get(step, []):
+                engine.add_request(prompt, sampling, request_id=rid)
+            out.update((o.request_id, o) for o in engine.step() if o.finished)
+            if method == "eagle" and engine.scheduler.running:
+                running = engine.scheduler.running
+                text = engine.rows.lengths[:running]
+                assert torch.equal(drafter.cache.lengths[:running], text - 1), step
+            step += 1
+        for rid, prompt in (("a", PROMPTS[0]), ("b", PROMPTS[1]), ("c", [7])):
+            assert out[rid].token_ids == generate(target, prompt, sampling=greedy).token_ids
+        drafted = [d for rid in "abc" for d in out[rid].stats.drafted]
+        assert 0 in drafted and max(drafted) > 0, method
+
+
+def test_prefill_padding_never_overflows_the_cache(target):
+    """Rows prefilling together are padded to the widest chunk: a row nearly done with a
+    long prompt beside one starting its first chunk must still fit."""
+    greedy = SamplingParams(temperature=0, max_new_tokens=3)
+    long_prompt, other = list(range(1, 38)), list(range(40, 60))
+    engine = Engine(target, max_batch=2, max_model_len=40, prefill_chunk=16)
+    out = serve(engine, {0: [(long_prompt, greedy, "a")], 2: [(other, greedy, "b")]})
+    assert out["a"].token_ids == generate(target, long_prompt, sampling=greedy).token_ids
+    assert out["b"].token_ids == generate(target, other, sampling=greedy).token_ids
+
+
+def test_engine_arguments_are_checked_by_name(target):
+    for kwargs, field in (
+        ({"max_model_len": 2.5}, "max_model_len"),
+        ({"max_model_len": 0}, "max_model_len"),
+        ({"seed": "x"}, "seed"),
+        ({"prefill_chunk": True}, "prefill_chunk"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            Engine(target, **kwargs)
+    with pytest.raises(ValueError, match="spec"):
+        Engine(target, None, "ngram")
+    engine = Engine(target)
+    with pytest.raises(ValueError, match="sampling"):
+        engine.add_request([1, 2], {"temperature": 0})
+    with pytest.raises(ValueError, match="request_id"):
+        engine.add_request([1, 2], SamplingParams(max_new_tokens=4), request_id=7)

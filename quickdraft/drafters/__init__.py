@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 from quickdraft import methods
-from quickdraft.config import SpecConfig
+from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.lookahead import LookaheadDrafter
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.drafters.ngram import NGramDrafter
-from quickdraft.models.base import Model
+from quickdraft.models.base import Model, Tokenizer
+from quickdraft.models.tokenizer import HFTokenizer
 
 
 def build_drafter(
@@ -32,6 +33,8 @@ def build_drafter(
     for it; None takes the alias the target was loaded from (``Model.name``).
     """
     entry = methods.get(spec.method)
+    if not entry.drafts:
+        return None
     if draft is not None and not entry.draft_model:
         raise ValueError(f"draft: method {entry.name} drafts without a draft model")
     context = methods.BuildContext(
@@ -42,6 +45,35 @@ def build_drafter(
         target_name or target.name,
     )
     return entry.build(spec, context)
+
+
+def same_vocabulary(a: Tokenizer, b: Tokenizer) -> bool:
+    """Whether two tokenizers map text to the same ids (padded model vocabularies may differ)."""
+    if a is b:
+        return True
+    if isinstance(a, HFTokenizer) and isinstance(b, HFTokenizer):
+        return a.same_vocabulary(b)
+    return False
+
+
+def drafter_for(
+    target: Model,
+    spec: SpecConfig | None,
+    draft: Model | Drafter | None,
+    tokenizer: Tokenizer | None = None,
+    draft_tokenizer: Tokenizer | None = None,
+) -> tuple[Drafter | None, SpecConfig]:
+    """(the drafter ``spec`` asks for, the spec) for ``generate``'s arguments: a drafter given
+    as ``draft`` is used as it is; no spec means plain decoding, or draft-model speculation
+    when a draft model is given."""
+    if spec is None:
+        spec = SpecConfig(method=Method.AR if draft is None else Method.DRAFT_MODEL)
+    if draft is not None and not isinstance(draft, Model):
+        return draft, spec
+    same = None
+    if tokenizer is not None and draft_tokenizer is not None:
+        same = same_vocabulary(tokenizer, draft_tokenizer)
+    return build_drafter(spec, target, draft, same_tokenizer=same), spec
 
 
 __all__ = [
@@ -56,4 +88,6 @@ __all__ = [
     "Needs",
     "StepResult",
     "build_drafter",
+    "drafter_for",
+    "same_vocabulary",
 ]

@@ -74,13 +74,9 @@ class DraftModelDrafter:
         assert self._cache is not None, "reserve() first"
         batch = start.batch
         lengths = batch.lengths.tolist()  # one host sync per joining group
-        prompts = batch.tokens[:, : max(lengths)]
-        if bool((prompts >= self.model.vocab_size).any()):
-            raise ValueError(
-                f"draft: its vocabulary of {self.model.vocab_size} tokens is smaller than "
-                f"token id {int(prompts.max())} in the prompt; use a draft with the target's "
-                "tokenizer"
-            )
+        # Ids past the draft's vocabulary (a padded target's) read as its last id, as in
+        # propose(); only the proposals can change.
+        prompts = batch.tokens[:, : max(lengths)].clamp_max(self.model.vocab_size - 1)
         if self.shortlist is not None:
             # The shortlist's context is shared by the running rows: a lone request resets it.
             columns = torch.arange(prompts.shape[1], device=prompts.device)
@@ -120,19 +116,20 @@ class DraftModelDrafter:
         self._drafted = True
         cache = self._cache.narrow(0, batch.size)
         params = [self._params(p) for p in batch.sampling]
-        valid = self._valid[: batch.size]
-        width = int((batch.lengths - valid).max())  # host sync: the catch-up's width
-        cache.rollback(batch.lengths - width)
-        positions = (batch.lengths - width).unsqueeze(1) + torch.arange(
-            width, device=batch.lengths.device
-        )
+        lengths, valid = batch.lengths, self._valid[: batch.size]
+        width = int((lengths - valid).max())  # host sync: the catch-up's width
+        start = (lengths - width).clamp_min(0)  # <= valid: rows only rewrite known entries
+        cache.rollback(start)
+        positions = start.unsqueeze(1) + torch.arange(width, device=lengths.device)
         # A padded target vocabulary can hold ids past the draft's: the draft reads such a
         # token as its last id. Only its proposal can change; the target verifies as always.
-        inputs = batch.tokens.gather(1, positions).clamp_max(self.model.vocab_size - 1)
+        inputs = batch.tokens.gather(1, positions.clamp_max(batch.capacity - 1))
+        inputs = inputs.clamp_max(self.model.vocab_size - 1)
+        pending = lengths - 1 - start  # each row's pending token among the inputs
         if self.shortlist is not None:
-            return self._propose_shortlisted(batch, cache, inputs, positions, params)
-        logits = self._logits(inputs, positions, cache)
-        cache.commit(width)
+            return self._propose_shortlisted(batch, cache, inputs, positions, pending, params)
+        logits = self._logits(inputs, positions, cache, pending)
+        cache.commit(pending + 1)
         tokens, probs = [], []
         for i in range(self.num_tokens):
             token, prob = self._choose(logits, params, batch)
@@ -150,6 +147,7 @@ class DraftModelDrafter:
         cache: Cache,
         inputs: torch.Tensor,
         positions: torch.Tensor,
+        pending: torch.Tensor,
         params: list[SamplingParams],
     ) -> Draft:
         """The draft loop with a shortlisted head. The router of draft position t reads the
@@ -165,12 +163,16 @@ class DraftModelDrafter:
         shortlist.extend(batch.tokens[:, lo:hi][gained])
         self._seen[: batch.size] = batch.lengths
         hidden = self._body(inputs, positions, cache)
-        cache.commit(inputs.shape[1])
-        prev = hidden[:, -2] if inputs.shape[1] > 1 else torch.zeros_like(hidden[:, -1])
-        shortlist.prepare(0, inputs[:, -1], prev)
+        cache.commit(pending + 1)
+        rows = torch.arange(batch.size, device=hidden.device)
+        last = hidden[rows, pending]
+        before = hidden[rows, (pending - 1).clamp_min(0)]
+        prev = torch.where((pending > 0).unsqueeze(1), before, 0.0)
+        shortlist.prepare(0, inputs[rows, pending], prev)
         tokens, probs = [], []
         for i in range(self.num_tokens):
-            last = hidden[:, -1]
+            if i:
+                last = hidden[:, -1]
             ids, logits = shortlist.logits(last)
             token, full = self._choose_among(ids, logits, params, batch)
             tokens.append(token)
@@ -206,13 +208,22 @@ class DraftModelDrafter:
             return self._features.body(tokens, positions, cache)[0]
         return self.model.forward(tokens, positions, cache).logits
 
-    def _logits(self, tokens: torch.Tensor, positions: torch.Tensor, cache: Cache) -> torch.Tensor:
-        """Full-vocabulary logits [B, V] after the last of ``tokens``."""
+    def _logits(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Cache,
+        last: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Full-vocabulary logits [B, V] after each row's token ``last`` ([B] indices into
+        ``tokens``; None: the last column)."""
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        column = torch.full_like(rows, tokens.shape[1] - 1) if last is None else last
         if self._features is not None:
             hidden = self._features.body(tokens, positions, cache)[0]
-            logits = self._features.head(hidden[:, -1]).float()
+            logits = self._features.head(hidden[rows, column]).float()
         else:
-            logits = self.model.forward(tokens, positions, cache).logits[:, -1]
+            logits = self.model.forward(tokens, positions, cache).logits[rows, column]
         extra = self.vocab_size - logits.shape[-1]
         if extra > 0:
             return F.pad(logits, (0, extra), value=float("-inf"))

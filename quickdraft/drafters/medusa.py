@@ -286,8 +286,9 @@ class MedusaDrafter:
         # Heads trained on a frequent-token subset rank those rows only: a packed head of them.
         self._subset: tuple[torch.Tensor, Linear] | None = None
         if heads.vocab is not None and heads.lm_heads is None:
-            rows = target.head_weight[heads.vocab].float().contiguous()
-            self._subset = (heads.vocab, Linear(rows, int8=int8))
+            vocab = heads.vocab.to(target.device)  # a plain attribute: .to() leaves it
+            rows = target.head_weight[vocab].float().contiguous()
+            self._subset = (vocab, Linear(rows, int8=int8))
         self.vocab_size = target.vocab_size
         self.num_tokens = tree.num_nodes
         self.needs = Needs(tokens=tree.num_nodes, depth=tree.max_depth, hidden=True)

@@ -195,6 +195,7 @@ register(
         "ar",
         "plain autoregressive decoding: no drafts, the baseline",
         lambda spec, context: None,
+        drafts=False,
         parse_label=lambda text, k: ("ar", {}),
         describe=lambda spec, drafter: "no drafts",
     )

@@ -1,7 +1,8 @@
 """The serving engine (``Engine``: requests join and leave at any step) and the two calls
 built on it for prompts at hand (``generate``, ``generate_batch``)."""
 
-from quickdraft.engine.api import generate, generate_batch, make_drafter, same_vocabulary
+from quickdraft.drafters import same_vocabulary
+from quickdraft.engine.api import generate, generate_batch
 from quickdraft.engine.core import Engine
 from quickdraft.engine.requests import RequestOutput
 from quickdraft.output import BatchGeneration, Generation
@@ -13,6 +14,5 @@ __all__ = [
     "RequestOutput",
     "generate",
     "generate_batch",
-    "make_drafter",
     "same_vocabulary",
 ]

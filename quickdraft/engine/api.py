@@ -6,40 +6,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from quickdraft.config import Method, SamplingParams, SpecConfig
-from quickdraft.drafters import Drafter, build_drafter
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.drafters import Drafter, drafter_for
 from quickdraft.engine.core import Engine
-from quickdraft.engine.prompts import as_ids, encode
+from quickdraft.engine.prompts import encode, token_ids
 from quickdraft.engine.requests import RequestOutput
 from quickdraft.models.base import Model, Tokenizer
 from quickdraft.output import BatchGeneration, Generation
-
-
-def same_vocabulary(a: Tokenizer, b: Tokenizer) -> bool:
-    """Whether two tokenizers map text to the same ids (padded model vocabularies may differ)."""
-    if a is b:
-        return True
-    compare = getattr(a, "same_vocabulary", None)
-    return bool(compare(b)) if compare is not None else False
-
-
-def make_drafter(
-    target: Model,
-    spec: SpecConfig | None,
-    draft: Model | Drafter | None,
-    tokenizer: Tokenizer | None = None,
-    draft_tokenizer: Tokenizer | None = None,
-) -> tuple[Drafter | None, SpecConfig]:
-    """The drafter ``spec`` asks for (a drafter given as ``draft`` is used as it is), and the
-    spec: none means plain decoding, or draft-model speculation when a draft model is given."""
-    if spec is None:
-        spec = SpecConfig(method=Method.AR if draft is None else Method.DRAFT_MODEL)
-    if draft is not None and not isinstance(draft, Model):
-        return draft, spec
-    same = None
-    if tokenizer is not None and draft_tokenizer is not None:
-        same = same_vocabulary(tokenizer, draft_tokenizer)
-    return build_drafter(spec, target, draft, same_tokenizer=same), spec
 
 
 def generate(
@@ -61,7 +34,7 @@ def generate(
     target's. ``on_step`` sees the request's output after every step, for streaming.
     """
     sampling = sampling or SamplingParams()
-    ids = encode(prompt, tokenizer)
+    ids = token_ids(encode(prompt, tokenizer), target.vocab_size)
     engine = _engine(target, spec, draft, tokenizer, draft_tokenizer, [ids], sampling)
     engine.add_request(ids, sampling)
     last = None
@@ -92,7 +65,7 @@ def generate_batch(
         raise ValueError(f"prompts must be [B, L] token ids, got shape {tuple(prompts.shape)}")
     if isinstance(prompts, str | bytes):
         raise ValueError("prompts must be rows of token ids, got text")
-    rows = [as_ids(row) for row in prompts]
+    rows = [token_ids(row, target.vocab_size) for row in prompts]
     if not rows:
         raise ValueError("prompts: give at least one prompt")
     engine = _engine(target, spec, draft, tokenizer, draft_tokenizer, rows, sampling)
@@ -127,7 +100,7 @@ def _engine(
 ) -> Engine:
     """An engine sized for these prompts: a row each, every prompt prefilled in one pass, the
     batch's shared generator seeded with ``sampling.seed``."""
-    drafter, spec = make_drafter(target, spec, draft, tokenizer, draft_tokenizer)
+    drafter, spec = drafter_for(target, spec, draft, tokenizer, draft_tokenizer)
     return Engine(
         target,
         drafter,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.accept import ACCEPT_RULES, TREE_RULES, AcceptFn, TreeAcceptFn
-from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.config import MAX_BATCH, MAX_SEED, SamplingParams, SpecConfig, check_range
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
 from quickdraft.engine.requests import Request, RequestOutput, Status
 from quickdraft.engine.scheduler import Rows, Scheduler
@@ -61,16 +61,21 @@ class Engine:
         seed: int | None = None,
         rules: tuple[AcceptFn, TreeAcceptFn] | None = None,
     ):
-        spec = spec or SpecConfig()
-        for name, value in (("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        spec = SpecConfig() if spec is None else spec
+        if not isinstance(spec, SpecConfig):
+            raise ValueError(f"spec must be a SpecConfig, got {type(spec).__name__}")
         limit = target.max_positions
-        max_model_len = max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
-        if not 1 <= max_model_len <= limit:
-            raise ValueError(
-                f"max_model_len must be in 1..{limit} (the model's), got {max_model_len}"
-            )
+        if max_model_len is None:
+            max_model_len = min(limit, DEFAULT_MAX_MODEL_LEN)
+        for name, value, high in (
+            ("max_batch", max_batch, MAX_BATCH),
+            ("prefill_chunk", prefill_chunk, MAX_BATCH),
+            ("max_model_len", max_model_len, limit),
+        ):
+            check_range(name, value, 1, high, integer=True)
+        if seed is not None:
+            check_range("seed", seed, 0, MAX_SEED, integer=True)
+        prefill_chunk = min(prefill_chunk, max_model_len)  # a chunk past that never fills
         self.needs = Needs(0, 0) if drafter is None else drafter.needs
         if drafter is not None and drafter.vocab_size != target.vocab_size:
             raise ValueError(
@@ -92,7 +97,10 @@ class Engine:
         self.disable_by_batch_size = spec.disable_by_batch_size
         self.max_model_len = max_model_len
         self.device = target.device
-        capacity = max_model_len + self.needs.tokens + self.needs.side_tokens + 1
+        # Room past the longest request: a verify pass's draft and side branch, or prefill
+        # padding (rows prefilling together are padded to the widest chunk).
+        verify = self.needs.tokens + self.needs.side_tokens
+        capacity = max_model_len + max(verify, prefill_chunk if max_batch > 1 else 0) + 1
         self.cache = target.new_cache(max_batch, capacity)
         self.rows = Rows(max_batch, capacity, self.device)
         if drafter is not None:
@@ -116,8 +124,12 @@ class Engine:
         request_id: str | None = None,
     ) -> str:
         """Queue a prompt (token ids); it joins the running requests at a coming step."""
-        sampling = sampling or SamplingParams()
+        sampling = SamplingParams() if sampling is None else sampling
+        if not isinstance(sampling, SamplingParams):
+            raise ValueError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         request_id = str(next(self._ids)) if request_id is None else request_id
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self.requests:
             raise ValueError(f"request_id: {request_id!r} is already running")
         prompt = self._check_prompt(prompt_ids, sampling)
@@ -187,7 +199,8 @@ class Engine:
 
         # 5. Commit: the cache keeps the pending token and the accepted nodes; the rows' tokens
         #    and the requests' outputs gain the accepted drafts and the next token.
-        kept = torch.cat([torch.zeros_like(path[:, :1]), path.clamp_min(0) + 1], 1)
+        root = torch.zeros(batch.size, 1, dtype=torch.long, device=self.device)
+        kept = torch.cat([root, path.clamp_min(0) + 1], 1)  # verify-input index of kept nodes
         if draft.tree is None and draft.side is None:
             self.cache.narrow(0, batch.size).commit(num_accepted + 1)
         else:

@@ -29,8 +29,8 @@ class RequestOutput:
     new_token_ids: the tokens it gained this step; new_from_draft: for each, whether it was a
     draft token the target accepted. token_ids / from_draft: everything so far.
     finish_reason: "stop" (a stop token or string), "length" (max_new_tokens), "abort", or
-    None while it runs. text: the output's text so far (cut before a stop string) when the
-    engine has a tokenizer.
+    None while it runs. text: the output's text (cut before a stop string) once finished,
+    when the engine has a tokenizer; None before (decode ``token_ids`` to stream text).
     """
 
     request_id: str
@@ -109,17 +109,21 @@ class Request:
 
     def _stop_string_cut(self, added: int) -> int | None:
         """The output length that ends at the first token completing a stop string, when the
-        last ``added`` tokens completed one."""
+        last ``added`` tokens completed one. Only a tail is decoded: the new tokens and as
+        many before them as the longest stop string has characters (a token decodes to at
+        least one), so a long output costs no more per step than a short one."""
         assert self.tokenizer is not None
         decode, stops = self.tokenizer.decode, self.sampling.stop
-        if not any(s in decode(self.output) for s in stops):
+        reach = max(len(s) for s in stops) + 1
+        first = len(self.output) - added
+
+        def completes(end: int) -> bool:
+            text = decode(self.output[max(0, first - reach) : end])
+            return any(s in text for s in stops)
+
+        if not completes(len(self.output)):
             return None
-        start = max(1, len(self.output) - added)
-        return next(
-            n
-            for n in range(start, len(self.output) + 1)
-            if any(s in decode(self.output[:n]) for s in stops)
-        )
+        return next(n for n in range(max(1, first), len(self.output) + 1) if completes(n))
 
     def text(self) -> str | None:
         if self.tokenizer is None:

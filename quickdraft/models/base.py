@@ -79,7 +79,8 @@ class Cache:
 
     def permute(self, first: int, order: torch.Tensor) -> None:
         """Rows first..first+n-1 take the entries and lengths of rows ``order`` ([n] long,
-        absolute row indices, a permutation of those rows); only rows that change are copied,
+        absolute row indices; all are read before any is written, so any mapping works, a
+        permutation of those rows or a gather from others). Only rows that change are copied,
         and only their committed entries."""
         rows = torch.arange(first, first + order.shape[0], device=order.device)
         moved = order != rows

@@ -71,7 +71,7 @@ class NGramLM:
         generator = torch.Generator().manual_seed(seed + 1)
         # Fixed random features per context: the "hidden state" drafters may read.
         self.features = torch.randn(table.shape[0], hidden_size, generator=generator)
-        self._powers = (vocab + 1) ** torch.arange(order - 2, -1, -1)  # [n-1], most recent last
+        self.powers = (vocab + 1) ** torch.arange(order - 2, -1, -1)  # [n-1], most recent last
 
     @classmethod
     def random(
@@ -147,7 +147,7 @@ class NGramLM:
         context = cache.tokens.gather(1, context_slots.clamp_min(0).reshape(batch, -1))
         context = context.view(context_slots.shape)
         context = torch.where(context_slots < 0, self.vocab_size, context)
-        return (context * self._powers).sum(-1)  # [B, T]
+        return (context * self.powers).sum(-1)  # [B, T]
 
 
 class ToyTokenizer:
