@@ -81,6 +81,7 @@ def main() -> None:
     seconds: dict[str, dict[int, list[float]]] = {m: {c: [] for c in levels} for m in modes}
     decode: dict[str, dict[int, list[float]]] = {m: {c: [] for c in levels} for m in modes}
     warm = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
+    max_len = max(len(row) for row in rows) + args.max_new_tokens
     for drafter, spec in modes.values():  # warm-up: every path once, not counted
         serve(Engine(target, drafter, spec, tokenizer=tokenizer, max_batch=2), rows[:3], warm)
     new_tokens: dict[int, int] = {}
@@ -90,7 +91,10 @@ def main() -> None:
         for concurrency in levels:
             for mode in order:
                 drafter, spec = modes[mode]
-                engine = Engine(target, drafter, spec, tokenizer=tokenizer, max_batch=concurrency)
+                engine = Engine(
+                    target, drafter, spec, tokenizer=tokenizer, max_batch=concurrency,
+                    max_model_len=max_len,
+                )  # fmt: skip
                 took, out = serve(engine, rows, sampling)
                 outputs[mode, concurrency] = out["tokens"]
                 new_tokens[concurrency] = sum(len(t) for t in out["tokens"])

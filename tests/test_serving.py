@@ -8,7 +8,7 @@ from conftest import tiny_hf_model
 from test_eagle import random_net
 from test_medusa import random_heads
 
-from quickdraft import Engine, SamplingParams, SpecConfig, generate
+from quickdraft import Engine, SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters import DraftModelDrafter, NGramDrafter
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.eagle_tree import DynamicTree
@@ -239,3 +239,12 @@ def test_engine_arguments_are_checked_by_name(target):
         engine.add_request([1, 2], {"temperature": 0})
     with pytest.raises(ValueError, match="request_id"):
         engine.add_request([1, 2], SamplingParams(max_new_tokens=4), request_id=7)
+
+
+def test_generate_batch_takes_prompts_of_any_lengths(target):
+    greedy = SamplingParams(temperature=0, max_new_tokens=10)
+    drafter = drafters(target)["eagle"]
+    out = generate_batch(target, PROMPTS, sampling=greedy, draft=drafter)
+    for row, prompt in enumerate(PROMPTS):
+        assert out.token_ids[row] == generate(target, prompt, sampling=greedy).token_ids
+    assert out.stats.batch_size == len(PROMPTS) and out.stats.new_tokens == 10 * len(PROMPTS)

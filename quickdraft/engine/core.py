@@ -108,7 +108,7 @@ class Engine:
         self.generator = make_generator(seed, self.device)
         keep = (self.needs.hidden, self.needs.taps)
         self.scheduler = Scheduler(
-            target, self.cache, self.rows, drafter, prefill_chunk, keep, self._batch
+            target, self.cache, self.rows, drafter, prefill_chunk, keep, self.generator
         )
         self.requests: dict[str, Request] = {}
         self.stats = Stats(k=self.needs.depth)  # every step of this engine's life
@@ -177,7 +177,7 @@ class Engine:
             self.stats.time_prefill += prefill
             self.stats.time_total += prefill
             return reports
-        batch = self._batch(0, scheduler.running)
+        batch = scheduler.batch_of(0, scheduler.running)
         requests = self._running()
         tick = time.perf_counter()
 
@@ -272,16 +272,6 @@ class Engine:
 
     def _running(self) -> list[Request]:
         return [r for r in self.rows.requests[: self.scheduler.running] if r is not None]
-
-    def _batch(self, first: int, count: int) -> Batch:
-        requests = [r for r in self.rows.requests[first : first + count] if r is not None]
-        return Batch(
-            self.rows.tokens[first : first + count],
-            self.rows.lengths[first : first + count],
-            tuple(r.sampling for r in requests),
-            tuple(r.generator for r in requests),
-            self.generator,
-        )
 
     def _report(self, request: Request) -> RequestOutput:
         if request.status is Status.FINISHED:

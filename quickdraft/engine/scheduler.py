@@ -14,7 +14,6 @@ filled by a running row past the new running count. Moves copy only a row's comm
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 
 import torch
 
@@ -48,7 +47,7 @@ class Scheduler:
     """Admits waiting requests into free rows, prefills their prompts in chunks of at most
     ``prefill_chunk`` tokens a step, and keeps the tables compact as requests join and leave.
 
-    batch_of(first, count): the engine's ``Batch`` over rows first..first+count-1."""
+    generator: the engine's, for rows without their own (it goes into every ``Batch``)."""
 
     def __init__(
         self,
@@ -58,12 +57,12 @@ class Scheduler:
         drafter: Drafter | None,
         prefill_chunk: int,
         keep_hidden: tuple[bool, tuple[int, ...]],
-        batch_of: Callable[[int, int], Batch],
+        generator: torch.Generator,
     ):
         self.target, self.cache, self.rows, self.drafter = target, cache, rows, drafter
         self.prefill_chunk = prefill_chunk
         self.keep_hidden, self.keep_taps = keep_hidden
-        self.batch_of = batch_of
+        self.generator = generator
         self.waiting: deque[Request] = deque()
         self.running = 0
         self.prefilling = 0
@@ -75,6 +74,17 @@ class Scheduler:
     @property
     def first_prefilling(self) -> int:
         return self.num_rows - self.prefilling
+
+    def batch_of(self, first: int, count: int) -> Batch:
+        """The ``Batch`` over rows first..first+count-1 (views of the tables)."""
+        requests = [r for r in self.rows.requests[first : first + count] if r is not None]
+        return Batch(
+            self.rows.tokens[first : first + count],
+            self.rows.lengths[first : first + count],
+            tuple(r.sampling for r in requests),
+            tuple(r.generator for r in requests),
+            self.generator,
+        )
 
     def _permute(self, first: int, order: list[int]) -> None:
         self.cache.permute(
