@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default="ar,eagle,eagle+policy", help="ar always runs")
     parser.add_argument("--out", type=Path, default=RESULTS / "engine_batch.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -77,6 +78,8 @@ def main() -> None:
         ),
         "eagle+policy": (build_drafter(policy, target), policy),
     }
+    chosen = {"ar", *args.modes.split(",")}
+    modes = {name: mode for name, mode in modes.items() if name in chosen}
     levels = [int(c) for c in args.concurrency.split(",")]
     seconds: dict[str, dict[int, list[float]]] = {m: {c: [] for c in levels} for m in modes}
     decode: dict[str, dict[int, list[float]]] = {m: {c: [] for c in levels} for m in modes}
@@ -139,10 +142,15 @@ def main() -> None:
     ]
     for row in table:
         rate, speed, dec = row["tokens_per_second"], row["speedup"], row["decode_speedup"]
+
+        def show(values: dict, mode: str, form: str) -> str:
+            return form.format(values[mode]) if mode in values else "-"
+
         lines.append(
-            f"| {row['concurrency']} | {rate['ar']:.1f} | {rate['eagle']:.1f} | "
-            f"{rate['eagle+policy']:.1f} | {speed['eagle']:.2f}x | {speed['eagle+policy']:.2f}x "
-            f"| {dec['eagle']:.2f}x | {dec['eagle+policy']:.2f}x |"
+            f"| {row['concurrency']} | {rate['ar']:.1f} | {show(rate, 'eagle', '{:.1f}')} | "
+            f"{show(rate, 'eagle+policy', '{:.1f}')} | {show(speed, 'eagle', '{:.2f}x')} | "
+            f"{show(speed, 'eagle+policy', '{:.2f}x')} | {show(dec, 'eagle', '{:.2f}x')} | "
+            f"{show(dec, 'eagle+policy', '{:.2f}x')} |"
         )
     text = "\n".join(lines)
     args.out.with_suffix(".md").write_text(

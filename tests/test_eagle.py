@@ -149,6 +149,7 @@ def test_min_prob_keeps_only_nodes_the_drafter_believes_in(targets):
         batch, start = prefilled(drafter, prompt, n, full)
         drafter.begin(0, start)
         with torch.inference_mode():
+            drafter._flush(drafter.cache.narrow(0, 1), batch)  # the prompt's entries
             top = drafter._log_probs(drafter._root[:1]).exp().max().item()
             return drafter.propose(batch), top
 

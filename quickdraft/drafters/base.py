@@ -211,6 +211,17 @@ class Drafter(Protocol):
     def reorder(self, order: torch.Tensor) -> None: ...
 
 
+def pad_rows(chunks: list[list[torch.Tensor]]) -> torch.Tensor:
+    """Each row's chunks of [M, D] features -> [B, max M, D], zero padded; a row may have
+    none (a one-token prompt's prefill: [B, 0, 0] when no row has any)."""
+    parts = [part for row in chunks for part in row]
+    if not parts:
+        return torch.zeros(len(chunks), 0, 0)
+    empty = parts[0][:0]
+    rows = [torch.cat(row) if row else empty for row in chunks]
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+
+
 class Stateless:
     """The protocol's bookkeeping for drafters that keep nothing per request: reserve, begin,
     observe and reorder do nothing."""

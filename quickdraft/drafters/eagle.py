@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 
 from quickdraft import artifacts
 from quickdraft.artifacts import load_state, read_json, read_safetensors
-from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, shipped_folder
+from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, pad_rows, shipped_folder
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet, check_fits
 from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
 from quickdraft.drafters.ngram import NGramDrafter
@@ -136,6 +136,7 @@ class EagleDrafter:
         self.head = Linear(head.contiguous(), int8=int8)
         self.cache: KVCache | None = None
         self._root = torch.zeros(0)
+        self._fresh: list[list[tuple]] = []  # per row: features waiting to be entries
 
     # -- the protocol ---------------------------------------------------------------------
 
@@ -151,34 +152,60 @@ class EagleDrafter:
             device=self.device,
         )
         self._root = torch.zeros(rows, config.hidden_size, device=self.device)
+        self._fresh = [[] for _ in range(rows)]
 
-    @torch.inference_mode()
     def begin(self, first: int, start: StepResult) -> None:
-        """The prompt's features become the new rows' first entries."""
+        """The prompt's features wait to become the new rows' first entries."""
         assert self.cache is not None, "reserve() first"
-        cache = self.cache.narrow(first, start.batch.size)
-        cache.rollback(0)
-        self._root[first : first + start.batch.size] = self._catch_up(cache, start)
+        self.cache.narrow(first, start.batch.size).rollback(0)
+        for b, fresh in enumerate(self._features(start)):
+            self._fresh[first + b] = fresh
 
-    @torch.inference_mode()
     def observe(self, result: StepResult) -> None:
-        """The kept tokens' real features become entries (EAGLE's catch-up)."""
-        assert self.cache is not None, "reserve() first"
-        self._root[: result.batch.size] = self._catch_up(
-            self.cache.narrow(0, result.batch.size), result
-        )
+        """The kept tokens' features wait for the next propose: a step the batch policy left
+        undrafted costs nothing here, and a request that finishes before drafting resumes
+        never pays for them."""
+        for b, fresh in enumerate(self._features(result)):
+            self._fresh[b] += fresh
 
     def reorder(self, order: torch.Tensor) -> None:
         assert self.cache is not None
         self.cache.permute(0, order)
         self._root[: order.shape[0]] = self._root[order].clone()
+        self._fresh[: order.shape[0]] = [self._fresh[i] for i in order.tolist()]
 
     @torch.inference_mode()
     def propose(self, batch: Batch) -> Draft:
         assert self.cache is not None, "reserve() first"
         cache = self.cache.narrow(0, batch.size)
+        self._flush(cache, batch)
         draft = self._expand(cache, batch, self._root[: batch.size])
         return draft if self.lookup is None else self._graft(batch, draft)
+
+    def _features(self, result: StepResult) -> list[list[tuple]]:
+        """Per row, the (hidden [m, D], {layer: [m, D]}) its pass kept (none for m = 0)."""
+        assert result.hidden is not None, "Needs.hidden brings the target's hidden states"
+        kept = result.kept.tolist()  # host sync: how many each row kept
+        return [
+            [(result.hidden[b, :m], {i: t[b, :m] for i, t in result.taps.items()})] if m else []
+            for b, m in enumerate(kept)
+        ]
+
+    def _flush(self, cache: KVCache, batch: Batch) -> None:
+        """Step 1: the waiting features of every row become entries in one pass; each row's
+        root (the pending token's entry's output) is refreshed where features arrived."""
+        fresh = self._fresh[: batch.size]
+        if not any(fresh):
+            return
+        counts = torch.tensor([sum(h.shape[0] for h, _ in row) for row in fresh])
+        hidden = pad_rows([[h for h, _ in row] for row in fresh])
+        taps = {i: pad_rows([[t[i] for _, t in row] for row in fresh]) for i in self.needs.taps}
+        counts = counts.to(self.device)
+        roots = self._catch_up(cache, StepResult(batch, counts, hidden, taps))
+        arrived = (counts > 0).unsqueeze(1)
+        self._root[: batch.size] = torch.where(arrived, roots, self._root[: batch.size])
+        for row in fresh:
+            row.clear()
 
     # -- steps --------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from collections import deque
 
 import torch
 
-from quickdraft.drafters.base import Batch, Drafter, StepResult
+from quickdraft.drafters.base import Batch, Drafter, StepResult, pad_rows
 from quickdraft.engine.requests import Request, Status
 from quickdraft.models.base import Cache, Model
 
@@ -167,9 +167,9 @@ class Scheduler:
         """The prefill's features of the joined rows, padded to the longest prompt."""
         device = self.rows.tokens.device
         kept = torch.tensor([len(r.prompt) - 1 for r in joined], device=device)
-        hidden = _padded([r.prompt_hidden for r in joined]) if self.keep_hidden else None
+        hidden = pad_rows([r.prompt_hidden for r in joined]) if self.keep_hidden else None
         taps = {
-            layer: _padded([[t[layer] for t in r.prompt_taps] for r in joined])
+            layer: pad_rows([[t[layer] for t in r.prompt_taps] for r in joined])
             for layer in self.keep_taps
         }
         return StepResult(self.batch_of(first, len(joined)), kept, hidden, taps)
@@ -213,14 +213,3 @@ class Scheduler:
     def drop_waiting(self, request: Request) -> None:
         self.waiting.remove(request)
         request.status = Status.FINISHED
-
-
-def _padded(chunks: list[list[torch.Tensor]]) -> torch.Tensor:
-    """Each row's chunks of [M, D] features -> [B, max M, D], zero padded; a one-token
-    prompt has none ([B, 0, D] when no row has any)."""
-    parts = [part for row in chunks for part in row]
-    if not parts:
-        return torch.zeros(len(chunks), 0, 0)
-    empty = parts[0][:0]
-    rows = [torch.cat(row) if row else empty for row in chunks]
-    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
