@@ -124,10 +124,10 @@ def _enum_value(name: str, enum: type[Enum], value: Any) -> Enum:
 
 
 # The serving engine's batch policy (``SpecConfig.disable_by_batch_size``), measured on
-# SmolLM2-135M with its EAGLE drafter, 2 CPU threads (benchmarks/engine_batch.py, end to end /
-# decoding alone, EAGLE at every step against plain decoding): 1.33x / 1.38x with 1 request,
-# 1.26x / 1.28x with 2, 1.02x / 0.97x with 4 (a tie), 0.82x / 0.73x with 8. Speculation stops
-# paying between 2 and 4 concurrent requests: draft up to 3.
+# SmolLM2-135M with its EAGLE drafter, 2 CPU threads (benchmarks/engine_batch.py, EAGLE at
+# every step against plain decoding, end to end / decoding alone): 1.36x / 1.39x with 1
+# request, 1.20x / 1.21x with 2, 1.13x / 1.13x with 3, 0.99x / 0.92x with 4, 0.87x / 0.77x
+# with 8. Speculation stops paying between 3 and 4 concurrent requests: draft up to 3.
 DEFAULT_DISABLE_BY_BATCH_SIZE = 3
 MAX_BATCH = 1 << 20
 

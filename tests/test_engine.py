@@ -45,7 +45,7 @@ def test_greedy_speculation_is_token_identical_to_plain_decoding(target, draft, 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_batched_rows_match_single_runs_despite_ragged_acceptance(target, draft, k):
-    spec = SpecConfig(num_speculative_tokens=k)
+    spec = SpecConfig(num_speculative_tokens=k, disable_by_batch_size=None)  # a batch of 4
     batch = generate_batch(
         target, PROMPTS, sampling=greedy_params(max_new_tokens=33), spec=spec, draft=draft
     )
