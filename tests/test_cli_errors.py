@@ -74,7 +74,7 @@ def files(tmp_path_factory, smollm2):
             (broken / item.name).write_bytes(item.read_bytes())
         edit(broken)
         made[name] = broken
-    from quickdraft.drafters.eagle import eagle_folder
+    from quickdraft.drafters.eagle_io import eagle_folder
 
     shipped = eagle_folder("smollm2-135m")
     made["shipped_eagle"] = shipped

@@ -7,7 +7,8 @@ from conftest import FAMILIES, shipped_drafter_runs, tiny_folder_and_corpus, tin
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.base import Batch, StepResult
-from quickdraft.drafters.eagle import EagleDrafter, load_eagle, save_eagle
+from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.eagle_io import load_eagle, save_eagle
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
 from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
 from quickdraft.models.llama import LlamaRunner

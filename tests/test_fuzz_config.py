@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quickdraft import SamplingParams, SpecConfig, generate
-from quickdraft.drafters.eagle import save_eagle
+from quickdraft.drafters.eagle_io import save_eagle
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
 from quickdraft.drafters.medusa import MedusaConfig, MedusaHeads, save_heads
 from quickdraft.toys import TOY_VOCAB, toy_llama

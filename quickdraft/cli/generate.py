@@ -232,7 +232,7 @@ def _auto_method(args: argparse.Namespace) -> str:
     native runner serves it (on SmolLM2-135M the fastest method in the bench, 1.31x over
     seven task kinds on CPU against 1.08x for prompt lookup); else prompt lookup, which
     needs nothing trained."""
-    from quickdraft.drafters.eagle import ARTIFACTS
+    from quickdraft.drafters.eagle_io import ARTIFACTS
 
     if args.draft:
         return "draft_model"

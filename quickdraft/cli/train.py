@@ -335,8 +335,8 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from quickdraft.drafters.eagle import eagle_folder, load_eagle
     from quickdraft.drafters.eagle_export import export_eagle
+    from quickdraft.drafters.eagle_io import eagle_folder, load_eagle
     from quickdraft.drafters.eagle_net import check_fits
     from quickdraft.models.loading import load_model
 

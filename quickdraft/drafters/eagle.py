@@ -4,9 +4,10 @@ The draft layer (``eagle_net.EagleNet``) keeps a KV cache of its own, one entry 
 token: the entry at position p reads the target's feature at p and the embedding of token p + 1.
 Each step:
 
-1. catch up (``begin``, ``observe``): the target's features at the tokens its last pass kept
-   (``StepResult.hidden`` / ``taps``) become real entries; the output of the last one (the
-   pending token's entry) scores the first draft level;
+1. catch up: the target's features at the tokens its passes kept since the last draft
+   (``StepResult.hidden`` / ``taps``, collected by ``begin`` and ``observe``) become real
+   entries in one pass; the output of the last one (the pending token's entry) scores the
+   first draft level;
 2. expand (EAGLE-2): at each depth the ``topk`` nodes with the highest score, the product of the
    draft probabilities along their path, get an entry of their own (the parent's output as
    feature, their token's embedding), attending to the committed entries and their ancestors
@@ -26,62 +27,19 @@ rerank then rank nodes by their scores summed over rows; with one row this is EA
 from __future__ import annotations
 
 import copy
-import json
 import math
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from quickdraft import artifacts
-from quickdraft.artifacts import load_state, read_json, read_safetensors
-from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, pad_rows, shipped_folder
-from quickdraft.drafters.eagle_net import EagleConfig, EagleNet, check_fits
+from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, pad_rows
+from quickdraft.drafters.eagle_io import load_eagle
+from quickdraft.drafters.eagle_net import EagleNet, check_fits
 from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.kv_cache import KVCache
 from quickdraft.models.ops import Linear, packed_copy, prefix_tree_mask
-
-CONFIG_FILE = "eagle.json"
-WEIGHTS_FILE = "eagle.safetensors"
-ARTIFACTS = Path(__file__).parent / "artifacts" / "eagle"
-
-
-def save_eagle(folder: str | Path, net: EagleNet, metadata: dict | None = None) -> None:
-    """The network's weights (fp16, its draft vocabulary as int64) and config."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {
-        name: tensor.detach().contiguous() if name == "draft_vocab" else tensor.detach().half()
-        for name, tensor in net.state_dict().items()
-    }
-    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / WEIGHTS_FILE))
-    record = {"config": net.config.to_dict(), **(metadata or {})}
-    (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
-
-
-def load_eagle(folder: str | Path) -> EagleNet:
-    folder = Path(folder)
-    if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
-        raise ValueError(f"eagle_dir: {folder} holds no {CONFIG_FILE} and {WEIGHTS_FILE}")
-    remedy = "retrain the drafter (quickdraft train eagle) or copy the folder again"
-    record = read_json(folder / CONFIG_FILE, remedy, required=("config",))
-    net = EagleNet(artifacts.build(folder / CONFIG_FILE, remedy, EagleConfig, record["config"]))
-    state = read_safetensors(folder / WEIGHTS_FILE, remedy)
-    state = {k: v if k == "draft_vocab" else v.float() for k, v in state.items()}
-    load_state(folder / WEIGHTS_FILE, net, state, remedy)
-    vocab = state.get("draft_vocab")
-    if vocab is not None and len(vocab) and int(vocab.max()) >= net.config.vocab_size:
-        raise artifacts.ArtifactError(
-            folder / WEIGHTS_FILE, "draft_vocab holds ids past the config's vocab_size", remedy
-        )
-    return net.eval()
-
-
-def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> Path:
-    """The explicit folder, else the drafter shipped for ``target_name``."""
-    return shipped_folder(ARTIFACTS, target_name, folder, "eagle_dir", "EAGLE drafters, eagle")
 
 
 class EagleDrafter:

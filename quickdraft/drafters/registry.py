@@ -14,7 +14,8 @@ from quickdraft.config import (
 )
 from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.eagle import build_eagle, eagle_folder
+from quickdraft.drafters.eagle import build_eagle
+from quickdraft.drafters.eagle_io import eagle_folder
 from quickdraft.drafters.eagle_tree import DEFAULT_LOOKUP, DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, build_lookahead
 from quickdraft.drafters.medusa import build_medusa, check_tree, heads_folder

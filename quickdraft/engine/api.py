@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
@@ -69,7 +70,7 @@ def generate_batch(
     if not rows:
         raise ValueError("prompts: give at least one prompt")
     engine = _engine(target, spec, draft, tokenizer, draft_tokenizer, rows, sampling)
-    shared = SamplingParams(**{**_fields(sampling), "seed": None})
+    shared = dataclasses.replace(sampling, seed=None)  # the engine's generator has the seed
     ids = [engine.add_request(row, shared) for row in rows]
     finished: dict[str, RequestOutput] = {}
     while engine.has_unfinished():
@@ -111,10 +112,6 @@ def _engine(
         prefill_chunk=max(len(r) for r in rows),
         seed=sampling.seed,
     )
-
-
-def _fields(sampling: SamplingParams) -> dict:
-    return {name: getattr(sampling, name) for name in sampling.__slots__}
 
 
 def _length(target: Model, rows: list[list[int]], sampling: SamplingParams) -> int:

@@ -170,8 +170,8 @@ class Engine:
         scheduler.prefill()
         scheduler.join()
         prefill = time.perf_counter() - start
-        for request in self.rows.requests:
-            if request is not None and request.status is Status.PREFILL:
+        for request in self.rows.requests[scheduler.first_prefilling :]:
+            if request is not None:  # still prefilling
                 request.stats.time_prefill += prefill
         if scheduler.running == 0:
             self.stats.time_prefill += prefill
@@ -187,7 +187,8 @@ class Engine:
 
         # 3. Verify: one target forward over [pending, draft nodes, side branch].
         tokens, positions, mask = verify_inputs(batch, draft)
-        out = self.target.forward(tokens, positions, self.cache.narrow(0, batch.size), mask)
+        cache = self.cache.narrow(0, batch.size)  # the running rows
+        out = self.target.forward(tokens, positions, cache, mask)
         nodes = draft.tokens.shape[1] + 1
 
         # 4. Accept: the accepted path and the corrected or bonus token of every row.
@@ -202,9 +203,9 @@ class Engine:
         root = torch.zeros(batch.size, 1, dtype=torch.long, device=self.device)
         kept = torch.cat([root, path.clamp_min(0) + 1], 1)  # verify-input index of kept nodes
         if draft.tree is None and draft.side is None:
-            self.cache.narrow(0, batch.size).commit(num_accepted + 1)
+            cache.commit(num_accepted + 1)
         else:
-            self.cache.narrow(0, batch.size).commit_path(kept, num_accepted + 1)
+            cache.commit_path(kept, num_accepted + 1)
         chunk = torch.cat(
             [draft.tokens.to(self.device).gather(1, path.clamp_min(0)), next_token[:, None]], 1
         )

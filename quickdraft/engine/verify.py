@@ -57,9 +57,10 @@ def accept_rows(
     target_probs: [B, N + 1, V]. Rows without a generator of their own are judged together
     with the engine's; a seeded row alone with its own, so the numbers it draws never depend
     on the batch around it. Rows at temperature 0 draw nothing and always go together."""
-    own = [b for b, g in enumerate(batch.generators) if g is not None]
-    own = [b for b in own if not batch.sampling[b].greedy]
-    shared = [b for b in range(batch.size) if b not in own]
+    own = [
+        b for b, g in enumerate(batch.generators) if g is not None and not batch.sampling[b].greedy
+    ]
+    shared = sorted(set(range(batch.size)) - set(own))
     device = target_probs.device
     tokens = draft.tokens.to(device)
     probs = None if draft.probs is None else draft.probs.to(device)

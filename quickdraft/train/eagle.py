@@ -314,8 +314,8 @@ def build_eagle(
     progress: Progress | None = None,
 ) -> dict:
     """The whole command: sample the corpus, extract features, choose the draft vocabulary,
-    train, save the drafter (``drafters.eagle.save_eagle``) and metrics into ``out``."""
-    from quickdraft.drafters.eagle import save_eagle
+    train, save the drafter (``drafters.eagle_io.save_eagle``) and metrics into ``out``."""
+    from quickdraft.drafters.eagle_io import save_eagle
     from quickdraft.models.loading import load_model
     from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
 

@@ -1,0 +1,54 @@
+"""An EAGLE drafter's files: its network's weights and config, saved and loaded with checks
+that name the file, and the folders shipped for known targets (``drafters.eagle`` drafts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from quickdraft import artifacts
+from quickdraft.artifacts import load_state, read_json, read_safetensors
+from quickdraft.drafters.base import shipped_folder
+from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
+
+CONFIG_FILE = "eagle.json"
+WEIGHTS_FILE = "eagle.safetensors"
+ARTIFACTS = Path(__file__).parent / "artifacts" / "eagle"
+
+
+def save_eagle(folder: str | Path, net: EagleNet, metadata: dict | None = None) -> None:
+    """The network's weights (fp16, its draft vocabulary as int64) and config."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {
+        name: tensor.detach().contiguous() if name == "draft_vocab" else tensor.detach().half()
+        for name, tensor in net.state_dict().items()
+    }
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / WEIGHTS_FILE))
+    record = {"config": net.config.to_dict(), **(metadata or {})}
+    (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def load_eagle(folder: str | Path) -> EagleNet:
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
+        raise ValueError(f"eagle_dir: {folder} holds no {CONFIG_FILE} and {WEIGHTS_FILE}")
+    remedy = "retrain the drafter (quickdraft train eagle) or copy the folder again"
+    record = read_json(folder / CONFIG_FILE, remedy, required=("config",))
+    net = EagleNet(artifacts.build(folder / CONFIG_FILE, remedy, EagleConfig, record["config"]))
+    state = read_safetensors(folder / WEIGHTS_FILE, remedy)
+    state = {k: v if k == "draft_vocab" else v.float() for k, v in state.items()}
+    load_state(folder / WEIGHTS_FILE, net, state, remedy)
+    vocab = state.get("draft_vocab")
+    if vocab is not None and len(vocab) and int(vocab.max()) >= net.config.vocab_size:
+        raise artifacts.ArtifactError(
+            folder / WEIGHTS_FILE, "draft_vocab holds ids past the config's vocab_size", remedy
+        )
+    return net.eval()
+
+
+def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> Path:
+    """The explicit folder, else the drafter shipped for ``target_name``."""
+    return shipped_folder(ARTIFACTS, target_name, folder, "eagle_dir", "EAGLE drafters, eagle")
