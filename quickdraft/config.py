@@ -21,6 +21,7 @@ MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; per-row seeds add th
 MAX_TOKEN_ID = 2**31 - 1
 MAX_NEW_TOKENS = 1_000_000
 MAX_STOP_STRINGS = 64
+MAX_LOGPROBS = 20  # most likely tokens reported beside each emitted one (OpenAI's top_logprobs cap)
 # Draft sizes: tokens drafted per step (k), levels of a tree, children per node, and the
 # tokens one verify pass may carry in all (tree nodes plus side branches). EAGLE-2's largest
 # published tree has 60 nodes and lookahead's largest window 15 x 4 levels; 256 leaves room
@@ -147,6 +148,11 @@ class SamplingParams:
     ignore_eos: False (the default) also ends generation at the tokenizer's end-of-sequence
         ids when the engine has a tokenizer; True generates past them.
     stop: strings that end generation; the text is cut before the match. Needs a tokenizer.
+    logprobs: None reports no log-probabilities; n in 0..20 reports, for every emitted token,
+        its log-probability under the target and the n most likely tokens' (the target's raw
+        distribution: log-softmax of its logits, before temperature, top-k and top-p, as
+        vLLM reports by default). Speculation leaves them exact: they are read off the verify
+        pass at the emitted token's own position.
     """
 
     temperature: float = 1.0
@@ -157,6 +163,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         check_temperature("temperature", self.temperature)
@@ -183,6 +190,8 @@ class SamplingParams:
                 text.encode("utf-8")
             except UnicodeEncodeError:
                 raise ValueError(f"stop: {show_value(text)} is not valid Unicode text") from None
+        if self.logprobs is not None:
+            check_range("logprobs", self.logprobs, 0, MAX_LOGPROBS, integer=True)
 
     @property
     def greedy(self) -> bool:

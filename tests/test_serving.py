@@ -251,3 +251,43 @@ def test_generate_batch_takes_prompts_of_any_lengths(target):
     for row, prompt in enumerate(PROMPTS):
         assert out.token_ids[row] == generate(target, prompt, sampling=greedy).token_ids
     assert out.stats.batch_size == len(PROMPTS) and out.stats.new_tokens == 10 * len(PROMPTS)
+
+
+@pytest.mark.parametrize("method", ["ar", "draft_model", "ngram", "medusa", "eagle", "lookahead"])
+def test_logprobs_are_the_targets_own_at_every_emitted_token(target, method):
+    """Read off the verify pass, they equal one plain forward over prompt + output, for
+    accepted drafts and corrected tokens alike, and stop-string cuts keep them aligned."""
+    drafter = None if method == "ar" else drafters(target)[method]
+    engine = Engine(target, drafter, ALWAYS, max_batch=3)
+    asks = [3, 0, None]
+    for i, top in enumerate(asks):
+        sampling = SamplingParams(
+            temperature=0 if i else 1, seed=7, max_new_tokens=20, logprobs=top
+        )
+        engine.add_request(PROMPTS[i], sampling, request_id=str(i))
+    gathered: dict[str, list] = {"0": [], "1": [], "2": []}
+    finals = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.new_logprobs is None:
+                assert asks[int(out.request_id)] is None
+            else:
+                assert len(out.new_logprobs) == len(out.new_token_ids)
+                gathered[out.request_id] += out.new_logprobs
+            if out.finished:
+                finals[out.request_id] = out
+    for i, top in enumerate(asks[:2]):
+        ids = finals[str(i)].token_ids
+        full = torch.tensor([PROMPTS[i] + ids])
+        cache = target.new_cache(1, full.shape[1])
+        logits = target.forward(full, torch.arange(full.shape[1])[None], cache).logits[0]
+        expected = torch.log_softmax(logits[len(PROMPTS[i]) - 1 : -1].float(), -1)
+        got = gathered[str(i)]
+        assert [g.token_id for g in got] == ids
+        chosen = expected.gather(1, torch.tensor(ids)[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor([g.logprob for g in got]), chosen, atol=1e-4)
+        for row, g in zip(expected, got, strict=True):
+            assert len(g.top) == top
+            values, indices = row.topk(top) if top else (row[:0], row[:0])
+            assert [t for t, _ in g.top] == indices.tolist()
+            assert torch.allclose(torch.tensor([v for _, v in g.top]), values, atol=1e-4)

@@ -16,6 +16,7 @@ from quickdraft.cli.bench import _add_bench, _add_pick, _bench, _pick
 from quickdraft.cli.checks import _conformance, _demo, _theory
 from quickdraft.cli.common import _positive_int
 from quickdraft.cli.generate import _add_generate, _generate
+from quickdraft.cli.serve import _add_serve, _serve
 from quickdraft.cli.train import _add_export, _add_train, _export, _train
 
 
@@ -85,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
 
     _add_generate(commands)
+    _add_serve(commands)
     _add_bench(commands)
     _add_pick(commands)
     _add_train(commands)
@@ -121,6 +123,7 @@ def _run(argv: list[str] | None) -> int:
         "theory": _theory,
         "demo": _demo,
         "generate": _generate,
+        "serve": _serve,
         "bench": _bench,
         "pick": _pick,
         "train": _train,

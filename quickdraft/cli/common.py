@@ -1,11 +1,19 @@
-"""What every command module shares: the console and argument types."""
+"""What every command module shares: the console, argument types, and loading a target with
+its drafter."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from quickdraft.config import SpecConfig
+    from quickdraft.drafters import Drafter
+    from quickdraft.models.base import Model
+    from quickdraft.models.tokenizer import HFTokenizer
 
 # Wide enough for the tables when the output is a file or a pipe (rich assumes 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -24,3 +32,51 @@ def _threads(text: str) -> int:
     if not 1 <= value <= 1024:
         raise argparse.ArgumentTypeError(f"must be in 1..1024, got {value}")
     return value
+
+
+def auto_method(target: str, draft: str | None, backend: str) -> str:
+    """The method ``auto`` means: draft_model with a draft; EAGLE where a drafter ships for
+    the target alias and the native runner serves it (on SmolLM2-135M the fastest method in
+    the bench, 1.31x over seven task kinds on CPU against 1.08x for prompt lookup); else
+    prompt lookup, which needs nothing trained."""
+    from quickdraft.drafters.eagle_io import ARTIFACTS
+
+    if draft:
+        return "draft_model"
+    shipped = {folder.name for folder in ARTIFACTS.iterdir() if folder.is_dir()}
+    return "eagle" if target in shipped and backend != "hf" else "ngram"
+
+
+def load_speculation(
+    target_name: str,
+    spec: SpecConfig,
+    draft_name: str | None,
+    *,
+    device: str,
+    backend: str,
+    draft_int8: bool,
+) -> tuple[Model, HFTokenizer, Drafter | None]:
+    """The target, its tokenizer and the drafter ``spec`` asks for (loading the draft model
+    for draft_model: int8 weights on the native CPU runner when ``draft_int8``)."""
+    from quickdraft import methods
+    from quickdraft.drafters import build_drafter, same_vocabulary
+    from quickdraft.models.loading import load_model
+
+    entry = methods.get(spec.method)
+    if draft_name and not entry.draft_model:
+        raise ValueError(f"draft: a draft model is used by method draft_model, not {entry.name}")
+    if entry.draft_model and not draft_name:
+        raise ValueError(f"draft: method {entry.name} needs a draft model (--draft MODEL)")
+    target, tokenizer = load_model(target_name, device=device, backend=backend)
+    if not entry.draft_model:
+        return target, tokenizer, build_drafter(spec, target, target_name=target_name)
+    int8 = draft_int8 and device == "cpu" and backend != "hf"
+    draft_model, draft_tokenizer = load_model(draft_name, device=device, backend=backend, int8=int8)
+    drafter = build_drafter(
+        spec,
+        target,
+        draft_model,
+        same_tokenizer=same_vocabulary(tokenizer, draft_tokenizer),
+        draft_name=draft_name,
+    )
+    return target, tokenizer, drafter

@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 
 from quickdraft import methods
-from quickdraft.cli.common import _threads, console
+from quickdraft.cli.common import _threads, auto_method, console, load_speculation
 
 DEFAULT_PROMPT = (
     "Write a Python function is_palindrome(text) that ignores case and "
@@ -137,13 +137,12 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from quickdraft.config import SamplingParams, SpecConfig
-    from quickdraft.drafters import build_drafter
-    from quickdraft.engine import generate, same_vocabulary
-    from quickdraft.models.loading import load_model
+    from quickdraft.engine import generate
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    entry = methods.get(_auto_method(args) if args.method == "auto" else args.method)
+    method = auto_method(args.target, args.draft, args.backend)
+    entry = methods.get(method if args.method == "auto" else args.method)
     if args.draft and not entry.draft_model:
         raise ValueError(f"draft: --draft is used by --method draft_model, not {entry.name}")
     k = args.num_speculative_tokens
@@ -172,23 +171,14 @@ def _generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
     )
-    if entry.draft_model and not args.draft:
-        raise ValueError(f"draft: --method {entry.name} needs --draft MODEL")
-    target, tokenizer = load_model(args.target, device=args.device, backend=args.backend)
-    if entry.draft_model:
-        int8 = args.draft_int8 and args.device == "cpu" and args.backend != "hf"
-        draft_model, draft_tokenizer = load_model(
-            args.draft, device=args.device, backend=args.backend, int8=int8
-        )
-        draft = build_drafter(
-            spec,
-            target,
-            draft_model,
-            same_tokenizer=same_vocabulary(tokenizer, draft_tokenizer),
-            draft_name=args.draft,
-        )
-    else:
-        draft = build_drafter(spec, target, target_name=args.target)
+    target, tokenizer, draft = load_speculation(
+        args.target,
+        spec,
+        args.draft,
+        device=args.device,
+        backend=args.backend,
+        draft_int8=args.draft_int8,
+    )
     chat = args.chat if args.chat is not None else args.prompt is None
     text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
     prompt = tokenizer.apply_chat(text) if chat else tokenizer.encode(text)
@@ -225,19 +215,6 @@ def _generate(args: argparse.Namespace) -> int:
         f"finish: {out.finish_reason}[/dim]"
     )
     return 0
-
-
-def _auto_method(args: argparse.Namespace) -> str:
-    """draft_model with a draft; EAGLE where a drafter ships for the target alias and the
-    native runner serves it (on SmolLM2-135M the fastest method in the bench, 1.31x over
-    seven task kinds on CPU against 1.08x for prompt lookup); else prompt lookup, which
-    needs nothing trained."""
-    from quickdraft.drafters.eagle_io import ARTIFACTS
-
-    if args.draft:
-        return "draft_model"
-    shipped = {folder.name for folder in ARTIFACTS.iterdir() if folder.is_dir()}
-    return "eagle" if args.target in shipped and args.backend != "hf" else "ngram"
 
 
 class _MarkedPrinter:

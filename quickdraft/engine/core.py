@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -21,7 +22,7 @@ from quickdraft.config import MAX_BATCH, MAX_SEED, SamplingParams, SpecConfig, c
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
 from quickdraft.engine.requests import Request, RequestOutput, Status
 from quickdraft.engine.scheduler import Rows, Scheduler
-from quickdraft.engine.verify import accept_rows, verify_inputs
+from quickdraft.engine.verify import accept_rows, emitted_logprobs, verify_inputs
 from quickdraft.models.base import FeatureModel, Model, Tokenizer
 from quickdraft.sampling import make_generator, probs_for_rows
 from quickdraft.stats import Stats
@@ -30,6 +31,18 @@ from quickdraft.stats import Stats
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_MAX_BATCH = 8
 DEFAULT_PREFILL_CHUNK = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """``Engine.usage()``: where the requests are and what they hold."""
+
+    waiting: int
+    prefilling: int
+    running: int
+    rows_in_use: int
+    rows: int
+    cached_tokens: int
 
 
 class Engine:
@@ -132,7 +145,7 @@ class Engine:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self.requests:
             raise ValueError(f"request_id: {request_id!r} is already running")
-        prompt = self._check_prompt(prompt_ids, sampling)
+        prompt = self.check_request(prompt_ids, sampling)
         request = Request(request_id, prompt, sampling, self.tokenizer, self.needs.depth)
         if request.generator is not None and self.device.type != "cpu":
             request.generator = make_generator(sampling.seed, self.device)
@@ -154,6 +167,27 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return bool(self.requests) or bool(self._aborted)
+
+    def take_stats(self) -> Stats:
+        """The statistics of the steps since the last call (or since the engine began), and a
+        fresh record from now: a long-lived engine's record stays small."""
+        stats, self.stats = self.stats, Stats(k=self.needs.depth)
+        return stats
+
+    def usage(self) -> Usage:
+        """Requests waiting for a row, prefilling and decoding; the rows and cached tokens
+        they hold (what a server exports as gauges)."""
+        scheduler = self.scheduler
+        held = [r.row for r in self.rows.requests if r is not None]
+        index = torch.tensor(held, dtype=torch.long, device=self.cache.lengths.device)
+        return Usage(
+            waiting=len(scheduler.waiting),
+            prefilling=scheduler.prefilling,
+            running=scheduler.running,
+            rows_in_use=len(held),
+            rows=scheduler.num_rows,
+            cached_tokens=int(self.cache.lengths[index].sum()) if held else 0,
+        )
 
     # -- the step ---------------------------------------------------------------------------
 
@@ -210,7 +244,9 @@ class Engine:
             [draft.tokens.to(self.device).gather(1, path.clamp_min(0)), next_token[:, None]], 1
         )
         chunk.scatter_(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
-        self._append(batch, requests, chunk, num_accepted, draft.depth)
+        tops = [r.sampling.logprobs for r in requests]
+        logprobs = emitted_logprobs(out.logits, kept, chunk, tops)
+        self._append(batch, requests, chunk, num_accepted, draft.depth, logprobs)
 
         # 6. Observe: the drafter reads what it declared, at the kept positions.
         if self.drafter is not None:
@@ -238,6 +274,7 @@ class Engine:
         chunk: torch.Tensor,
         num_accepted: torch.Tensor,
         depth: int,
+        logprobs: list,
     ) -> None:
         """Write each row's chunk after its length; the requests check their stops."""
         width = chunk.shape[1]
@@ -246,10 +283,10 @@ class Engine:
         batch.tokens.scatter_(1, slots, chunk)
         batch.lengths.add_(num_accepted + 1)
         # The one read of the step's tokens to the host: outputs and stop checks.
-        for request, row, accepted in zip(
-            requests, chunk.tolist(), num_accepted.tolist(), strict=True
+        for request, row, accepted, row_logprobs in zip(
+            requests, chunk.tolist(), num_accepted.tolist(), logprobs, strict=True
         ):
-            request.extend(row[: accepted + 1], accepted)
+            request.extend(row[: accepted + 1], accepted, row_logprobs)
             request.stats.accepted_drafts.append(accepted)
             request.stats.drafted.append(depth)
         self.stats.accepted_drafts.extend(num_accepted.tolist())
@@ -279,9 +316,11 @@ class Engine:
             self.requests.pop(request.request_id, None)
         return request.report()
 
-    def _check_prompt(
+    def check_request(
         self, prompt_ids: Sequence[int] | torch.Tensor, sampling: SamplingParams
     ) -> list[int]:
+        """The prompt's token ids if this engine can take the request, else ValueError naming
+        the field. Reads no state that steps change: a front end may call it from any thread."""
         from quickdraft.engine.prompts import token_ids
 
         prompt = token_ids(prompt_ids, self.target.vocab_size)

@@ -23,6 +23,16 @@ class Status(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """An emitted token's log-probability under the target, and the most likely tokens' at
+    its position, most likely first (``SamplingParams.logprobs`` of them)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RequestOutput:
     """What one ``step`` did for one request.
 
@@ -31,6 +41,8 @@ class RequestOutput:
     finish_reason: "stop" (a stop token or string), "length" (max_new_tokens), "abort", or
     None while it runs. text: the output's text (cut before a stop string) once finished,
     when the engine has a tokenizer; None before (decode ``token_ids`` to stream text).
+    new_logprobs: one ``TokenLogprob`` per new token when the request asked for them
+    (``SamplingParams.logprobs``), else None.
     """
 
     request_id: str
@@ -42,6 +54,7 @@ class RequestOutput:
     finish_reason: str | None
     text: str | None
     stats: Stats
+    new_logprobs: list[TokenLogprob] | None = None
 
 
 class Request:
@@ -69,6 +82,7 @@ class Request:
         self.prompt_taps: list[dict[int, torch.Tensor]] = []
         self.output: list[int] = []
         self.from_draft: list[bool] = []
+        self.logprobs: list[TokenLogprob] | None = None if sampling.logprobs is None else []
         self.reported = 0  # output tokens already returned by step()
         self.finish_reason: str | None = None
         self.stats = Stats(k=depth)
@@ -84,9 +98,12 @@ class Request:
         pending for the first verify step."""
         return len(self.prompt) - 1 - self.prefilled
 
-    def extend(self, tokens: list[int], drafted: int) -> int:
-        """Append a step's tokens (the first ``drafted`` accepted drafts), stopping at a stop
-        token, max_new_tokens or a stop string. Returns how many were kept."""
+    def extend(
+        self, tokens: list[int], drafted: int, logprobs: list[TokenLogprob] | None = None
+    ) -> int:
+        """Append a step's tokens (the first ``drafted`` accepted drafts) and their logprobs
+        when asked for, stopping at a stop token, max_new_tokens or a stop string. Returns how
+        many were kept."""
         room = self.sampling.max_new_tokens - len(self.output)
         keep = min(len(tokens), room)
         for i, token in enumerate(tokens[:keep]):
@@ -96,6 +113,8 @@ class Request:
                 break
         self.output += tokens[:keep]
         self.from_draft += [i < drafted for i in range(keep)]
+        if self.logprobs is not None and logprobs is not None:
+            self.logprobs += logprobs[:keep]
         if self.finish_reason is None and len(self.output) >= self.sampling.max_new_tokens:
             self.finish_reason = "length"
         if self.sampling.stop:
@@ -103,6 +122,8 @@ class Request:
             if cut is not None:
                 removed = len(self.output) - cut
                 del self.output[cut:], self.from_draft[cut:]
+                if self.logprobs is not None:
+                    del self.logprobs[cut:]
                 keep -= removed
                 self.finish_reason = "stop"
         return keep
@@ -150,4 +171,5 @@ class Request:
             self.finish_reason,
             self.text() if finished else None,
             self.stats,
+            None if self.logprobs is None else self.logprobs[new],
         )

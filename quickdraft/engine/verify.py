@@ -7,6 +7,7 @@ import torch
 
 from quickdraft.accept import AcceptFn, TreeAcceptFn, Verdict
 from quickdraft.drafters.base import Batch, Draft
+from quickdraft.engine.requests import TokenLogprob
 from quickdraft.tree import TreeShape
 
 
@@ -88,3 +89,35 @@ def _path(verdict: Verdict, depth: int) -> torch.Tensor:
         return verdict.path[:, :depth]
     steps = torch.arange(depth, device=verdict.num_accepted.device)
     return torch.where(steps < verdict.num_accepted.unsqueeze(1), steps, -1)
+
+
+def emitted_logprobs(
+    logits: torch.Tensor, kept: torch.Tensor, chunk: torch.Tensor, tops: list[int | None]
+) -> list[list[TokenLogprob] | None]:
+    """Per row, the target's log-probability of each token of its chunk and the ``tops[b]``
+    most likely tokens' (None for rows that asked for none), read at the verify-pass position
+    that produced it: the raw distribution, before temperature, top-k and top-p.
+
+    logits: [B, T, V] of the verify pass; kept: [B, D + 1] verify-input index of the pending
+    token and the accepted nodes (the logits there produced chunk[:, i]); chunk: [B, D + 1]
+    the accepted drafts and the next token (entries past a row's count are ignored)."""
+    rows = [b for b, top in enumerate(tops) if top is not None]
+    out: list[list[TokenLogprob] | None] = [None] * len(tops)
+    if not rows:
+        return out
+    index = torch.tensor(rows, device=logits.device)
+    at = logits[index.unsqueeze(1), kept[index]]  # [R, D + 1, V]
+    logp = torch.log_softmax(at.float(), dim=-1)
+    chosen = logp.gather(2, chunk[index].unsqueeze(2)).squeeze(2)  # [R, D + 1]
+    most = max(tops[b] or 0 for b in rows)
+    values, ids = logp.topk(most, dim=-1)  # k = 0 gives empty tensors
+    # The one host read of these, for the rows that asked.
+    chosen_l, values_l, ids_l = chosen.tolist(), values.tolist(), ids.tolist()
+    tokens = chunk[index].tolist()
+    for r, b in enumerate(rows):
+        n = tops[b] or 0
+        out[b] = [
+            TokenLogprob(token, lp, tuple(zip(ids_l[r][i][:n], values_l[r][i][:n], strict=True)))
+            for i, (token, lp) in enumerate(zip(tokens[r], chosen_l[r], strict=True))
+        ]
+    return out

@@ -1,0 +1,201 @@
+"""`quickdraft serve`: the OpenAI-compatible server over one engine."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from typing import Any
+
+from quickdraft.cli.common import _positive_int, _threads, auto_method, console, load_speculation
+
+# Keys of --speculative-config besides SpecConfig's fields: the draft model (vLLM calls it
+# "model"), and int8 weights for it.
+_DRAFT_KEYS = ("draft", "model")
+
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:
+    from quickdraft.engine.core import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
+    from quickdraft.models.loading import ALIASES, DEFAULT_MODEL
+
+    serve = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (completions, chat, streaming) with "
+        "speculative decoding",
+        description="Serves POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
+        "GET /health and GET /metrics (Prometheus). SIGTERM or Ctrl-C stops taking requests, "
+        "lets running ones finish for --shutdown-grace seconds, aborts the rest and exits 0.",
+    )
+    serve.add_argument(
+        "--target",
+        default=DEFAULT_MODEL,
+        help=f"alias ({', '.join(ALIASES)}), GGUF file, folder or hub id",
+    )
+    serve.add_argument("--draft", default=None, help="draft model (method draft_model)")
+    serve.add_argument(
+        "--speculative-config",
+        default=None,
+        help="JSON of SpecConfig's keys, as `quickdraft pick` prints them, such as "
+        '\'{"method": "eagle", "tree": "4,4,12"}\' or \'{"method": "ngram", '
+        '"num_speculative_tokens": 5}\'; "draft" (or vLLM\'s "model") names the draft model. '
+        "Default: the automatic choice of `quickdraft generate` (EAGLE where a drafter "
+        'ships for the target, else prompt lookup); {"method": "ar"} serves without '
+        "speculation",
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("QUICKDRAFT_API_KEY"),
+        help="require Authorization: Bearer KEY on /v1 routes (default: $QUICKDRAFT_API_KEY)",
+    )
+    serve.add_argument(
+        "--served-model-name", default=None, help="the model id clients send (default --target)"
+    )
+    serve.add_argument(
+        "--max-batch",
+        type=_positive_int,
+        default=DEFAULT_MAX_BATCH,
+        help=f"requests decoding at once, the KV cache's rows (default {DEFAULT_MAX_BATCH})",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests waiting for a row beyond --max-batch; more get 429 (default 64)",
+    )
+    serve.add_argument(
+        "--max-model-len",
+        type=_positive_int,
+        default=None,
+        help="longest prompt + max_tokens (default: the model's context, at most 4096)",
+    )
+    serve.add_argument(
+        "--prefill-chunk",
+        type=_positive_int,
+        default=DEFAULT_PREFILL_CHUNK,
+        help=f"prompt tokens prefilled per step (default {DEFAULT_PREFILL_CHUNK})",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="seconds before a request is aborted (default 600)",
+    )
+    serve.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=30.0,
+        help="seconds running requests get to finish after SIGTERM (default 30)",
+    )
+    serve.add_argument("--seed", type=int, default=None, help="seeds unseeded requests' draws")
+    serve.add_argument("--threads", type=_threads, default=None, help="torch intra-op threads")
+    serve.add_argument("--device", default="cpu")
+    serve.add_argument("--backend", default="auto", choices=["auto", "native", "hf"])
+    serve.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+
+
+def speculative_config(
+    text: str | None, target: str, draft: str | None, backend: str
+) -> tuple[Any, str | None, bool]:
+    """(SpecConfig, draft model or None, int8 draft weights) from --speculative-config."""
+    from quickdraft import methods
+    from quickdraft.config import SpecConfig
+
+    data: dict[str, Any] = {}
+    if text is not None:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--speculative-config: not valid JSON ({error})") from None
+        if not isinstance(data, dict):
+            raise ValueError("--speculative-config must be a JSON object")
+    data = dict(data)
+    names = {field.name for field in dataclasses.fields(SpecConfig)}
+    unknown = sorted(set(data) - names - set(_DRAFT_KEYS))
+    if unknown:
+        raise ValueError(
+            f"--speculative-config: unknown key {unknown[0]!r}; keys are "
+            f"{', '.join(sorted(names | set(_DRAFT_KEYS)))}"
+        )
+    for key in _DRAFT_KEYS:
+        if key in data:
+            if draft is not None and data[key] != draft:
+                raise ValueError(f"--speculative-config: {key!r} and --draft disagree")
+            draft = data.pop(key)
+            if not isinstance(draft, str):
+                raise ValueError(f"--speculative-config: {key!r} must be a model name or path")
+    method = data.get("method", "auto")
+    if method == "auto":
+        method = auto_method(target, draft, backend)
+    data["method"] = method
+    entry = methods.get(method)
+    data.setdefault("num_speculative_tokens", entry.default_k)
+    spec = SpecConfig(**data)
+    return spec, draft, spec.drafter_int8
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import torch
+    import uvicorn
+
+    from quickdraft import methods
+    from quickdraft.engine import Engine
+    from quickdraft.server import ServerConfig, create_app
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    for name in ("port",):
+        if not 0 <= getattr(args, name) <= 65535:
+            raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    for name in ("request_timeout", "shutdown_grace"):
+        value = getattr(args, name)
+        if not value > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    spec, draft, int8 = speculative_config(
+        args.speculative_config, args.target, args.draft, args.backend
+    )
+    entry = methods.get(spec.method)
+    target, tokenizer, drafter = load_speculation(
+        args.target, spec, draft, device=args.device, backend=args.backend, draft_int8=int8
+    )
+    engine = Engine(
+        target,
+        drafter,
+        spec,
+        tokenizer=tokenizer,
+        max_batch=args.max_batch,
+        max_model_len=args.max_model_len,
+        prefill_chunk=args.prefill_chunk,
+        seed=args.seed,
+    )
+    name = args.served_model_name or args.target
+    label = entry.name if drafter is None else f"{entry.name}, {entry.shape(spec, drafter)}"
+    config = ServerConfig(
+        model_name=name,
+        method=entry.name,
+        api_key=args.api_key,
+        max_queue=args.max_queue,
+        request_timeout=args.request_timeout,
+    )
+    app = create_app(engine, tokenizer, config)
+    console.print(
+        f"quickdraft: serving {name!r} ({label}) on http://{args.host}:{args.port}/v1, "
+        f"{args.max_batch} rows, context {engine.max_model_len}"
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=args.shutdown_grace,
+        )
+    )
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,256 @@
+"""The OpenAI request shapes the server takes, checked field by field, and the error body it
+answers with: ``{"error": {"message", "type", "param", "code"}}`` naming the field.
+
+Parsing is strict (a string is not a number, a bool is not an int); fields the server does not
+know are ignored, as OpenAI's own clients send some; fields that would change the output
+distribution and are not implemented (penalties, logit bias, echo, tools) are refused rather
+than ignored, since ignoring them would return text the caller did not ask for.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from quickdraft.config import SamplingParams, show_value
+
+MAX_N = 16  # choices a request may ask for: each is a request in the engine
+
+
+class ApiError(Exception):
+    """An HTTP error with OpenAI's body. ``param`` names the offending field."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        *,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = (
+            status,
+            message,
+            param,
+            kind,
+            code,
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _Common(_Strict):
+    """Fields both endpoints share."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # an extension (vLLM's): 0 or -1 turn it off
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    user: str | None = None
+    # Extensions (vLLM's names): generate past EOS; return the token ids beside the text.
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    # Would change the distribution: accepted only at their no-op values.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_template_input(self) -> dict[str, str]:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content or ""}
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+def read_json(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, else a 400 saying what is wrong with it."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ApiError(400, f"body: not valid JSON ({error})", "body") from None
+    except RecursionError:
+        raise ApiError(400, "body: JSON nested too deeply", "body") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"body must be a JSON object, got {type(data).__name__}", "body")
+    return data
+
+
+_Request = TypeVar("_Request", bound=_Strict)
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def parse(kind: type[_Request], data: dict[str, Any]) -> _Request:
+    """``kind`` from the JSON object, or a 400 naming the first bad field (``messages.0.role``)."""
+    try:
+        return kind.model_validate(data)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        parts = [
+            str(p)
+            for p in first["loc"]
+            if isinstance(p, int)
+            or (p.isidentifier() and p not in _TYPE_TAGS and not p.startswith("function"))
+        ]
+        param = ".".join(parts) or "body"
+        given = first.get("input")
+        detail = first["msg"]
+        if first["type"] != "missing":
+            detail += f", got {show_value(given)} ({type(given).__name__})"
+        raise ApiError(400, f"{param}: {detail}", param) from None
+    except RecursionError:
+        raise ApiError(400, "body: JSON nested too deeply", "body") from None
+
+
+def refuse_unsupported(request: _Common) -> None:
+    """Fields that would change the output, accepted only at their no-op values."""
+    refused: list[tuple[str, bool]] = [
+        ("presence_penalty", request.presence_penalty not in (None, 0)),
+        ("frequency_penalty", request.frequency_penalty not in (None, 0)),
+        ("logit_bias", bool(request.logit_bias)),
+    ]
+    if isinstance(request, CompletionRequest):
+        refused += [
+            ("echo", request.echo),
+            ("suffix", request.suffix is not None),
+            ("best_of", request.best_of not in (None, 1, request.n)),
+        ]
+    if isinstance(request, ChatRequest):
+        refused += [
+            ("tools", bool(request.tools)),
+            ("response_format", _structured(request.response_format)),
+        ]
+    for name, present in refused:
+        if present:
+            raise ApiError(400, f"{name} is not supported by this server", name)
+    if request.stream_options is not None and not request.stream:
+        raise ApiError(400, "stream_options: only allowed with stream: true", "stream_options")
+
+
+def _structured(response_format: dict[str, Any] | None) -> bool:
+    return response_format is not None and response_format.get("type", "text") != "text"
+
+
+# Our field names to the API's, for errors SamplingParams raises.
+_API_NAMES = {"max_new_tokens": "max_tokens"}
+
+
+def sampling_for(
+    request: CompletionRequest | ChatRequest,
+    prompt_tokens: int,
+    max_model_len: int,
+    choice: int,
+) -> SamplingParams:
+    """The request's sampling for one choice: choice i of a seeded request gets seed + i, so
+    that n choices differ and each is reproducible. ``max_tokens`` defaults to 16 for
+    completions (OpenAI's default) and to the rest of the context for chat."""
+    chat = isinstance(request, ChatRequest)
+    limit_name = "max_tokens"
+    if chat and request.max_completion_tokens is not None:
+        limit_name = "max_completion_tokens"
+    max_tokens = request.max_completion_tokens if chat else None
+    max_tokens = max_tokens if max_tokens is not None else request.max_tokens
+    room = max_model_len - prompt_tokens
+    if room < 1:
+        raise ApiError(
+            400,
+            f"prompt: {prompt_tokens} tokens leave no room in the context of {max_model_len}",
+            "messages" if chat else "prompt",
+        )
+    if max_tokens is None:
+        max_tokens = room if chat else min(16, room)
+    elif max_tokens < 1 or max_tokens > room:
+        raise ApiError(
+            400,
+            f"{limit_name} must be in 1..{room} ({prompt_tokens} prompt tokens, context "
+            f"{max_model_len}), got {show_value(max_tokens)}",
+            limit_name,
+        )
+    logprobs: int | None
+    if chat:
+        if request.top_logprobs is not None and not request.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        logprobs = (request.top_logprobs or 0) if request.logprobs else None
+    else:
+        logprobs = request.logprobs
+    top_k = request.top_k
+    if top_k == -1:
+        top_k = 0
+    seed = request.seed
+    if seed is not None and seed >= 0:
+        seed = seed + choice
+    stop = request.stop
+    try:
+        return SamplingParams(
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_k=0 if top_k is None else top_k,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            max_new_tokens=max_tokens,
+            seed=seed,
+            stop=() if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop)),
+            ignore_eos=request.ignore_eos,
+            logprobs=logprobs,
+        )
+    except ValueError as error:
+        message = str(error)
+        field = message.split()[0].rstrip(":")
+        param = _API_NAMES.get(field, field)
+        if chat and param == "logprobs":
+            param = "top_logprobs"
+        if param == "seed" and request.seed is not None and request.seed >= 0:
+            message = f"seed must be in 0..{2**63 - 1 - choice} with n = {request.n}"
+        raise ApiError(400, message.replace(field, param, 1), param) from None

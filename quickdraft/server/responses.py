@@ -1,0 +1,142 @@
+"""One choice's output as it grows, and the OpenAI response bodies built from it: whole
+responses, stream chunks, usage, logprobs, and the ``quickdraft`` extension object."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from quickdraft.config import SamplingParams
+from quickdraft.engine.requests import RequestOutput, TokenLogprob
+from quickdraft.models.tokenizer import HFTokenizer
+from quickdraft.server.detok import TextStream
+from quickdraft.stats import Stats
+
+LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a token the model rules out; JSON has no -inf
+
+
+class Choice:
+    """One engine request of an HTTP request: choice ``index`` of its response."""
+
+    def __init__(
+        self, index: int, request_id: str, prompt: list[int], sampling: SamplingParams, tokenizer
+    ):
+        self.index, self.request_id = index, request_id
+        self.prompt, self.sampling = prompt, sampling
+        self.tokenizer: HFTokenizer = tokenizer
+        self.stream = TextStream(tokenizer, sampling.stop)
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.text = ""
+        self.offset = 0  # characters of token text reported in logprobs (text_offset)
+        self.finish_reason: str | None = None
+        self.stats: Stats | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def add(self, out: RequestOutput) -> tuple[str, list[TokenLogprob]]:
+        """(new text safe to send, new tokens' logprobs) from one step's output."""
+        self.token_ids += out.new_token_ids
+        new_logprobs = out.new_logprobs or []
+        self.logprobs += new_logprobs
+        if out.finished:  # the final text, cut before a stop string the last tokens made
+            self.finish_reason = out.finish_reason
+            self.stats = out.stats
+            piece = self.stream.finish(out.text or "")
+        else:
+            piece = self.stream.add(out.new_token_ids)
+        self.text += piece
+        return piece, new_logprobs
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    # -- logprobs in the two endpoints' shapes ----------------------------------------------
+
+    def completion_logprobs(self, items: list[TokenLogprob]) -> dict[str, Any] | None:
+        if self.sampling.logprobs is None:
+            return None
+        tokens, offsets = [], []
+        for item in items:
+            text = self.token_text(item.token_id)
+            tokens.append(text)
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [_finite(item.logprob) for item in items],
+            "top_logprobs": [
+                {self.token_text(t): _finite(lp) for t, lp in item.top} for item in items
+            ],
+            "text_offset": offsets,
+        }
+
+    def chat_logprobs(self, items: list[TokenLogprob]) -> dict[str, Any] | None:
+        if self.sampling.logprobs is None:
+            return None
+
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            text = self.token_text(token_id)
+            return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
+
+        return {
+            "content": [
+                {
+                    **entry(item.token_id, item.logprob),
+                    "top_logprobs": [entry(*t) for t in item.top],
+                }
+                for item in items
+            ],
+            "refusal": None,
+        }
+
+    def extension(self) -> dict[str, Any]:
+        """The ``quickdraft`` object of a finished choice: its speculation at a glance."""
+        stats = self.stats
+        if stats is None:
+            return {}
+        return {
+            "accepted_length": _finite_or_none(stats.mean_accepted_length),
+            "target_forwards": stats.target_forwards,
+            "accepted_drafts": sum(stats.accepted_drafts),
+        }
+
+
+def usage(choices: list[Choice]) -> dict[str, int]:
+    """OpenAI's usage: each distinct prompt counted once, every choice's tokens."""
+    prompts: dict[int, int] = {}
+    for choice in choices:
+        prompts.setdefault(id(choice.prompt), len(choice.prompt))
+    prompt_tokens = sum(prompts.values())
+    completion = sum(len(c.token_ids) for c in choices)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+    }
+
+
+def extension(choices: list[Choice], method: str) -> dict[str, Any]:
+    """The response's ``quickdraft`` object: the method, and every choice's verify steps
+    together (accepted length: tokens a verify step gave, on average)."""
+    steps = accepted = forwards = 0
+    for choice in choices:
+        if choice.stats is not None:
+            steps += choice.stats.verify_steps
+            accepted += sum(choice.stats.accepted_drafts)
+            forwards += choice.stats.target_forwards
+    return {
+        "method": method,
+        "accepted_length": 1 + accepted / steps if steps else None,
+        "target_forwards": forwards,
+    }
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else LOGPROB_FLOOR
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None

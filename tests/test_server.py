@@ -1,0 +1,390 @@
+"""The OpenAI-compatible server, driven by the real ``openai`` client over loopback: every
+method's responses equal offline ``generate`` token for token at temperature 0, streamed or
+not; logprobs, stop strings, n, usage; disconnects, timeouts and a full queue free their rows;
+bad input gets a 4xx naming the field."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from contextlib import contextmanager
+
+import openai
+import pytest
+import torch
+import uvicorn
+from conftest import tiny_hf_model
+from test_eagle import random_net
+from test_medusa import random_heads
+
+from quickdraft import Engine, SamplingParams, SpecConfig, generate
+from quickdraft.drafters import DraftModelDrafter, NGramDrafter
+from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.eagle_tree import DynamicTree
+from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
+from quickdraft.drafters.medusa import MedusaDrafter
+from quickdraft.models.llama import LlamaRunner
+from quickdraft.server import ServerConfig, create_app
+from quickdraft.server.detok import TextStream
+
+ALWAYS = SpecConfig(disable_by_batch_size=None)
+METHODS = ["ar", "draft_model", "ngram", "medusa", "eagle", "lookahead"]
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2):
+    return smollm2[1]
+
+
+@pytest.fixture(scope="module")
+def target(tokenizer) -> LlamaRunner:
+    hf = tiny_hf_model("llama-untied", vocab_size=len(tokenizer), layers=3)
+    return LlamaRunner.from_state_dict(hf.config.to_dict(), hf.state_dict())
+
+
+def drafter(target: LlamaRunner, method: str):
+    return {
+        "ar": lambda: None,
+        "draft_model": lambda: DraftModelDrafter(target.truncated(2), 3),
+        "ngram": lambda: NGramDrafter(target.vocab_size, 4),
+        "medusa": lambda: MedusaDrafter(target, random_heads(64, target.vocab_size, 3)),
+        "eagle": lambda: EagleDrafter(
+            target, random_net(target, "eagle3", 400), DynamicTree(3, 2, 5), lookup=3
+        ),
+        "lookahead": lambda: LookaheadDrafter(target.vocab_size, LookaheadConfig(2, 3, 2)),
+    }[method]()
+
+
+@contextmanager
+def serving(engine: Engine, tokenizer, **options):
+    """The app on 127.0.0.1 at a free port, in a thread; yields its base URL."""
+    app = create_app(engine, tokenizer, ServerConfig(MODEL, **options))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def client(url: str, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def raw(url: str, method: str, path: str, body: bytes | None = None, headers=None):
+    """(status, parsed JSON or text) of one plain HTTP request."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request(method, path, body=body, headers=headers or {})
+    response = conn.getresponse()
+    data = response.read().decode()
+    conn.close()
+    try:
+        return response.status, json.loads(data)
+    except json.JSONDecodeError:
+        return response.status, data
+
+
+def metric(url: str, name: str) -> float:
+    _, text = raw(url, "GET", "/metrics")
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def settled(url: str) -> dict[str, float]:
+    """The gauges once the engine is idle (its thread sets them after its last step)."""
+    names = ["quickdraft_running_requests", "quickdraft_cache_rows_in_use"]
+    names += ["quickdraft_cache_tokens_in_use", "quickdraft_queue_depth"]
+    deadline = time.monotonic() + 10
+    while True:
+        values = {name: metric(url, name) for name in names}
+        if not any(values.values()) or time.monotonic() > deadline:
+            return values
+        time.sleep(0.05)
+
+
+def offline(target, tokenizer, ids: list[int], n: int, method: str) -> list[int]:
+    greedy = SamplingParams(temperature=0, max_new_tokens=n)
+    draft = drafter(target, method)
+    spec = None if draft is None else ALWAYS
+    out = generate(target, ids, sampling=greedy, draft=draft, spec=spec)
+    return out.token_ids
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_over_http_equals_offline_generate(target, tokenizer, method):
+    engine = Engine(target, drafter(target, method), ALWAYS, tokenizer=tokenizer, max_batch=4)
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+    chat = [{"role": "user", "content": "Write a haiku about the sea."}]
+    ids = tokenizer.encode(prompt)
+    chat_ids = tokenizer.apply_chat(chat)
+    with serving(engine, tokenizer) as url:
+        api = client(url)
+        extra = {"return_token_ids": True}
+        whole = api.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=20, temperature=0, extra_body=extra
+        )
+        expected = offline(target, tokenizer, ids, 20, "ar")
+        assert whole.choices[0].model_extra["token_ids"] == expected
+        assert whole.choices[0].text == tokenizer.decode(expected)
+        assert whole.usage.prompt_tokens == len(ids) and whole.usage.completion_tokens == 20
+        assert whole.model_extra["quickdraft"]["target_forwards"] >= 1
+        as_ids = api.completions.create(
+            model=MODEL, prompt=ids, max_tokens=20, temperature=0, extra_body=extra
+        )
+        assert as_ids.choices[0].model_extra["token_ids"] == expected
+        stream = api.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=20, temperature=0, stream=True
+        )
+        assert "".join(chunk.choices[0].text for chunk in stream) == whole.choices[0].text
+
+        chat_expected = offline(target, tokenizer, chat_ids, 24, "ar")
+        reply = api.chat.completions.create(
+            model=MODEL, messages=chat, max_tokens=24, temperature=0, extra_body=extra
+        )
+        assert reply.choices[0].model_extra["token_ids"] == chat_expected
+        assert reply.choices[0].message.content == tokenizer.decode(chat_expected)
+        chunks = list(
+            api.chat.completions.create(
+                model=MODEL,
+                messages=chat,
+                max_tokens=24,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == reply.choices[0].message.content
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+        assert settled(url)["quickdraft_cache_rows_in_use"] == 0
+    # The drafter's own offline run agrees too (the identity above is with plain decoding).
+    assert offline(target, tokenizer, ids, 20, method) == expected
+
+
+def test_logprobs_stop_strings_n_and_seeds(target, tokenizer):
+    engine = Engine(target, drafter(target, "eagle"), ALWAYS, tokenizer=tokenizer, max_batch=4)
+    prompt = "Once upon a time"
+    ids = tokenizer.encode(prompt)
+    expected = offline(target, tokenizer, ids, 30, "ar")
+    text = tokenizer.decode(expected)
+    with serving(engine, tokenizer) as url:
+        api = client(url)
+        out = api.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=30, temperature=0, logprobs=3
+        )
+        logprobs = out.choices[0].logprobs
+        full = torch.tensor([ids + expected])
+        cache = target.new_cache(1, full.shape[1])
+        logits = target.forward(full, torch.arange(full.shape[1])[None], cache).logits[0]
+        reference = torch.log_softmax(logits[len(ids) - 1 : -1], -1)
+        chosen = reference.gather(1, torch.tensor(expected)[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor(logprobs.token_logprobs), chosen, atol=1e-4)
+        assert all(len(top) <= 3 for top in logprobs.top_logprobs)
+        assert "".join(logprobs.tokens) == out.choices[0].text
+        chat = api.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+        )
+        entries = chat.choices[0].logprobs.content
+        assert len(entries) == 5 and all(len(e.top_logprobs) == 2 for e in entries)
+        assert all(e.top_logprobs[0].logprob >= e.logprob - 1e-6 for e in entries)
+
+        # A stop string from the middle of the output: the text ends before it.
+        stop = text[len(text) // 2 : len(text) // 2 + 3]
+        cut = api.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=30, temperature=0, stop=[stop]
+        )
+        assert cut.choices[0].text == text[: text.index(stop)]
+        assert cut.choices[0].finish_reason == "stop"
+        streamed = api.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=30, temperature=0, stop=stop, stream=True
+        )
+        assert "".join(c.choices[0].text for c in streamed) == cut.choices[0].text
+
+        # n = 2 at temperature 0.8 with a seed: two different, reproducible choices.
+        def sampled():
+            return api.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=12, temperature=0.8, n=2, seed=5
+            )
+
+        first, second = sampled(), sampled()
+        assert [c.index for c in first.choices] == [0, 1]
+        assert [c.text for c in first.choices] == [c.text for c in second.choices]
+        assert first.choices[0].text != first.choices[1].text
+        assert first.usage.prompt_tokens == len(ids)
+        assert first.usage.completion_tokens == 24
+        batch = api.completions.create(model=MODEL, prompt=[prompt, "Hello"], max_tokens=4)
+        assert len(batch.choices) == 2 and batch.usage.completion_tokens == 8
+        listed = api.models.list().data
+        assert [m.id for m in listed] == [MODEL]
+
+
+def test_disconnects_timeouts_and_a_full_queue_free_their_rows(target, tokenizer):
+    engine = Engine(target, None, tokenizer=tokenizer, max_batch=1, max_model_len=512)
+    with serving(engine, tokenizer, max_queue=0) as url:
+        api = client(url)
+        body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True}
+        stream = api.completions.create(
+            model=MODEL, prompt="x", max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+        )
+        next(iter(stream))  # running: the one row is taken
+        status, error = raw(url, "POST", "/v1/completions", json.dumps(body).encode())
+        assert status == 429 and error["error"]["code"] == "queue_full"
+        stream.close()  # the client goes away mid-stream
+        assert settled(url)["quickdraft_cache_rows_in_use"] == 0
+        assert metric(url, 'quickdraft_requests_total{outcome="abort"}') == 1
+
+        # A non-streamed request whose client leaves before the answer.
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port))
+        conn.request("POST", "/v1/completions", body=json.dumps(body).encode())
+        time.sleep(0.3)
+        conn.close()
+        assert settled(url)["quickdraft_cache_rows_in_use"] == 0
+        assert metric(url, 'quickdraft_requests_total{outcome="abort"}') == 2
+        assert raw(url, "GET", "/health") == (200, {"status": "ok"})
+
+    with serving(engine, tokenizer, request_timeout=0.3) as url:
+        status, error = raw(url, "POST", "/v1/completions", json.dumps(body).encode())
+        assert status == 408 and error["error"]["type"] == "timeout_error"
+        with pytest.raises(openai.APIError, match="timeout of 0.3 s"):  # an error event
+            list(
+                client(url).completions.create(
+                    model=MODEL,
+                    prompt="x",
+                    max_tokens=400,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+            )
+        assert settled(url)["quickdraft_cache_rows_in_use"] == 0
+        assert metric(url, 'quickdraft_requests_total{outcome="timeout"}') == 2
+
+
+def test_api_key(target, tokenizer):
+    engine = Engine(target, None, tokenizer=tokenizer, max_batch=1, max_model_len=256)
+    with serving(engine, tokenizer, api_key="sesame") as url:
+        with pytest.raises(openai.AuthenticationError):
+            client(url, "wrong").models.list()
+        status, error = raw(url, "GET", "/v1/models")
+        assert status == 401 and error["error"]["code"] == "invalid_api_key"
+        assert client(url, "sesame").completions.create(model=MODEL, prompt="a", max_tokens=2)
+        assert raw(url, "GET", "/health")[0] == 200  # health and metrics stay open
+
+
+def _bad_requests() -> list[tuple[str, object, str | None, int]]:
+    """(path, body, the param the error must name, status)."""
+    c, chat = "/v1/completions", "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    cases: list[tuple[str, object, str | None, int]] = [
+        (c, b"{not json", "body", 400),
+        (c, b"\xff\xfe\x00garbage", "body", 400),
+        (c, b"[1, 2]", "body", 400),
+        (c, b"", "body", 400),
+        (c, b"[" * 100_000 + b"]" * 100_000, "body", 400),
+        (c, b'"just a string"', "body", 400),
+        (c, {"model": "gpt-4", "prompt": "a"}, "model", 404),
+        (c, {}, "prompt", 400),
+        (c, {"prompt": None}, "prompt", 400),
+        (c, {"prompt": 5}, "prompt", 400),
+        (c, {"prompt": [1, "a"]}, "prompt", 400),
+        (c, {"prompt": []}, "prompt", 400),
+        (c, {"prompt": ""}, "prompt", 400),
+        (c, {"prompt": [10**9]}, "prompt", 400),
+        (c, {"prompt": [-1]}, "prompt", 400),
+        (c, {"prompt": "a", "max_tokens": 10**6}, "max_tokens", 400),
+        (c, {"prompt": "a", "max_tokens": 0}, "max_tokens", 400),
+        (c, {"prompt": "a", "max_tokens": -5}, "max_tokens", 400),
+        (c, {"prompt": "a", "max_tokens": "5"}, "max_tokens", 400),
+        (c, {"prompt": "a", "max_tokens": 1.5}, "max_tokens", 400),
+        (c, {"prompt": "a", "max_tokens": 10**400}, "max_tokens", 400),
+        (c, {"prompt": "a", "temperature": -1}, "temperature", 400),
+        (c, {"prompt": "a", "temperature": "hot"}, "temperature", 400),
+        (c, {"prompt": "a", "temperature": 1e31}, "temperature", 400),
+        (c, b'{"prompt": "a", "temperature": NaN}', "temperature", 400),
+        (c, b'{"prompt": "a", "temperature": Infinity}', "temperature", 400),
+        (c, {"prompt": "a", "top_p": 1.5}, "top_p", 400),
+        (c, {"prompt": "a", "top_p": 0}, "top_p", 400),
+        (c, {"prompt": "a", "top_k": -2}, "top_k", 400),
+        (c, {"prompt": "a", "top_k": True}, "top_k", 400),
+        (c, {"prompt": "a", "seed": -1}, "seed", 400),
+        (c, {"prompt": "a", "seed": 2**70}, "seed", 400),
+        (c, {"prompt": "a", "stop": 5}, "stop", 400),
+        (c, {"prompt": "a", "stop": [""]}, "stop", 400),
+        (c, {"prompt": "a", "stop": ["x"] * 100}, "stop", 400),
+        (c, {"prompt": "a", "stream": "yes"}, "stream", 400),
+        (c, {"prompt": "a", "n": 0}, "n", 400),
+        (c, {"prompt": "a", "n": 1000}, "n", 400),
+        (c, {"prompt": "a", "logprobs": 50}, "logprobs", 400),
+        (c, {"prompt": "a", "logprobs": "3"}, "logprobs", 400),
+        (c, {"prompt": "a", "echo": True}, "echo", 400),
+        (c, {"prompt": "a", "presence_penalty": 1.0}, "presence_penalty", 400),
+        (c, {"prompt": "a", "logit_bias": {"5": 10}}, "logit_bias", 400),
+        (c, {"prompt": "a", "stream_options": {"include_usage": True}}, "stream_options", 400),
+        (c, {"prompt": "a", "user": 7}, "user", 400),
+        (chat, {}, "messages", 400),
+        (chat, {"messages": []}, "messages", 400),
+        (chat, {"messages": "hi"}, "messages", 400),
+        (chat, {"messages": [{"content": "hi"}]}, "messages.0.role", 400),
+        (chat, {"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role", 400),
+        (chat, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content", 400),
+        (chat, {"messages": msgs, "max_completion_tokens": 10**7}, "max_completion_tokens", 400),
+        (chat, {"messages": msgs, "top_logprobs": 3}, "top_logprobs", 400),
+        (chat, {"messages": msgs, "logprobs": True, "top_logprobs": 99}, "top_logprobs", 400),
+        (chat, {"messages": msgs, "tools": [{"type": "function"}]}, "tools", 400),
+        (chat, {"messages": msgs, "stream_options": 3}, "stream_options", 400),
+        (c, {"prompt": "a" * (5 << 20)}, None, 413),
+        ("/v1/nothing", {"prompt": "a"}, None, 404),
+    ]
+    return cases
+
+
+def test_bad_requests_get_a_4xx_naming_the_field(target, tokenizer):
+    engine = Engine(target, None, tokenizer=tokenizer, max_batch=1, max_model_len=256)
+    cases = _bad_requests()
+    assert len(cases) >= 40
+    with serving(engine, tokenizer) as url:
+        for path, body, param, status in cases:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            got, error = raw(url, "POST", path, data, {"Content-Type": "application/json"})
+            label = f"{path} {data[:60]!r}"
+            assert got == status, (label, error)
+            assert set(error["error"]) == {"message", "type", "param", "code"}, label
+            assert "Traceback" not in error["error"]["message"], label
+            if param is not None:
+                assert error["error"]["param"] == param, (label, error)
+                assert param.split(".")[0] in error["error"]["message"], (label, error)
+        assert raw(url, "GET", "/health") == (200, {"status": "ok"})
+        assert raw(url, "DELETE", "/v1/models")[0] == 405
+        # The server still serves after all of that.
+        assert client(url).completions.create(model=MODEL, prompt="a", max_tokens=2)
+
+
+def test_text_stream_holds_partial_characters_and_possible_stop_strings(tokenizer):
+    text = "naïve café, 你好 🎉 — done. STOP here"
+    ids = tokenizer.encode(text)
+    stream = TextStream(tokenizer, ("STOP",))
+    pieces = [stream.add([token]) for token in ids]
+    assert all("\ufffd" not in piece for piece in pieces)
+    sent = "".join(pieces)
+    final = tokenizer.decode(ids)
+    assert final.startswith(sent) and len(final) - len(sent) <= 3
+    assert sent + stream.finish(final) == final
