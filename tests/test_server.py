@@ -265,7 +265,7 @@ def test_disconnects_timeouts_and_a_full_queue_free_their_rows(target, tokenizer
     with serving(engine, tokenizer, request_timeout=0.3) as url:
         status, error = raw(url, "POST", "/v1/completions", json.dumps(body).encode())
         assert status == 408 and error["error"]["type"] == "timeout_error"
-        with pytest.raises(openai.APIError, match="timeout of 0.3 s"):  # an error event
+        with pytest.raises(openai.APIError, match=r"timeout of 0\.3 s"):  # an error event
             list(
                 client(url).completions.create(
                     model=MODEL,
@@ -388,3 +388,80 @@ def test_text_stream_holds_partial_characters_and_possible_stop_strings(tokenize
     final = tokenizer.decode(ids)
     assert final.startswith(sent) and len(final) - len(sent) <= 3
     assert sent + stream.finish(final) == final
+
+
+def test_cli_serve_answers_then_drains_on_sigterm_and_exits_0(tmp_path, smollm2):
+    """The real command on a tiny model folder: a stream running when SIGTERM arrives still
+    gets all its tokens, new connections are refused, and the process exits 0."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import tiny_folder_and_corpus
+
+    folder, _ = tiny_folder_and_corpus(tmp_path, smollm2, "llama-untied")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "quickdraft", "serve", "--target", str(folder)]
+    command += ["--port", str(port), "--speculative-config", '{"method": "ngram"}']
+    command += ["--served-model-name", MODEL, "--log-level", "warning", "--threads", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read().decode()
+            try:
+                if raw(url, "GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        stream = client(url).completions.create(
+            model=MODEL, prompt="x", max_tokens=300, stream=True, extra_body={"ignore_eos": True}
+        )
+        chunks = iter(stream)
+        first = next(chunks)
+        process.send_signal(signal.SIGTERM)
+        rest = list(chunks)
+        assert rest[-1].choices[0].finish_reason == "length"
+        assert process.wait(60) == 0
+        with pytest.raises(OSError):
+            raw(url, "GET", "/health")
+        assert first.choices[0].text is not None
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize("method", ["ar", "eagle"])
+def test_smollm2_over_http_equals_offline_generate(smollm2, method):
+    """The real model with its shipped EAGLE drafter (the server's automatic choice for it)
+    and without: chat and completion, whole and streamed, equal offline plain decoding."""
+    from quickdraft.drafters import build_drafter
+
+    target, tokenizer = smollm2
+    spec = SpecConfig(method=method)
+    engine = Engine(target, build_drafter(spec, target), spec, tokenizer=tokenizer, max_batch=2)
+    chat = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+    greedy = SamplingParams(temperature=0, max_new_tokens=40)
+    expected = generate(target, tokenizer.apply_chat(chat), sampling=greedy, tokenizer=tokenizer)
+    prompt = "The three primary colours are"
+    plain = generate(target, prompt, sampling=greedy, tokenizer=tokenizer)
+    with serving(engine, tokenizer) as url:
+        api = client(url)
+        extra = {"return_token_ids": True}
+        reply = api.chat.completions.create(
+            model=MODEL, messages=chat, max_tokens=40, temperature=0, extra_body=extra
+        )
+        assert reply.choices[0].model_extra["token_ids"] == expected.token_ids
+        assert reply.choices[0].message.content == expected.text
+        streamed = api.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].text for c in streamed) == plain.text
+        if method == "eagle":
+            assert reply.model_extra["quickdraft"]["accepted_length"] > 1.2

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import signal
+import threading
 from typing import Any
 
 from quickdraft.cli.common import _positive_int, _threads, auto_method, console, load_speculation
@@ -138,7 +141,31 @@ def speculative_config(
     return spec, draft, spec.drafter_int8
 
 
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but SIGTERM and SIGINT end it with exit status 0: uvicorn
+        re-raises the signal after its graceful shutdown, which kills the process with it."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            signals = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
 def _serve(args: argparse.Namespace) -> int:
+    import prometheus_client
     import torch
     import uvicorn
 
@@ -188,7 +215,8 @@ def _serve(args: argparse.Namespace) -> int:
         f"quickdraft: serving {name!r} ({label}) on http://{args.host}:{args.port}/v1, "
         f"{args.max_batch} rows, context {engine.max_model_len}"
     )
-    server = uvicorn.Server(
+    prometheus_client.disable_created_metrics()  # the *_created series only add noise
+    server = _server_class()(
         uvicorn.Config(
             app,
             host=args.host,
