@@ -4,8 +4,8 @@ completions, temperature 0 and 0.8, some disconnecting mid-stream.
 The server runs SmolLM2-135M with its automatic method (EAGLE with the batch policy), as a
 subprocess. Each of ``--clients`` clients sends ``--requests`` streaming requests one after
 the other: chat and completion in turn, temperature 0 for even clients and 0.8 (seeded) for
-odd ones, prompts from the bench's task sets. The first request of every tenth client (10%)
-closes its stream after three chunks.
+odd ones, prompts from the bench's task sets. The first request of every eighth client (4 of
+32, 12.5%) asks for 4x the tokens past EOS and closes its stream after three chunks.
 
 Checked afterwards: no 5xx; every completed stream's text is the decoding of the token ids
 its last chunk reports, and those equal offline `generate` (plain decoding, greedy or with the
@@ -40,7 +40,8 @@ async def one_request(api: openai.AsyncOpenAI, plan: dict) -> dict:
         "temperature": plan["temperature"],
         "seed": plan["seed"],
         "stream": True,
-        "extra_body": {"return_token_ids": True},
+        # A stream that will be closed ignores EOS, so that it is still running when it is.
+        "extra_body": {"return_token_ids": True, "ignore_eos": plan["disconnect"]},
     }
     start = time.perf_counter()
     first = None
@@ -107,8 +108,8 @@ def plans_for(args, model: str) -> list[list[dict]]:
                     "prompt": item.prompt,
                     "temperature": 0.8 if sampled else 0.0,
                     "seed": 1000 + 10 * c + r if sampled else None,
-                    "max_tokens": args.max_tokens,
-                    "disconnect": r == 0 and c % 10 == 5,
+                    "max_tokens": args.max_tokens * (4 if r == 0 and c % 8 == 5 else 1),
+                    "disconnect": r == 0 and c % 8 == 5,
                 }
             )
         plans.append(mine)

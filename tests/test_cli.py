@@ -70,12 +70,7 @@ def test_generate_rejects_inconsistent_arguments(capsys):
 
 
 def test_auto_method_is_eagle_where_a_drafter_ships_else_prompt_lookup(tmp_path):
-    from argparse import Namespace
-
-    from quickdraft.cli.generate import _auto_method
-
-    def auto(target: str, draft: str | None = None, backend: str = "auto") -> str:
-        return _auto_method(Namespace(target=target, draft=draft, backend=backend))
+    from quickdraft.cli.common import auto_method as auto
 
     assert auto("smollm2-135m") == "eagle"
     assert auto("smollm2-135m", backend="hf") == "ngram"  # EAGLE reads the native runner

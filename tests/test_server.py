@@ -32,6 +32,7 @@ from quickdraft.server.detok import TextStream
 ALWAYS = SpecConfig(disable_by_batch_size=None)
 METHODS = ["ar", "draft_model", "ngram", "medusa", "eagle", "lookahead"]
 MODEL = "tiny"
+SERVED: list = []  # the apps ``serving`` started, latest last
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,7 @@ def drafter(target: LlamaRunner, method: str):
 def serving(engine: Engine, tokenizer, **options):
     """The app on 127.0.0.1 at a free port, in a thread; yields its base URL."""
     app = create_app(engine, tokenizer, ServerConfig(MODEL, **options))
+    SERVED.append(app)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -316,6 +318,8 @@ def _bad_requests() -> list[tuple[str, object, str | None, int]]:
         (c, {"prompt": "a", "max_tokens": "5"}, "max_tokens", 400),
         (c, {"prompt": "a", "max_tokens": 1.5}, "max_tokens", 400),
         (c, {"prompt": "a", "max_tokens": 10**400}, "max_tokens", 400),
+        (c, b'{"prompt": "a", "max_tokens": 1' + b"0" * 5000 + b"}", "body", 400),
+        (c, b'{"prompt": "\\ud800 lone surrogate"}', "prompt", 400),
         (c, {"prompt": "a", "temperature": -1}, "temperature", 400),
         (c, {"prompt": "a", "temperature": "hot"}, "temperature", 400),
         (c, {"prompt": "a", "temperature": 1e31}, "temperature", 400),
@@ -333,6 +337,8 @@ def _bad_requests() -> list[tuple[str, object, str | None, int]]:
         (c, {"prompt": "a", "stream": "yes"}, "stream", 400),
         (c, {"prompt": "a", "n": 0}, "n", 400),
         (c, {"prompt": "a", "n": 1000}, "n", 400),
+        (c, {"prompt": ["a"] * 100}, "prompt", 400),
+        (c, {"prompt": ["a"] * 10, "n": 16}, "n", 400),
         (c, {"prompt": "a", "logprobs": 50}, "logprobs", 400),
         (c, {"prompt": "a", "logprobs": "3"}, "logprobs", 400),
         (c, {"prompt": "a", "echo": True}, "echo", 400),
@@ -465,3 +471,60 @@ def test_smollm2_over_http_equals_offline_generate(smollm2, method):
         assert "".join(c.choices[0].text for c in streamed) == plain.text
         if method == "eagle":
             assert reply.model_extra["quickdraft"]["accepted_length"] > 1.2
+
+
+def test_nulls_mean_defaults(target, tokenizer):
+    """OpenAI's clients send null for optional fields they leave unset."""
+    engine = Engine(target, None, tokenizer=tokenizer, max_batch=1, max_model_len=256)
+    nulls = dict.fromkeys(["n", "stream", "echo", "max_tokens", "logprobs", "seed", "stop"])
+    with serving(engine, tokenizer) as url:
+        status, body = raw(
+            url, "POST", "/v1/completions", json.dumps({"prompt": "a", **nulls}).encode()
+        )
+        assert status == 200 and len(body["choices"]) == 1, body
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **nulls}
+        chat["logprobs"] = chat["top_logprobs"] = chat["return_token_ids"] = None
+        status, body = raw(url, "POST", "/v1/chat/completions", json.dumps(chat).encode())
+        assert status == 200 and body["choices"][0]["logprobs"] is None, body
+
+
+def test_an_engine_failure_answers_every_request_and_turns_health_503(target, tokenizer):
+    engine = Engine(target, None, tokenizer=tokenizer, max_batch=2, max_model_len=256)
+    steps = 0
+    step = engine.step
+
+    def failing_step():
+        nonlocal steps
+        steps += 1
+        if steps > 3:
+            raise RuntimeError("a bug")
+        return step()
+
+    engine.step = failing_step
+    body = json.dumps({"prompt": "a", "max_tokens": 50, "ignore_eos": True}).encode()
+    with serving(engine, tokenizer) as url:
+        status, error = raw(url, "POST", "/v1/completions", body)
+        assert status == 500 and "a bug" in error["error"]["message"]
+        assert error["error"]["type"] == "server_error"
+        assert raw(url, "GET", "/health")[0] == 503
+        status, error = raw(url, "POST", "/v1/completions", body)
+        assert status == 503 and "the engine stopped" in error["error"]["message"]
+
+
+def test_drain_answers_running_requests_and_refuses_new_ones(target, tokenizer):
+    """What SIGTERM does before the server closes: running requests are aborted after the
+    grace period and still answered; new ones get 503; /health says draining."""
+    engine = Engine(target, None, tokenizer=tokenizer, max_batch=1, max_model_len=512)
+    with serving(engine, tokenizer) as url:
+        stream = client(url).completions.create(
+            model=MODEL, prompt="x", max_tokens=500, stream=True, extra_body={"ignore_eos": True}
+        )
+        chunks = iter(stream)
+        next(chunks)
+        SERVED[-1].state.loop.drain(0.2)
+        rest = list(chunks)
+        assert rest[-1].choices[0].finish_reason == "abort"
+        assert raw(url, "GET", "/health") == (503, {"status": "draining"})
+        status, error = raw(url, "POST", "/v1/completions", b'{"prompt": "a"}')
+        assert status == 503 and "shutting down" in error["error"]["message"]
+        assert settled(url)["quickdraft_cache_rows_in_use"] == 0

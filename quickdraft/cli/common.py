@@ -34,7 +34,7 @@ def _threads(text: str) -> int:
     return value
 
 
-def auto_method(target: str, draft: str | None, backend: str) -> str:
+def auto_method(target: str, draft: str | None = None, backend: str = "auto") -> str:
     """The method ``auto`` means: draft_model with a draft; EAGLE where a drafter ships for
     the target alias and the native runner serves it (on SmolLM2-135M the fastest method in
     the bench, 1.31x over seven task kinds on CPU against 1.08x for prompt lookup); else

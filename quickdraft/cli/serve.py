@@ -141,12 +141,20 @@ def speculative_config(
     return spec, draft, spec.drafter_int8
 
 
-def _server_class():
+def _server_class(loop, grace: float):
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server, but SIGTERM and SIGINT end it with exit status 0: uvicorn
-        re-raises the signal after its graceful shutdown, which kills the process with it."""
+        """uvicorn's server, with a drain: the first SIGTERM or SIGINT stops new requests
+        (uvicorn closes the listener; /health turns 503) and, ``grace`` seconds later, aborts
+        what still runs, so that every handler answers before uvicorn's own deadline
+        (``timeout_graceful_shutdown``, a few seconds later) cancels them. Exits 0: uvicorn
+        would re-raise the signal after its shutdown, killing the process with it."""
+
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit:
+                loop.drain(grace)
+            super().handle_exit(sig, frame)
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -175,9 +183,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    for name in ("port",):
-        if not 0 <= getattr(args, name) <= 65535:
-            raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
     for name in ("request_timeout", "shutdown_grace"):
@@ -216,13 +223,13 @@ def _serve(args: argparse.Namespace) -> int:
         f"{args.max_batch} rows, context {engine.max_model_len}"
     )
     prometheus_client.disable_created_metrics()  # the *_created series only add noise
-    server = _server_class()(
+    server = _server_class(app.state.loop, args.shutdown_grace)(
         uvicorn.Config(
             app,
             host=args.host,
             port=args.port,
             log_level=args.log_level,
-            timeout_graceful_shutdown=args.shutdown_grace,
+            timeout_graceful_shutdown=args.shutdown_grace + 5,
         )
     )
     server.run()

@@ -8,25 +8,23 @@ past ``request_timeout``, is aborted, and the engine frees its rows at its next 
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from quickdraft.engine.core import Engine
 from quickdraft.models.tokenizer import HFTokenizer
-from quickdraft.server.loop import EngineDead, EngineLoop, Failure, QueueFull
+from quickdraft.server.answer import Answer
+from quickdraft.server.loop import EngineLoop, QueueFull, Unavailable
 from quickdraft.server.metrics import Metrics
 from quickdraft.server.protocol import (
     ApiError,
@@ -37,7 +35,8 @@ from quickdraft.server.protocol import (
     refuse_unsupported,
     sampling_for,
 )
-from quickdraft.server.responses import Choice, extension, usage
+from quickdraft.server.responses import Choice
+from quickdraft.server.tokens import TokenTexts
 
 log = logging.getLogger("quickdraft.server")
 
@@ -58,15 +57,12 @@ class ServerConfig:
     max_body_bytes: int = 4 << 20
 
 
-class _ClientGone(Exception):
-    pass
-
-
 def create_app(engine: Engine, tokenizer: HFTokenizer, config: ServerConfig) -> FastAPI:
     if engine.tokenizer is None:
         raise ValueError("engine: the server needs an engine built with its tokenizer")
     metrics = Metrics(engine.needs.depth)
     loop = EngineLoop(engine, metrics, engine.scheduler.num_rows + config.max_queue)
+    texts = TokenTexts(tokenizer)
     created = int(time.time())
 
     @asynccontextmanager
@@ -84,7 +80,8 @@ def create_app(engine: Engine, tokenizer: HFTokenizer, config: ServerConfig) -> 
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        metrics.invalid.labels(str(error.status)).inc()
+        if error.status < 500:
+            metrics.invalid.labels(str(error.status)).inc()
         return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(HTTPException)
@@ -115,6 +112,8 @@ def create_app(engine: Engine, tokenizer: HFTokenizer, config: ServerConfig) -> 
     async def health() -> Response:
         if loop.error is not None:
             return JSONResponse({"status": "error", "message": loop.error}, status_code=503)
+        if loop.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -162,10 +161,19 @@ def create_app(engine: Engine, tokenizer: HFTokenizer, config: ServerConfig) -> 
                 code="model_not_found",
             )
         refuse_unsupported(req)
+        count = _prompt_count(req) * req.choices_per_prompt
+        if count > loop.limit:  # could never run: say so, not "retry later", before any work
+            field = "n" if req.choices_per_prompt > 1 else "prompt"
+            raise ApiError(
+                400,
+                f"{field}: {count} choices (prompts x n) are more than this server takes at "
+                f"once ({loop.limit})",
+                field,
+            )
         prompts = await run_in_threadpool(_prompts, req, tokenizer)
-        choices, jobs = [], []
+        jobs = []
         for ids in prompts:
-            for n in range(req.n):
+            for n in range(req.choices_per_prompt):
                 sampling = sampling_for(req, len(ids), engine.max_model_len, n)
                 try:
                     engine.check_request(ids, sampling)
@@ -177,14 +185,28 @@ def create_app(engine: Engine, tokenizer: HFTokenizer, config: ServerConfig) -> 
             request_ids, inbox = loop.submit(jobs)
         except QueueFull as error:
             raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
-        except EngineDead as error:
+        except Unavailable as error:
             raise ApiError(503, str(error), kind="server_error") from None
-        for index, (request_id, (ids, sampling)) in enumerate(zip(request_ids, jobs, strict=True)):
-            choices.append(Choice(index, request_id, ids, sampling, tokenizer))
-        answer = _Answer(req, choices, inbox, config, loop, metrics)
+        choices = [
+            Choice(index, request_id, ids, sampling, tokenizer, texts)
+            for index, (request_id, (ids, sampling)) in enumerate(
+                zip(request_ids, jobs, strict=True)
+            )
+        ]
+        answer = Answer(
+            req,
+            choices,
+            inbox,
+            model=config.model_name,
+            method=config.method,
+            timeout=config.request_timeout,
+            loop=loop,
+            metrics=metrics,
+        )
         if req.stream:
-            return StreamingResponse(answer.events(), media_type="text/event-stream")
-        return JSONResponse(await answer.whole(request))
+            return answer.streaming()
+        body = await answer.whole(request)
+        return Response(status_code=499) if body is None else JSONResponse(body)
 
     return app
 
@@ -193,7 +215,9 @@ async def _body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 past ``limit`` bytes (read no further)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"body: {declared} bytes, more than the {limit} this server takes")
+        raise ApiError(
+            413, f"body: {declared} bytes, more than the {limit} this server takes", "body"
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -201,6 +225,15 @@ async def _body(request: Request, limit: int) -> bytes:
             raise ApiError(413, f"body: more than the {limit} bytes this server takes", "body")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _prompt_count(req: CompletionRequest | ChatRequest) -> int:
+    if isinstance(req, ChatRequest):
+        return 1
+    prompt = req.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return 1
+    return len(prompt)
 
 
 def _prompts(req: CompletionRequest | ChatRequest, tokenizer: HFTokenizer) -> list[list[int]]:
@@ -221,191 +254,11 @@ def _prompts(req: CompletionRequest | ChatRequest, tokenizer: HFTokenizer) -> li
         raise ApiError(400, "prompt: give at least one prompt", "prompt")
     out = []
     for item in prompts:
-        ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
+        try:
+            ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
+        except ValueError as error:  # text that is not valid UTF-8 (a lone surrogate)
+            raise ApiError(400, str(error), "prompt") from None
         if not ids:
             raise ApiError(400, "prompt: an empty prompt (no tokens)", "prompt")
         out.append(ids)
     return out
-
-
-class _Answer:
-    """The response to one HTTP request: its choices' outputs, gathered whole or streamed."""
-
-    def __init__(self, req, choices: list[Choice], inbox, config: ServerConfig, loop, metrics):
-        self.req, self.choices, self.inbox = req, choices, inbox
-        self.config, self.loop, self.metrics = config, loop, metrics
-        self.chat = isinstance(req, ChatRequest)
-        self.by_id = {c.request_id: c for c in choices}
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-
-    # -- whole -----------------------------------------------------------------------------
-
-    async def whole(self, request: Request) -> dict[str, Any]:
-        work = asyncio.ensure_future(self._gather())
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            done, _ = await asyncio.wait(
-                {work, gone},
-                timeout=self.config.request_timeout,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if work in done:
-                work.result()
-            elif gone in done:
-                raise _ClientGone
-            else:
-                self._end("timeout")
-                raise ApiError(
-                    408,
-                    f"the request ran past the server's timeout of "
-                    f"{self.config.request_timeout:g} s",
-                    kind="timeout_error",
-                )
-        except _ClientGone:
-            self._end("abort")
-            return {}
-        finally:
-            work.cancel()
-            gone.cancel()
-            self._end("abort")
-        return self._response()
-
-    async def _gather(self) -> None:
-        while not all(c.finished for c in self.choices):
-            item = await self.inbox.get()
-            if isinstance(item, Failure):
-                self._end("error")
-                raise ApiError(500, item.message, kind="server_error")
-            self._count(self.by_id[item.request_id], item)
-
-    def _response(self) -> dict[str, Any]:
-        choices = []
-        for c in self.choices:
-            if self.chat:
-                body: dict[str, Any] = {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": c.chat_logprobs(c.logprobs),
-                    "finish_reason": c.finish_reason,
-                }
-            else:
-                body = {
-                    "index": c.index,
-                    "text": c.text,
-                    "logprobs": c.completion_logprobs(c.logprobs),
-                    "finish_reason": c.finish_reason,
-                }
-            if self.req.return_token_ids:
-                body["token_ids"] = c.token_ids
-            body["quickdraft"] = c.extension()
-            choices.append(body)
-        return {
-            **self._head("chat.completion" if self.chat else "text_completion"),
-            "choices": choices,
-            "usage": usage(self.choices),
-            "quickdraft": extension(self.choices, self.config.method),
-        }
-
-    # -- streamed --------------------------------------------------------------------------
-
-    async def events(self) -> AsyncIterator[str]:
-        """Server-sent events: a chunk per step per choice, usage when asked, then [DONE]. A
-        client that disconnects cancels this generator; ``finally`` aborts what still runs."""
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        try:
-            if self.chat:
-                for c in self.choices:
-                    delta = {"role": "assistant", "content": ""}
-                    yield _sse(self._chunk(kind, c, delta, None, []))
-            async with asyncio.timeout(self.config.request_timeout):
-                while not all(c.finished for c in self.choices):
-                    item = await self.inbox.get()
-                    if isinstance(item, Failure):
-                        self._end("error")
-                        yield _sse(ApiError(500, item.message, kind="server_error").body())
-                        break
-                    choice = self.by_id[item.request_id]
-                    piece, logprobs = self._count(choice, item)
-                    if piece or logprobs or item.finished:
-                        delta = {"content": piece} if self.chat else piece
-                        yield _sse(self._chunk(kind, choice, delta, item.finish_reason, logprobs))
-            options = self.req.stream_options
-            if options is not None and options.include_usage:
-                yield _sse(
-                    {
-                        **self._head(kind),
-                        "choices": [],
-                        "usage": usage(self.choices),
-                        "quickdraft": extension(self.choices, self.config.method),
-                    }
-                )
-        except TimeoutError:
-            self._end("timeout")
-            message = (
-                f"the request ran past the server's timeout of {self.config.request_timeout:g} s"
-            )
-            yield _sse(ApiError(408, message, kind="timeout_error").body())
-        finally:
-            self._end("abort")
-        yield "data: [DONE]\n\n"
-
-    def _chunk(self, kind: str, c: Choice, delta, finish: str | None, logprobs) -> dict[str, Any]:
-        if self.chat:
-            body: dict[str, Any] = {
-                "index": c.index,
-                "delta": delta,
-                "logprobs": c.chat_logprobs(logprobs),
-                "finish_reason": finish,
-            }
-        else:
-            body = {
-                "index": c.index,
-                "text": delta,
-                "logprobs": c.completion_logprobs(logprobs),
-                "finish_reason": finish,
-            }
-        chunk = {**self._head(kind), "choices": [body]}
-        if finish is not None:
-            if self.req.return_token_ids:
-                body["token_ids"] = c.token_ids
-            chunk["quickdraft"] = {"index": c.index, **c.extension()}
-        return chunk
-
-    # -- shared ----------------------------------------------------------------------------
-
-    def _head(self, kind: str) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": kind,
-            "created": self.created,
-            "model": self.config.model_name,
-        }
-
-    def _count(self, choice: Choice, item) -> tuple[str, list]:
-        piece, logprobs = choice.add(item)
-        if item.finished:
-            self.metrics.requests.labels(item.finish_reason).inc()
-        return piece, logprobs
-
-    def _end(self, outcome: str) -> None:
-        """Abort the choices still running and count them under ``outcome``."""
-        running = [c for c in self.choices if not c.finished]
-        for c in running:
-            c.finish_reason = outcome
-        if running:
-            self.loop.abort([c.request_id for c in running])
-            self.metrics.requests.labels(outcome).inc(len(running))
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client goes away (the body has been read: the next message the
-    server gets on this connection is the disconnect)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, allow_nan=False, separators=(',', ':'))}\n\n"

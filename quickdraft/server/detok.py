@@ -12,7 +12,11 @@ window that can merge with them), so a long output costs no more per step than a
 
 from __future__ import annotations
 
+import logging
+
 from quickdraft.models.base import Tokenizer
+
+log = logging.getLogger("quickdraft.server")
 
 
 class TextStream:
@@ -42,6 +46,8 @@ class TextStream:
     def finish(self, final: str) -> str:
         """The rest of ``final``, the finished output's text (cut before a stop string), past
         what was sent. Sent pieces are always a prefix of it (see the module docstring)."""
+        if not final.startswith(self.text[: self.sent]):  # a tokenizer that breaks the rule
+            log.warning("streamed text is not a prefix of the final text; sending the rest")
         piece = final[self.sent :]
         self.sent = len(final)
         return piece

@@ -2,9 +2,13 @@
 
 The event loop hands requests and aborts to the thread through a queue; the thread steps the
 engine while any request is unfinished and sleeps otherwise, and hands every step's outputs
-back to the event loop (``call_soon_threadsafe``), into the asyncio queue of the HTTP request
-they belong to. Only the thread touches the engine, apart from ``Engine.check_request``, which
-reads nothing a step changes.
+back to the event loop (``call_soon_threadsafe``), which routes each into the asyncio queue of
+the HTTP request it belongs to. Which request goes to which queue is known on the event loop
+only, so a request is always either answered or failed: if the thread dies, it asks the event
+loop to fail every request it knows of, and nothing is submitted after that.
+
+Only the thread touches the engine, apart from ``Engine.check_request``, which reads nothing a
+step changes.
 """
 
 from __future__ import annotations
@@ -30,24 +34,34 @@ class QueueFull(Exception):
     """More requests in flight than the engine's rows plus the waiting queue hold."""
 
 
-class EngineDead(Exception):
-    """The engine's thread stopped on an error; the server answers 503 from then on."""
+class Unavailable(Exception):
+    """The server is draining for shutdown, or its engine stopped on an error."""
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """Delivered in place of an output when the engine could not run a request."""
+    """Delivered in place of an output when the engine could not run a request. status:
+    400 for a request the engine refused, 500 when the engine itself failed."""
 
     request_id: str
     message: str
+    status: int = 500
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Add:
     request_id: str
     prompt: list[int]
     sampling: SamplingParams
-    inbox: asyncio.Queue
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: str
+
+
+class _Stop:
+    pass
 
 
 class EngineLoop:
@@ -55,14 +69,17 @@ class EngineLoop:
 
     def __init__(self, engine: Engine, metrics: Metrics, limit: int):
         self.engine, self.metrics, self.limit = engine, metrics, limit
-        self.in_flight = 0  # event-loop side: requests submitted and not yet finished
-        self.error: str | None = None
-        self._commands: queue.SimpleQueue[_Add | str | None] = queue.SimpleQueue()
+        self.error: str | None = None  # set (on the event loop) once the engine failed
+        self.draining = False
+        self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._stopping = False
-        self._inboxes: dict[str, asyncio.Queue] = {}  # thread side
+        self._inboxes: dict[str, asyncio.Queue] = {}  # event loop only: requests in flight
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="quickdraft-engine", daemon=True)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inboxes)
 
     # -- the event loop's side ------------------------------------------------------------
 
@@ -76,9 +93,9 @@ class EngineLoop:
         """Queue these requests together (a request's n choices); their outputs, and
         ``Failure``s, arrive in the one asyncio queue returned."""
         if self.error is not None:
-            raise EngineDead(self.error)
-        if self._stopping:
-            raise EngineDead("the server is shutting down")
+            raise Unavailable(self.error)
+        if self.draining:
+            raise Unavailable("the server is shutting down")
         if self.in_flight + len(requests) > self.limit:
             self.metrics.requests.labels("rejected").inc(len(requests))
             raise QueueFull(
@@ -90,64 +107,74 @@ class EngineLoop:
         for prompt, sampling in requests:
             request_id = uuid.uuid4().hex
             ids.append(request_id)
+            self._inboxes[request_id] = inbox
             self.metrics.prompt_tokens.inc(len(prompt))
-            self._commands.put(_Add(request_id, prompt, sampling, inbox))
-        self.in_flight += len(requests)
+            self._commands.put(_Add(request_id, prompt, sampling))
         self._wake.set()
         return ids, inbox
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Stop these requests at the next step (finished ones are ignored)."""
         for request_id in request_ids:
-            self._commands.put(request_id)
+            self._commands.put(_Abort(request_id))
         self._wake.set()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def drain(self, grace: float) -> None:
+        """Take no new requests; abort those still running after ``grace`` seconds, so that
+        their handlers answer (finish reason "abort") before the server closes. Callable
+        from a signal handler."""
+        self.draining = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(
+                self._loop.call_later, grace, lambda: self.abort(list(self._inboxes))
+            )
+
+    def stop(self, timeout: float = 5.0) -> None:
         """Abort what still runs and end the thread."""
-        self._stopping = True
-        self._commands.put(None)
+        self.draining = True
+        self._commands.put(_Stop())
         self._wake.set()
         self._thread.join(timeout)
 
-    def _deliver(self, inbox: asyncio.Queue, item: RequestOutput | Failure) -> None:
+    def _deliver(self, item: RequestOutput | Failure) -> None:
+        inbox = self._inboxes.get(item.request_id)
+        if inbox is None:  # failed already
+            return
         if isinstance(item, Failure) or item.finished:
-            self.in_flight -= 1
+            del self._inboxes[item.request_id]
         inbox.put_nowait(item)
+
+    def _fail_all(self, message: str) -> None:
+        self.error = message
+        for request_id in list(self._inboxes):
+            self._deliver(Failure(request_id, message))
 
     # -- the engine's thread --------------------------------------------------------------
 
     def _run(self) -> None:
         engine = self.engine
         try:
-            while True:
-                if not self._drain():
-                    break
+            while self._drain():
                 if not engine.has_unfinished():
                     self._observe()
                     self._wake.wait()
                     self._wake.clear()
                     continue
-                outputs = engine.step()
-                for out in outputs:
-                    self._send(out)
+                for out in engine.step():
+                    self._post(out)
                 self._observe()
-        except Exception as error:  # a bug: fail every request, keep the server answering
+            for request_id in list(engine.requests):  # stopping: abort what is left
+                engine.abort(request_id)
+            while engine.has_unfinished():
+                for out in engine.step():
+                    self._post(out)
+            self._observe()
+        except Exception as error:  # a bug: fail every request; /health turns 503
             log.exception("the engine stopped")
-            self.error = f"the engine stopped: {type(error).__name__}: {error}"
-            for request_id, inbox in self._inboxes.items():
-                self._post(inbox, Failure(request_id, self.error))
-            self._inboxes.clear()
-            while not self._commands.empty():  # requests that never reached the engine
-                command = self._commands.get_nowait()
-                if isinstance(command, _Add):
-                    self._post(command.inbox, Failure(command.request_id, self.error))
-            return
-        for request_id in list(self._inboxes):  # stopping: abort what is left
-            engine.abort(request_id)
-        while engine.has_unfinished():
-            for out in engine.step():
-                self._send(out)
-        self._observe()
+            message = f"the engine stopped: {type(error).__name__}: {error}"
+            if self._loop is not None:
+                with contextlib.suppress(RuntimeError):  # the event loop has closed
+                    self._loop.call_soon_threadsafe(self._fail_all, message)
 
     def _drain(self) -> bool:
         """Carry out queued adds and aborts; False once stop() was called."""
@@ -156,33 +183,27 @@ class EngineLoop:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return True
-            if command is None:
+            if isinstance(command, _Stop):
                 return False
-            if isinstance(command, str):
-                if command in self._inboxes:
-                    self.engine.abort(command)
+            if isinstance(command, _Abort):
+                self.engine.abort(command.request_id)
                 continue
             try:
                 self.engine.add_request(command.prompt, command.sampling, command.request_id)
-            except ValueError as error:  # checked before submit; a race is still answered
-                self._post(command.inbox, Failure(command.request_id, str(error)))
-                continue
-            self._inboxes[command.request_id] = command.inbox
+            except ValueError as error:  # checked before submit: only a race gets here
+                self._post(Failure(command.request_id, str(error), 400))
 
-    def _send(self, out: RequestOutput) -> None:
-        inbox = self._inboxes.get(out.request_id)
-        if inbox is None:
-            return
-        self.metrics.generation_tokens.inc(len(out.new_token_ids))
-        if out.finished:
-            del self._inboxes[out.request_id]
-        self._post(inbox, out)
-
-    def _post(self, inbox: asyncio.Queue, item: RequestOutput | Failure) -> None:
+    def _post(self, item: RequestOutput | Failure) -> None:
+        if isinstance(item, RequestOutput):
+            self.metrics.generation_tokens.inc(len(item.new_token_ids))
         assert self._loop is not None
         with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is listening
-            self._loop.call_soon_threadsafe(self._deliver, inbox, item)
+            self._loop.call_soon_threadsafe(self._deliver, item)
 
     def _observe(self) -> None:
-        self.metrics.observe_steps(self.engine.take_stats())
-        self.metrics.observe_usage(self.engine.usage())
+        """Gauges and step statistics; a failure here is logged, never fatal to serving."""
+        try:
+            self.metrics.observe_steps(self.engine.take_stats())
+            self.metrics.observe_usage(self.engine.usage())
+        except Exception:
+            log.exception("metrics: could not record a step")

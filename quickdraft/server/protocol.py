@@ -69,23 +69,28 @@ class _Common(_Strict):
     top_k: int | None = None  # an extension (vLLM's): 0 or -1 turn it off
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    # OpenAI's clients may send null for any optional field: null means the default.
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: int | None = Field(None, ge=1, le=MAX_N)
     user: str | None = None
     # Extensions (vLLM's names): generate past EOS; return the token ids beside the text.
-    ignore_eos: bool = False
-    return_token_ids: bool = False
+    ignore_eos: bool | None = None
+    return_token_ids: bool | None = None
     # Would change the distribution: accepted only at their no-op values.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
 
+    @property
+    def choices_per_prompt(self) -> int:
+        return 1 if self.n is None else self.n
+
 
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
 
@@ -111,7 +116,7 @@ class ChatMessage(_Strict):
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -121,7 +126,7 @@ def read_json(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object, else a 400 saying what is wrong with it."""
     try:
         data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except ValueError as error:  # not UTF-8, not JSON, or an integer of over 4,300 digits
         raise ApiError(400, f"body: not valid JSON ({error})", "body") from None
     except RecursionError:
         raise ApiError(400, "body: JSON nested too deeply", "body") from None
@@ -165,9 +170,9 @@ def refuse_unsupported(request: _Common) -> None:
     ]
     if isinstance(request, CompletionRequest):
         refused += [
-            ("echo", request.echo),
+            ("echo", bool(request.echo)),
             ("suffix", request.suffix is not None),
-            ("best_of", request.best_of not in (None, 1, request.n)),
+            ("best_of", request.best_of not in (None, 1, request.choices_per_prompt)),
         ]
     if isinstance(request, ChatRequest):
         refused += [
@@ -242,7 +247,7 @@ def sampling_for(
             max_new_tokens=max_tokens,
             seed=seed,
             stop=() if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop)),
-            ignore_eos=request.ignore_eos,
+            ignore_eos=bool(request.ignore_eos),
             logprobs=logprobs,
         )
     except ValueError as error:
@@ -252,5 +257,6 @@ def sampling_for(
         if chat and param == "logprobs":
             param = "top_logprobs"
         if param == "seed" and request.seed is not None and request.seed >= 0:
-            message = f"seed must be in 0..{2**63 - 1 - choice} with n = {request.n}"
+            limit = 2**63 - 1 - (request.choices_per_prompt - 1)
+            message = f"seed must be in 0..{limit} with n = {request.choices_per_prompt}"
         raise ApiError(400, message.replace(field, param, 1), param) from None

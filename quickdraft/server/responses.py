@@ -10,6 +10,7 @@ from quickdraft.config import SamplingParams
 from quickdraft.engine.requests import RequestOutput, TokenLogprob
 from quickdraft.models.tokenizer import HFTokenizer
 from quickdraft.server.detok import TextStream
+from quickdraft.server.tokens import TokenTexts
 from quickdraft.stats import Stats
 
 LOGPROB_FLOOR = -9999.0  # what OpenAI reports for a token the model rules out; JSON has no -inf
@@ -19,15 +20,21 @@ class Choice:
     """One engine request of an HTTP request: choice ``index`` of its response."""
 
     def __init__(
-        self, index: int, request_id: str, prompt: list[int], sampling: SamplingParams, tokenizer
+        self,
+        index: int,
+        request_id: str,
+        prompt: list[int],
+        sampling: SamplingParams,
+        tokenizer: HFTokenizer,
+        tokens: TokenTexts,
     ):
         self.index, self.request_id = index, request_id
         self.prompt, self.sampling = prompt, sampling
-        self.tokenizer: HFTokenizer = tokenizer
+        self.tokens = tokens
         self.stream = TextStream(tokenizer, sampling.stop)
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
-        self.text = ""
+        self.text = ""  # the whole output's text once finished (the engine's, stop-cut)
         self.offset = 0  # characters of token text reported in logprobs (text_offset)
         self.finish_reason: str | None = None
         self.stats: Stats | None = None
@@ -44,14 +51,11 @@ class Choice:
         if out.finished:  # the final text, cut before a stop string the last tokens made
             self.finish_reason = out.finish_reason
             self.stats = out.stats
-            piece = self.stream.finish(out.text or "")
+            self.text = out.text or ""
+            piece = self.stream.finish(self.text)
         else:
             piece = self.stream.add(out.new_token_ids)
-        self.text += piece
         return piece, new_logprobs
-
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
 
     # -- logprobs in the two endpoints' shapes ----------------------------------------------
 
@@ -60,7 +64,7 @@ class Choice:
             return None
         tokens, offsets = [], []
         for item in items:
-            text = self.token_text(item.token_id)
+            text = self.tokens.text(item.token_id)
             tokens.append(text)
             offsets.append(self.offset)
             self.offset += len(text)
@@ -68,7 +72,7 @@ class Choice:
             "tokens": tokens,
             "token_logprobs": [_finite(item.logprob) for item in items],
             "top_logprobs": [
-                {self.token_text(t): _finite(lp) for t, lp in item.top} for item in items
+                {self.tokens.text(t): _finite(lp) for t, lp in item.top} for item in items
             ],
             "text_offset": offsets,
         }
@@ -78,8 +82,12 @@ class Choice:
             return None
 
         def entry(token_id: int, logprob: float) -> dict[str, Any]:
-            text = self.token_text(token_id)
-            return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
+            raw = self.tokens.bytes(token_id)
+            return {
+                "token": self.tokens.text(token_id),
+                "logprob": _finite(logprob),
+                "bytes": list(raw),
+            }
 
         return {
             "content": [
