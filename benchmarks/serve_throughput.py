@@ -6,7 +6,9 @@ Two servers run side by side (each idle while the other is measured). A round se
 16 chat requests of the bench's task sets through 1, 4 and 16 clients (each client one
 request at a time),
 greedy, not streamed; aggregate tokens/s is the round's completion tokens over its wall time.
-Rounds alternate which server goes first; the table gives medians over ``--repeats`` rounds.
+Rounds alternate which server goes first and use new prompts each; the table gives each
+server's median tokens/s and the median over rounds of the ratio within each round (the two
+servers of a round serve the same prompts).
 Both servers' replies are checked equal token for token.
 
     python benchmarks/serve_throughput.py --threads 2
@@ -59,14 +61,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--clients",
+        type=int,
+        nargs="+",
+        default=list(CONCURRENCY),
+        choices=CONCURRENCY,
+        help="concurrency levels to run (default 1 4 16)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "serve_throughput")
     args = parser.parse_args()
 
     options = ["--max-batch", str(max(CONCURRENCY)), "--threads", str(args.threads)]
     arms = {"plain": '{"method": "ar"}', "speculative": None}
-    results: dict[int, dict[str, list[float]]] = {c: {a: [] for a in arms} for c in CONCURRENCY}
+    levels = tuple(args.clients)
+    results: dict[int, dict[str, list[float]]] = {c: {a: [] for a in arms} for c in levels}
     with (
         server(
             args.target, *options, "--speculative-config", arms["plain"], log="/tmp/qd_ar.log"
@@ -75,7 +86,7 @@ def main() -> None:
     ):
         urls = {"plain": plain_url, "speculative": spec_url}
         for repeat in range(args.repeats):
-            for clients in CONCURRENCY:
+            for clients in levels:
                 count = ROUND_REQUESTS[clients]
                 items = task_items(count + repeat * 7)[repeat * 7 :]  # new prompts each round
                 order = list(arms) if (repeat + clients) % 2 == 0 else list(arms)[::-1]
@@ -95,11 +106,22 @@ def main() -> None:
                     raise AssertionError(f"c={clients}: the servers' greedy replies differ")
 
     rows = []
-    for clients in CONCURRENCY:
+    for clients in levels:
         plain = statistics.median(results[clients]["plain"])
         spec = statistics.median(results[clients]["speculative"])
+        # Rounds differ in prompts: the ratio is paired within each round, then the median.
+        ratios = [
+            s / p
+            for s, p in zip(results[clients]["speculative"], results[clients]["plain"], strict=True)
+        ]
         rows.append(
-            {"clients": clients, "plain": plain, "speculative": spec, "ratio": spec / plain}
+            {
+                "clients": clients,
+                "plain": plain,
+                "speculative": spec,
+                "ratio": statistics.median(ratios),
+                "ratio_by_round": ratios,
+            }
         )
     machine = describe_machine()
     md = [
@@ -109,13 +131,16 @@ def main() -> None:
         f'--max-batch 16` processes (plain: `--speculative-config \'{{"method": "ar"}}\'`; '
         f"speculative: the automatic method, EAGLE with the batch policy 3), greedy chat "
         f"requests of {args.max_tokens} tokens from the bench's task sets, not streamed; "
-        f"median of {args.repeats} interleaved rounds. Replies equal token for token.",
+        f"{args.repeats} interleaved rounds, new prompts each. Replies equal token for token.",
         "",
-        "| concurrent clients | plain tokens/s | speculative tokens/s | speculative / plain |",
-        "|---|---|---|---|",
+        "| concurrent clients | plain tokens/s | speculative tokens/s | speculative / plain "
+        "(median of rounds) | by round |",
+        "|---|---|---|---|---|",
     ]
     md += [
-        f"| {r['clients']} | {r['plain']:.1f} | {r['speculative']:.1f} | {r['ratio']:.2f}x |"
+        f"| {r['clients']} | {r['plain']:.1f} | {r['speculative']:.1f} | {r['ratio']:.2f}x | "
+        + ", ".join(f"{x:.2f}" for x in r["ratio_by_round"])
+        + " |"
         for r in rows
     ]
     payload = {

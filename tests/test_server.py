@@ -528,3 +528,27 @@ def test_drain_answers_running_requests_and_refuses_new_ones(target, tokenizer):
         status, error = raw(url, "POST", "/v1/completions", b'{"prompt": "a"}')
         assert status == 503 and "shutting down" in error["error"]["message"]
         assert settled(url)["quickdraft_cache_rows_in_use"] == 0
+
+
+def test_speculative_config_json_takes_specconfig_keys_and_names_bad_ones():
+    from quickdraft.cli.serve import speculative_config
+
+    spec, draft, _ = speculative_config(None, "smollm2-135m", None, "auto")
+    assert str(spec.method) == "eagle" and draft is None  # generate's automatic choice
+    spec, draft, _ = speculative_config('{"method": "ngram"}', "smollm2-135m", None, "auto")
+    assert str(spec.method) == "ngram" and spec.num_speculative_tokens == 5
+    text = '{"model": "qwen2.5-coder-0.5b", "num_speculative_tokens": 3}'  # vLLM's key
+    spec, draft, _ = speculative_config(text, "qwen2.5-coder-1.5b", None, "auto")
+    assert str(spec.method) == "draft_model" and draft == "qwen2.5-coder-0.5b"
+    assert spec.num_speculative_tokens == 3
+    for bad, words in (
+        ("{not json", "not valid JSON"),
+        ("[1]", "must be a JSON object"),
+        ('{"methd": "ngram"}', "unknown key 'methd'"),
+        ('{"method": "nope"}', "method"),
+        ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens"),
+        ('{"method": "ngram", "tree": "4,4,12"}', "tree applies to"),
+        ('{"draft": 5}', "model name or path"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            speculative_config(bad, "smollm2-135m", None, "auto")
