@@ -109,7 +109,7 @@ def emitted_logprobs(
     at = logits[index.unsqueeze(1), kept[index]]  # [R, D + 1, V]
     logp = torch.log_softmax(at.float(), dim=-1)
     chosen = logp.gather(2, chunk[index].unsqueeze(2)).squeeze(2)  # [R, D + 1]
-    most = max(tops[b] or 0 for b in rows)
+    most = min(max(tops[b] or 0 for b in rows), logp.shape[-1])  # a tiny vocabulary has fewer
     values, ids = logp.topk(most, dim=-1)  # k = 0 gives empty tensors
     # The one host read of these, for the rows that asked.
     chosen_l, values_l, ids_l = chosen.tolist(), values.tolist(), ids.tolist()
