@@ -50,6 +50,9 @@ TREE_ROWS = ("sample:2,2,1", "top:0|1|2|0.0|0.1|1.0|0.0.0")
 # second row keeps only nodes of path probability >= 0.1 and grafts up to 3 tokens of prompt
 # lookup onto each tree (frequent over 8 tokens), merged into the tree's own nodes.
 EAGLE_ROWS = ("eagle:3,3,6", "eagle:3,3,6,0.1+3")
+# EAGLE with each shortlist kind: the head scores the shortlist's rows of all 8 tokens (the
+# toy network's own draft vocabulary is 6), FR-Spec lists or DynaSpec clusters per depth.
+EAGLE_SHORTLIST_ROWS = ("fr:4", "fr-pa:6", "dyna:2", "dyna-pa:2")
 # Lookahead rows: the toy target itself runs the Jacobi window (W 2, 3 levels) beside up to 2
 # pool candidates of 3 tokens (N 4); pool and window change with every step.
 LOOKAHEAD_ROWS = ("lookahead:2,4,2",)
@@ -107,6 +110,7 @@ def quick_cases() -> list[Case]:
         cases += [Case(rule, *shaped, 4, s) for s in ("fr-pa:6", "dyna-pa:3")]
         cases += [Case(rule, *shaped, toy_tree(t).max_depth, tree=t) for t in TREE_ROWS]
         cases.append(Case(rule, *plain, 3, tree=EAGLE_ROWS[-1]))
+        cases.append(Case(rule, *shaped, 3, "dyna-pa:2", tree=EAGLE_ROWS[0]))
         cases.append(Case(rule, *shaped, 3, tree=LOOKAHEAD_ROWS[0]))
         cases.append(Case(rule, *shaped, 4, serving=True))
     cases.append(Case(LOSSLESS_RULES[0], *shaped, 3, tree=TREE_ROWS[0], serving=True))
@@ -127,6 +131,8 @@ def full_cases() -> list[Case]:
     eagle = itertools.product(LOSSLESS_RULES, EAGLE_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
     for rule, tree, (t, top_k, top_p) in eagle:
         cases.append(Case(rule, t, top_k, top_p, int(tree[6:].split(",")[0]), tree=tree))
+    for rule, shortlist in itertools.product(LOSSLESS_RULES, EAGLE_SHORTLIST_ROWS):
+        cases.append(Case(rule, 0.6, 5, 0.9, 3, shortlist, tree=EAGLE_ROWS[0]))
     lookahead = itertools.product(LOSSLESS_RULES, LOOKAHEAD_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
     for rule, tree, (t, top_k, top_p) in lookahead:
         cases.append(Case(rule, t, top_k, top_p, int(tree.split(",")[1]) - 1, tree=tree))
@@ -207,7 +213,7 @@ def run_case(
     target, draft = toy_pair(seed)
     if case.tree.startswith("eagle"):
         target = toy_llama(seed, device)
-        drafter = drafter or toy_eagle(target, case.tree, seed)
+        drafter = drafter or toy_eagle(target, case.tree, seed, case.shortlist)
     if case.tree.startswith("lookahead") and drafter is None:
         from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
 

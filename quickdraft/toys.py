@@ -62,9 +62,10 @@ def toy_llama(seed: int = 0, device: str = "cpu") -> Model:
     return LlamaRunner.from_state_dict(config, weights, device=device)
 
 
-def toy_eagle(target: Model, tree: str, seed: int = 0) -> Drafter:
+def toy_eagle(target: Model, tree: str, seed: int = 0, shortlist: str = "full") -> Drafter:
     """An untrained EAGLE-3 drafter on ``toy_llama``'s features; ``tree`` is
-    ``eagle:D,K,N[,MIN_PROB][+LOOKUP]``."""
+    ``eagle:D,K,N[,MIN_PROB][+LOOKUP]``; ``shortlist`` as ``toy_shortlist`` (its router reads
+    the toy Llama's width), over the whole toy vocabulary."""
     from quickdraft.drafters.eagle import EagleDrafter
     from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
     from quickdraft.drafters.eagle_tree import DynamicTree
@@ -73,7 +74,11 @@ def toy_eagle(target: Model, tree: str, seed: int = 0) -> Drafter:
     net = EagleNet(EagleConfig.for_target(target.config, "eagle3", 6))  # type: ignore
     net.draft_vocab = torch.randperm(TOY_VOCAB)[:6]
     shape, _, lookup = tree.partition(":")[2].partition("+")
-    return EagleDrafter(target, net, DynamicTree.parse(shape), lookup=int(lookup or 0))
+    depth = DynamicTree.parse(shape).depth
+    chosen = toy_shortlist(shortlist, depth, seed, hidden=target.config.hidden_size)  # type: ignore
+    return EagleDrafter(
+        target, net, DynamicTree.parse(shape), lookup=int(lookup or 0), shortlist=chosen
+    )
 
 
 def toy_tree(text: str) -> TreeShape:
@@ -132,9 +137,12 @@ class NGramTreeDrafter(Stateless):
         return Draft(tokens, probs if self.sampled else None, shape)
 
 
-def toy_shortlist(text: str, num_positions: int, seed: int = 0) -> Shortlist | None:
+def toy_shortlist(
+    text: str, num_positions: int, seed: int = 0, hidden: int | None = None
+) -> Shortlist | None:
     """A shortlist for the toy draft: a random frequency ranking, or round-robin clusters with
-    a randomly initialised router over the toy's one-hot context states."""
+    a randomly initialised router over the toy's one-hot context states (or over ``hidden``
+    wide states, a toy Llama's)."""
     kind, size = parse_shortlist(text)
     generator = torch.Generator().manual_seed(seed + 7)
     if kind == "full":
@@ -144,9 +152,9 @@ def toy_shortlist(text: str, num_positions: int, seed: int = 0) -> Shortlist | N
         if kind == "fr":
             return FrequencyShortlist(ranked, [size])
         return FrequencyShortlist.position_aware(ranked, size, num_positions)
-    contexts = (TOY_VOCAB + 1) ** (TOY_ORDER - 1)
+    width = hidden if hidden is not None else (TOY_VOCAB + 1) ** (TOY_ORDER - 1)
     torch.manual_seed(seed + 7)  # the router's initialisation
-    router = Router(RouterConfig(contexts, TOY_CLUSTERS, width=16)).eval()
+    router = Router(RouterConfig(width, TOY_CLUSTERS, width=16)).eval()
     assignment = torch.arange(TOY_VOCAB) % TOY_CLUSTERS
     return ClusterShortlist(assignment, router, size, position_aware=kind == "dyna-pa")
 

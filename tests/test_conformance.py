@@ -36,7 +36,7 @@ CASES = full_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 74
+    assert len(CASES) == 82
     assert {case.rule for case in CASES} == set(LOSSLESS_RULES)
     shortlisted = {case.shortlist for case in CASES} - {"full"}
     assert {s.split(":")[0] for s in shortlisted} == {"fr", "fr-pa", "dyna", "dyna-pa"}
@@ -49,6 +49,8 @@ def test_grid_covers_both_rules_and_every_setting():
     assert {case.temperature for case in eagle} == {1.0, 0.6}
     assert all(case.k == 3 for case in eagle)
     assert any("+" in case.tree for case in eagle)  # prompt lookup grafted on
+    eagle_shortlists = {case.shortlist.split(":")[0] for case in eagle} - {"full"}
+    assert eagle_shortlists == {"fr", "fr-pa", "dyna", "dyna-pa"}
     lookahead = [case for case in CASES if case.tree.startswith("lookahead")]
     assert {case.rule for case in lookahead} == set(LOSSLESS_RULES)
     assert {case.temperature for case in lookahead} == {1.0, 0.6}
@@ -208,7 +210,8 @@ def test_quick_rows_cover_every_rule_and_drafter_kind():
     assert set(quick) <= set(CASES) and len(quick) < len(CASES) / 3
     kinds = {(c.rule, c.tree.split(":")[0], c.shortlist.split(":")[0]) for c in quick}
     drafters = {("", "full"), ("", "fr-pa"), ("", "dyna-pa"), ("sample", "full"),
-                ("top", "full"), ("eagle", "full"), ("lookahead", "full")}  # fmt: skip
+                ("top", "full"), ("eagle", "full"), ("eagle", "dyna-pa"),
+                ("lookahead", "full")}  # fmt: skip
     assert kinds == {(rule, *d) for rule in LOSSLESS_RULES for d in drafters}
     assert {c.temperature for c in quick} == {1.0, 0.6} and {c.top_k for c in quick} == {0, 5}
 

@@ -151,7 +151,9 @@ def test_min_prob_keeps_only_nodes_the_drafter_believes_in(targets):
         drafter.begin(0, start)
         with torch.inference_mode():
             drafter._flush(drafter.cache.narrow(0, 1), batch)  # the prompt's entries
-            top = drafter._log_probs(drafter._root[:1]).exp().max().item()
+            pending = batch.tokens[:, n - 1]
+            values, _ = drafter._top(drafter._root[:1], pending, drafter._root_feature[:1], 0)
+            top = values.exp().max().item()
             return drafter.propose(batch), top
 
     _, top = draft_with(0.0)
@@ -393,3 +395,51 @@ def test_shipped_drafter_on_smollm2_is_the_default_and_token_identical(smollm2):
         target, tokenizer.apply_chat("Name three colours."), sampling=sampled, draft=drafter
     )
     assert len(out.token_ids) <= 24 and out.stats.verify_steps >= 1
+
+
+def _shortlists(vocab: int, hidden: int) -> dict:
+    from quickdraft.vocab.router import Router, RouterConfig
+    from quickdraft.vocab.shortlist import ClusterShortlist, FrequencyShortlist
+
+    torch.manual_seed(3)
+    ranked = torch.randperm(vocab)
+    router = Router(RouterConfig(hidden, 8, width=16)).eval()
+    assignment = torch.arange(vocab) % 8
+    core = assignment.clone()
+    core[ranked[:20]] = -1  # the hybrid: a core of frequent tokens outside the clusters
+    return {
+        "fr": FrequencyShortlist(ranked, [40]),
+        "fr-pa": FrequencyShortlist.position_aware(ranked, 40, 4),
+        "dyna": ClusterShortlist(assignment, router, 3, position_aware=False),
+        "dyna-pa": ClusterShortlist(assignment, router, 3),
+        "hybrid": ClusterShortlist(core, router, 2, context=True),
+    }
+
+
+@pytest.mark.parametrize("kind", ["fr", "fr-pa", "dyna", "dyna-pa", "hybrid"])
+def test_shortlisted_eagle_is_token_identical_and_drafts_only_shortlisted_tokens(targets, kind):
+    """The head scores the shortlist's rows of the target's whole head: drafts stay inside
+    the shortlist, reach tokens outside the network's own draft vocabulary, and greedy
+    decoding (alone and in a batch) equals plain decoding."""
+    target = targets["llama-tied"]
+    net = random_net(target, "eagle3", draft_vocab=12)
+    shortlist = _shortlists(target.vocab_size, target.config.hidden_size)[kind]
+    drafter = EagleDrafter(target, net, DynamicTree(3, 2, 5), lookup=0, shortlist=shortlist)
+    drafted: set[int] = set()
+    propose = drafter.propose
+
+    def recording(batch):
+        draft = propose(batch)
+        drafted.update(draft.tokens.flatten().tolist())
+        return draft
+
+    drafter.propose = recording
+    for prompt in PROMPTS:
+        out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+        assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
+    batch = generate_batch(target, PROMPTS, sampling=GREEDY, draft=drafter)
+    assert batch.token_ids == [generate(target, p, sampling=GREEDY).token_ids for p in PROMPTS]
+    assert shortlist.mean_size() < target.vocab_size
+    assert drafted - set(net.draft_vocab.tolist())  # beyond the network's own 12 tokens
+    if kind.startswith("fr"):
+        assert drafted <= set(shortlist.ranked[:40].tolist())

@@ -211,6 +211,15 @@ class Drafter(Protocol):
     def reorder(self, order: torch.Tensor) -> None: ...
 
 
+def text_since(batch: Batch, seen: torch.Tensor) -> torch.Tensor:
+    """The tokens each row gained past ``seen`` [B] (how much of its text a drafter read
+    already), as one flat tensor: what a shortlist's context is extended with."""
+    lo, hi = int(seen.min()), int(batch.lengths.max())  # host sync: the span to read
+    index = torch.arange(lo, hi, device=seen.device)
+    gained = (index >= seen.unsqueeze(1)) & (index < batch.lengths.unsqueeze(1))
+    return batch.tokens[:, lo:hi][gained]
+
+
 def pad_rows(chunks: list[list[torch.Tensor]]) -> torch.Tensor:
     """Each row's chunks of [M, D] features -> [B, max M, D], zero padded; a row may have
     none (a one-token prompt's prefill: [B, 0, 0] when no row has any)."""

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Batch, Draft, Needs, StepResult
+from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, text_since
 from quickdraft.models.base import Cache, FeatureModel, Model
 from quickdraft.sampling import probs_for_rows, sample_rows
 from quickdraft.vocab.shortlist import Shortlist
@@ -156,11 +156,7 @@ class DraftModelDrafter:
         assert self.shortlist is not None
         shortlist = self.shortlist
         # The tokens each row gained since the last step (its accepted output).
-        seen = self._seen[: batch.size]
-        lo, hi = int(seen.min()), int(batch.lengths.max())
-        index = torch.arange(lo, hi, device=seen.device)
-        gained = (index >= seen.unsqueeze(1)) & (index < batch.lengths.unsqueeze(1))
-        shortlist.extend(batch.tokens[:, lo:hi][gained])
+        shortlist.extend(text_since(batch, self._seen[: batch.size]))
         self._seen[: batch.size] = batch.lengths
         hidden = self._body(inputs, positions, cache)
         cache.commit(pending + 1)

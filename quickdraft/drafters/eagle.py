@@ -18,6 +18,12 @@ Each step:
 4. graft (optional, ``lookup``): prompt lookup's continuation joins the tree as one more
    branch, sharing the tree's nodes where they agree.
 
+The head scores the network's draft vocabulary with the target's own LM-head rows, or, with a
+``shortlist`` (``quickdraft.vocab``: FR-Spec, DynaSpec), the rows that shortlist chooses at
+each depth out of the target's whole vocabulary: DynaSpec's router reads the token an entry
+takes in and the feature it reads (the target's for the first level, the parent's output
+after), so it can run beside the layer. Drafts stay exact either way: the target verifies.
+
 Candidates are deterministic (point masses), which the tree rules accept exactly at any
 temperature (``accept.tree_rejection_sampling``). In a batch, every row drafts its own tokens
 but the rows share one tree shape (the engine verifies one shape per step): expansion and
@@ -32,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, pad_rows
+from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, pad_rows, text_since
 from quickdraft.drafters.eagle_io import load_eagle
 from quickdraft.drafters.eagle_net import EagleNet, check_fits
 from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
@@ -40,6 +46,7 @@ from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.kv_cache import KVCache
 from quickdraft.models.ops import Linear, packed_copy, prefix_tree_mask
+from quickdraft.vocab.shortlist import Shortlist
 
 
 class EagleDrafter:
@@ -56,6 +63,7 @@ class EagleDrafter:
         int8: bool = False,
         lookup: int = 0,
         lookup_ngram: tuple[int, int] = (1, 3),
+        shortlist: Shortlist | None = None,
     ):
         config = net.config
         if not isinstance(target, FeatureModel):
@@ -87,13 +95,20 @@ class EagleDrafter:
             taps=taps,
         )
         self.embed = target.embed
-        vocab = net.draft_vocab
-        self.draft_vocab = vocab.to(self.device)
-        head = target.head_weight[vocab].to(torch.float32)
-        # Packed once: the draft vocabulary's rows.
-        self.head = Linear(head.contiguous(), int8=int8)
+        self.shortlist = shortlist
+        if shortlist is None:
+            vocab = net.draft_vocab
+            self.draft_vocab = vocab.to(self.device)
+            head = target.head_weight[vocab].to(torch.float32)
+            # Packed once: the draft vocabulary's rows.
+            self.head: Linear | None = Linear(head.contiguous(), int8=int8)
+        else:  # the shortlist packs the target's rows in segments of its own
+            shortlist.bind(target.head_weight, target.embed, self.vocab_size, int8)
+            self.head = None
         self.cache: KVCache | None = None
         self._root = torch.zeros(0)
+        self._root_feature = torch.zeros(0)  # the feature the root's entry read (router input)
+        self._seen = torch.zeros(0, dtype=torch.long)  # text length the shortlist has read
         self._fresh: list[list[tuple]] = []  # per row: features waiting to be entries
 
     # -- the protocol ---------------------------------------------------------------------
@@ -110,6 +125,8 @@ class EagleDrafter:
             device=self.device,
         )
         self._root = torch.zeros(rows, config.hidden_size, device=self.device)
+        self._root_feature = torch.zeros_like(self._root)
+        self._seen = torch.zeros(rows, dtype=torch.long, device=self.device)
         self._fresh = [[] for _ in range(rows)]
 
     def begin(self, first: int, start: StepResult) -> None:
@@ -118,6 +135,11 @@ class EagleDrafter:
         self.cache.narrow(first, start.batch.size).rollback(0)
         for b, fresh in enumerate(self._features(start)):
             self._fresh[first + b] = fresh
+        if self.shortlist is not None:
+            # The shortlist's context is shared by the running rows: a lone request resets it.
+            text = text_since(start.batch, torch.zeros_like(start.batch.lengths))
+            (self.shortlist.begin if first == 0 else self.shortlist.extend)(text)
+            self._seen[first : first + start.batch.size] = start.batch.lengths
 
     def observe(self, result: StepResult) -> None:
         """The kept tokens' features wait for the next propose: a step the batch policy left
@@ -130,6 +152,8 @@ class EagleDrafter:
         assert self.cache is not None
         self.cache.permute(0, order)
         self._root[: order.shape[0]] = self._root[order].clone()
+        self._root_feature[: order.shape[0]] = self._root_feature[order].clone()
+        self._seen[: order.shape[0]] = self._seen[order].clone()
         self._fresh[: order.shape[0]] = [self._fresh[i] for i in order.tolist()]
 
     @torch.inference_mode()
@@ -137,6 +161,9 @@ class EagleDrafter:
         assert self.cache is not None, "reserve() first"
         cache = self.cache.narrow(0, batch.size)
         self._flush(cache, batch)
+        if self.shortlist is not None:
+            self.shortlist.extend(text_since(batch, self._seen[: batch.size]))
+            self._seen[: batch.size] = batch.lengths
         draft = self._expand(cache, batch, self._root[: batch.size])
         return draft if self.lookup is None else self._graft(batch, draft)
 
@@ -159,21 +186,25 @@ class EagleDrafter:
         hidden = pad_rows([[h for h, _ in row] for row in fresh])
         taps = {i: pad_rows([[t[i] for _, t in row] for row in fresh]) for i in self.needs.taps}
         counts = counts.to(self.device)
-        roots = self._catch_up(cache, StepResult(batch, counts, hidden, taps))
+        roots, features = self._catch_up(cache, StepResult(batch, counts, hidden, taps))
         arrived = (counts > 0).unsqueeze(1)
         self._root[: batch.size] = torch.where(arrived, roots, self._root[: batch.size])
+        kept = self._root_feature[: batch.size]
+        self._root_feature[: batch.size] = torch.where(arrived, features, kept)
         for row in fresh:
             row.clear()
 
     # -- steps --------------------------------------------------------------------------
 
-    def _catch_up(self, cache: KVCache, result: StepResult) -> torch.Tensor:
+    def _catch_up(self, cache: KVCache, result: StepResult) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 1: real entries for the target's kept features; returns the output of each
-        row's last one [B, d] (zeros for a row with none: a one-token prompt)."""
+        row's last one and the feature it read, [B, d] each (zeros for a row with none: a
+        one-token prompt)."""
         net, batch, count = self.net, result.batch, result.kept
         assert result.hidden is not None
         if result.hidden.shape[1] == 0:
-            return torch.zeros(batch.size, net.config.hidden_size, device=self.device)
+            zeros = torch.zeros(batch.size, net.config.hidden_size, device=self.device)
+            return zeros, zeros
         taps = [result.taps[layer].float() for layer in self.needs.taps]
         feature = net.fuse(result.hidden.float(), taps)  # [B, M, d]
         num = feature.shape[1]
@@ -184,8 +215,11 @@ class EagleDrafter:
         ancestors = torch.ones(num, num, dtype=torch.bool, device=self.device).tril()
         output = self._attend(cache, attn_input, residual, positions, ancestors, 0)
         cache.commit(count)
-        last = output[torch.arange(batch.size, device=self.device), (count - 1).clamp_min(0)]
-        return torch.where((count > 0).unsqueeze(1), last, 0.0)
+        rows, last = torch.arange(batch.size, device=self.device), (count - 1).clamp_min(0)
+        some = (count > 0).unsqueeze(1)
+        return torch.where(some, output[rows, last], 0.0), torch.where(
+            some, feature[rows, last], 0.0
+        )
 
     def _attend(
         self,
@@ -214,19 +248,38 @@ class EagleDrafter:
         )
         return net.finish(attended, residual)
 
-    def _log_probs(self, output: torch.Tensor) -> torch.Tensor:
-        """[.., d] -> log-probabilities over the draft vocabulary [.., S]."""
-        return self.head(self.net.head_input(output)).float().log_softmax(-1)
+    def _top(
+        self, output: torch.Tensor, tokens: torch.Tensor, feature: torch.Tensor, depth: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``tree.topk`` most likely draft tokens after each output [.., d]: (their
+        log-probabilities, their token ids), each [.., K]. ``tokens`` [..] and ``feature``
+        [.., d] are what produced the outputs: the router's inputs at draft ``depth``."""
+        k, hidden = self.tree.topk, self.net.head_input(output)
+        if self.shortlist is None:
+            assert self.head is not None
+            top = self.head(hidden).float().log_softmax(-1).topk(k, dim=-1)
+            return top.values, self.draft_vocab[top.indices]
+        lead, width = hidden.shape[:-1], hidden.shape[-1]
+        self.shortlist.prepare(depth, tokens.reshape(-1), feature.reshape(-1, width).float())
+        ids, logits = self.shortlist.logits(hidden.reshape(-1, width))
+        top = logits.log_softmax(-1).topk(min(k, ids.numel()), dim=-1)
+        values, chosen = top.values, ids.to(self.device)[top.indices]
+        if values.shape[-1] < k:  # a shortlist smaller than top-k: repeat the best, unscored
+            short = k - values.shape[-1]
+            values = torch.cat([values, values.new_full((values.shape[0], short), -math.inf)], 1)
+            chosen = torch.cat([chosen, chosen[:, :1].expand(-1, short)], 1)
+        return values.reshape(*lead, k), chosen.reshape(*lead, k)
 
     def _expand(self, cache: KVCache, batch: Batch, root: torch.Tensor) -> Draft:
         """Steps 2 and 3: grow the tree level by level, then keep the best ``tokens`` nodes."""
         tree, net = self.tree, self.net
         rows = root.shape[0]
-        top = self._log_probs(root).topk(tree.topk, dim=-1)  # [B, K]
+        pending = batch.tokens.gather(1, (batch.lengths - 1).unsqueeze(1)).squeeze(1)
+        top_values, top_tokens = self._top(root, pending, self._root_feature[:rows], 0)
         # Every candidate node so far: token [B], score [B] (log of its path probability),
         # parent (candidate index, -1 for the root's children), depth.
-        tokens = [self.draft_vocab[top.indices]]  # per level: [B, C]
-        scores = [top.values]
+        tokens = [top_tokens]  # per level: [B, C]
+        scores = [top_values]
         parents = [torch.full((tree.topk,), -1, device=self.device)]
         level_start = [0]
         # Expanded nodes: their entries sit at scratch slots 0.. in this order.
@@ -262,9 +315,9 @@ class EagleDrafter:
             ancestors = _ancestors(entry_parent)[offset:].to(self.device)  # [W, offset + W]
             positions = (anchor + level).unsqueeze(1).expand(rows, width)
             output = self._attend(cache, attn_input, residual, positions, ancestors, offset)
-            log_probs = self._log_probs(output).topk(tree.topk, dim=-1)  # [B, W, K]
-            level_scores = scores[-1][:, chosen].unsqueeze(-1) + log_probs.values
-            tokens.append(self.draft_vocab[log_probs.indices].flatten(1))
+            values, children = self._top(output, chosen_tokens, feature, level)  # [B, W, K]
+            level_scores = scores[-1][:, chosen].unsqueeze(-1) + values
+            tokens.append(children.flatten(1))
             scores.append(level_scores.flatten(1))
             parents.append((base + chosen).repeat_interleave(tree.topk))
             # The next level reads these outputs: candidate (w, k) has parent slot w.
@@ -349,10 +402,12 @@ def build_eagle(
     int8: bool = False,
     lookup: int = 0,
     lookup_ngram: tuple[int, int] = (1, 3),
+    shortlist: Shortlist | None = None,
 ) -> EagleDrafter:
     """A drafter from the network saved in ``folder``; ``tree`` as in ``DynamicTree.parse``;
     ``int8``: int8 weights for its layers and head on CPU; ``lookup``: the most tokens of
-    prompt lookup (n-gram sizes ``lookup_ngram``) grafted onto each tree, 0 for none."""
+    prompt lookup (n-gram sizes ``lookup_ngram``) grafted onto each tree, 0 for none;
+    ``shortlist``: the head's rows per depth, out of the target's whole vocabulary."""
     device = target.device.type
     return EagleDrafter(
         target,
@@ -361,4 +416,5 @@ def build_eagle(
         int8=int8,
         lookup=lookup,
         lookup_ngram=lookup_ngram,
+        shortlist=shortlist,
     )
