@@ -215,11 +215,12 @@ class SpecConfig:
     draft_temperature: draft_model only: the draft model's own sampling temperature; None means
         the target's. Any value keeps the output exact (the draft's probabilities are what the
         rule divides by); a cooler draft is often accepted more often.
-    draft_shortlist: draft_model only: the draft head's vocabulary shortlist, ``full`` or
-        ``fr:K``, ``fr-pa:K``, ``dyna:K``, ``dyna-pa:K`` (``quickdraft.vocab``). Exact: the
-        target always verifies over the full vocabulary.
+    draft_shortlist: draft_model, medusa and eagle: the drafter head's vocabulary shortlist,
+        ``full`` or ``fr:K``, ``fr-pa:K``, ``dyna:K``, ``dyna-pa:K`` (``quickdraft.vocab``).
+        Medusa and EAGLE then score the shortlist's rows of the target's whole head. Exact:
+        the target always verifies over the full vocabulary.
     shortlist_dir: the folder of the shortlist's artifacts; None uses those shipped for the
-        draft model.
+        model whose head is shortlisted (the draft model, or the target for medusa/eagle).
     medusa_dir: medusa only: the folder of trained heads (``quickdraft train medusa``); None
         uses those shipped for the target.
     tree: medusa and eagle: the draft tree; num_speculative_tokens is then unused. Medusa:

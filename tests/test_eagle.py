@@ -397,7 +397,7 @@ def test_shipped_drafter_on_smollm2_is_the_default_and_token_identical(smollm2):
     assert len(out.token_ids) <= 24 and out.stats.verify_steps >= 1
 
 
-def _shortlists(vocab: int, hidden: int) -> dict:
+def random_shortlists(vocab: int, hidden: int) -> dict:
     from quickdraft.vocab.router import Router, RouterConfig
     from quickdraft.vocab.shortlist import ClusterShortlist, FrequencyShortlist
 
@@ -423,7 +423,7 @@ def test_shortlisted_eagle_is_token_identical_and_drafts_only_shortlisted_tokens
     decoding (alone and in a batch) equals plain decoding."""
     target = targets["llama-tied"]
     net = random_net(target, "eagle3", draft_vocab=12)
-    shortlist = _shortlists(target.vocab_size, target.config.hidden_size)[kind]
+    shortlist = random_shortlists(target.vocab_size, target.config.hidden_size)[kind]
     drafter = EagleDrafter(target, net, DynamicTree(3, 2, 5), lookup=0, shortlist=shortlist)
     drafted: set[int] = set()
     propose = drafter.propose
@@ -443,3 +443,23 @@ def test_shortlisted_eagle_is_token_identical_and_drafts_only_shortlisted_tokens
     assert drafted - set(net.draft_vocab.tolist())  # beyond the network's own 12 tokens
     if kind.startswith("fr"):
         assert drafted <= set(shortlist.ranked[:40].tolist())
+
+
+def test_shipped_smollm2_eagle_takes_a_frequency_shortlist_through_specconfig(smollm2, tmp_path):
+    """SpecConfig(method="eagle", draft_shortlist=...) on the real model: the shortlist
+    scores the target's own head rows (FR-Spec counted on a little text here), outputs equal
+    plain decoding, and the head scores far fewer rows than the full vocabulary."""
+    from quickdraft.drafters import build_drafter
+    from quickdraft.vocab.shortlist import save_frequency
+
+    target, tokenizer = smollm2
+    text = "def reverse(items):\n    return items[::-1]\n" * 3 + "The answer is 84. " * 3
+    frequency = torch.zeros(target.vocab_size)
+    frequency.index_add_(
+        0, torch.tensor(tokenizer.encode(text)), torch.ones(len(tokenizer.encode(text)))
+    )
+    save_frequency(tmp_path, frequency, {"source": "test"})
+    spec = SpecConfig(method="eagle", draft_shortlist="fr:4096", shortlist_dir=str(tmp_path))
+    drafter = build_drafter(spec, target)
+    assert all(a > 1.0 for a in shipped_drafter_runs(smollm2, drafter))
+    assert drafter.head_rows == 4096 < target.vocab_size

@@ -318,3 +318,37 @@ def test_heads_trained_on_a_token_subset_draft_from_it(tmp_path, smollm2, capsys
         from quickdraft.train.medusa import MedusaTraining
 
         MedusaTraining(train_vocab=100, soft_labels=False)
+
+
+@pytest.mark.parametrize("kind", ["fr", "fr-pa", "dyna", "dyna-pa", "hybrid"])
+def test_shortlisted_medusa_heads_are_token_identical(targets, kind):
+    """Each head ranks its shortlist's rows of the target's head (the router reads the
+    pending token and the target's state): drafts stay inside an FR-Spec list, and greedy
+    decoding, alone and in a batch, equals plain decoding. Heads of their own are refused."""
+    from test_eagle import random_shortlists
+
+    target = targets["llama-untied"]
+    heads = random_heads(target.config.hidden_size, target.vocab_size)
+    shortlist = random_shortlists(target.vocab_size, target.config.hidden_size)[kind]
+    drafter = MedusaDrafter(target, heads, parse_tree("3,2,1", 3), shortlist=shortlist)
+    drafted: set[int] = set()
+    propose = drafter.propose
+
+    def recording(batch):
+        draft = propose(batch)
+        drafted.update(draft.tokens.flatten().tolist())
+        return draft
+
+    drafter.propose = recording
+    expected = [generate(target, p, sampling=GREEDY).token_ids for p in PROMPTS]
+    assert [generate(target, p, sampling=GREEDY, draft=drafter).token_ids for p in PROMPTS] == (
+        expected
+    )
+    assert generate_batch(target, PROMPTS, sampling=GREEDY, draft=drafter).token_ids == expected
+    if kind.startswith("fr"):
+        assert drafted <= set(shortlist.ranked[:40].tolist())
+    own = random_heads(
+        target.config.hidden_size, target.vocab_size, 3, own=target.head_weight.float()
+    )
+    with pytest.raises(ValueError, match="LM heads of their own"):
+        MedusaDrafter(target, own, parse_tree("3,2,1", 3), shortlist=shortlist)

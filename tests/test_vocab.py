@@ -88,9 +88,13 @@ def test_parse_shortlist_rejects_bad_text(text):
 def test_spec_config_validates_the_shortlist():
     with pytest.raises(ValueError, match="draft_shortlist"):
         SpecConfig(draft_shortlist="fr:0")
-    with pytest.raises(ValueError, match="draft_model only"):
+    with pytest.raises(ValueError, match="draft_model and medusa and eagle only"):
         SpecConfig(method="ngram", draft_shortlist="fr:10")
     assert SpecConfig(draft_shortlist="dyna-pa:8").draft_shortlist == "dyna-pa:8"
+    for method in ("eagle", "medusa"):  # heads scoring the target's own rows take them too
+        assert SpecConfig(method=method, draft_shortlist="fr:64").draft_shortlist == "fr:64"
+        with pytest.raises(ValueError, match="draft_shortlist"):
+            SpecConfig(method=method, draft_shortlist="fr:x")
 
 
 @pytest.mark.parametrize("int8", [False, True])

@@ -71,13 +71,15 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument(
         "--shortlist",
         default="full",
-        help="draft head vocabulary: full (default), fr:K, fr-pa:K, dyna:K or dyna-pa:K "
-        "(FR-Spec / DynaSpec; exact, the target verifies over the full vocabulary)",
+        help="drafter head vocabulary for draft_model, medusa and eagle: full (default), "
+        "fr:K, fr-pa:K, dyna:K or dyna-pa:K (FR-Spec / DynaSpec; exact, the target verifies "
+        "over the full vocabulary)",
     )
     generate.add_argument(
         "--shortlist-dir",
         default=None,
-        help="folder of shortlist artifacts (default: those shipped for --draft)",
+        help="folder of shortlist artifacts (default: those shipped for the model whose head "
+        "is shortlisted: --draft, or --target for medusa and eagle)",
     )
     generate.add_argument(
         "--medusa-dir",

@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.tree import TreeShape
+
+if TYPE_CHECKING:
+    from quickdraft.vocab.shortlist import Shortlist
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +221,32 @@ def text_since(batch: Batch, seen: torch.Tensor) -> torch.Tensor:
     index = torch.arange(lo, hi, device=seen.device)
     gained = (index >= seen.unsqueeze(1)) & (index < batch.lengths.unsqueeze(1))
     return batch.tokens[:, lo:hi][gained]
+
+
+class ShortlistContext:
+    """Keeps a shortlist's context (the running rows' text, for shortlists that add the
+    sequence's own tokens) in step with the engine's rows: a drafter calls ``begin`` when rows
+    join, ``reorder`` when they move, and ``catch_up`` before it drafts. The context is
+    shared by the running rows; a lone request resets it."""
+
+    def __init__(self, shortlist: Shortlist):
+        self.shortlist = shortlist
+        self.seen = torch.zeros(0, dtype=torch.long)  # per row: text length already read
+
+    def reserve(self, rows: int, device: torch.device) -> None:
+        self.seen = torch.zeros(rows, dtype=torch.long, device=device)
+
+    def begin(self, first: int, batch: Batch) -> None:
+        text = text_since(batch, torch.zeros_like(batch.lengths))
+        (self.shortlist.begin if first == 0 else self.shortlist.extend)(text)
+        self.seen[first : first + batch.size] = batch.lengths
+
+    def reorder(self, order: torch.Tensor) -> None:
+        self.seen[: order.shape[0]] = self.seen[order].clone()
+
+    def catch_up(self, batch: Batch) -> None:
+        self.shortlist.extend(text_since(batch, self.seen[: batch.size]))
+        self.seen[: batch.size] = batch.lengths
 
 
 def pad_rows(chunks: list[list[torch.Tensor]]) -> torch.Tensor:

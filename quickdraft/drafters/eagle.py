@@ -38,7 +38,14 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, pad_rows, text_since
+from quickdraft.drafters.base import (
+    Batch,
+    Draft,
+    Needs,
+    ShortlistContext,
+    StepResult,
+    pad_rows,
+)
 from quickdraft.drafters.eagle_io import load_eagle
 from quickdraft.drafters.eagle_net import EagleNet, check_fits
 from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
@@ -96,6 +103,7 @@ class EagleDrafter:
         )
         self.embed = target.embed
         self.shortlist = shortlist
+        self.context = None if shortlist is None else ShortlistContext(shortlist)
         if shortlist is None:
             vocab = net.draft_vocab
             self.draft_vocab = vocab.to(self.device)
@@ -108,8 +116,16 @@ class EagleDrafter:
         self.cache: KVCache | None = None
         self._root = torch.zeros(0)
         self._root_feature = torch.zeros(0)  # the feature the root's entry read (router input)
-        self._seen = torch.zeros(0, dtype=torch.long)  # text length the shortlist has read
         self._fresh: list[list[tuple]] = []  # per row: features waiting to be entries
+
+    @property
+    def head_rows(self) -> int:
+        """Rows of the LM head one draft position scores: the draft vocabulary, or the
+        shortlist's mean so far (its largest size before any draft)."""
+        if self.shortlist is None:
+            return int(self.draft_vocab.numel())
+        mean = self.shortlist.mean_size()
+        return self.vocab_size if math.isnan(mean) else round(mean)
 
     # -- the protocol ---------------------------------------------------------------------
 
@@ -126,7 +142,8 @@ class EagleDrafter:
         )
         self._root = torch.zeros(rows, config.hidden_size, device=self.device)
         self._root_feature = torch.zeros_like(self._root)
-        self._seen = torch.zeros(rows, dtype=torch.long, device=self.device)
+        if self.context is not None:
+            self.context.reserve(rows, self.device)
         self._fresh = [[] for _ in range(rows)]
 
     def begin(self, first: int, start: StepResult) -> None:
@@ -135,11 +152,8 @@ class EagleDrafter:
         self.cache.narrow(first, start.batch.size).rollback(0)
         for b, fresh in enumerate(self._features(start)):
             self._fresh[first + b] = fresh
-        if self.shortlist is not None:
-            # The shortlist's context is shared by the running rows: a lone request resets it.
-            text = text_since(start.batch, torch.zeros_like(start.batch.lengths))
-            (self.shortlist.begin if first == 0 else self.shortlist.extend)(text)
-            self._seen[first : first + start.batch.size] = start.batch.lengths
+        if self.context is not None:
+            self.context.begin(first, start.batch)
 
     def observe(self, result: StepResult) -> None:
         """The kept tokens' features wait for the next propose: a step the batch policy left
@@ -153,7 +167,8 @@ class EagleDrafter:
         self.cache.permute(0, order)
         self._root[: order.shape[0]] = self._root[order].clone()
         self._root_feature[: order.shape[0]] = self._root_feature[order].clone()
-        self._seen[: order.shape[0]] = self._seen[order].clone()
+        if self.context is not None:
+            self.context.reorder(order)
         self._fresh[: order.shape[0]] = [self._fresh[i] for i in order.tolist()]
 
     @torch.inference_mode()
@@ -161,9 +176,8 @@ class EagleDrafter:
         assert self.cache is not None, "reserve() first"
         cache = self.cache.narrow(0, batch.size)
         self._flush(cache, batch)
-        if self.shortlist is not None:
-            self.shortlist.extend(text_since(batch, self._seen[: batch.size]))
-            self._seen[: batch.size] = batch.lengths
+        if self.context is not None:
+            self.context.catch_up(batch)
         draft = self._expand(cache, batch, self._root[: batch.size])
         return draft if self.lookup is None else self._graft(batch, draft)
 

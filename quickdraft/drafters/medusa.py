@@ -27,10 +27,18 @@ from torch import nn
 from quickdraft import artifacts
 from quickdraft.artifacts import load_state, read_json, read_safetensors
 from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH, show_value
-from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, shipped_folder
+from quickdraft.drafters.base import (
+    Batch,
+    Draft,
+    Needs,
+    ShortlistContext,
+    StepResult,
+    shipped_folder,
+)
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.ops import Linear
 from quickdraft.tree import TreeShape
+from quickdraft.vocab.shortlist import Shortlist
 
 CONFIG_FILE = "medusa.json"
 WEIGHTS_FILE = "medusa.safetensors"
@@ -262,6 +270,7 @@ class MedusaDrafter:
         tree: TreeShape | None = None,
         *,
         int8: bool = False,
+        shortlist: Shortlist | None = None,
     ):
         config = heads.config
         if not isinstance(target, FeatureModel):
@@ -290,6 +299,13 @@ class MedusaDrafter:
             rows = target.head_weight[vocab].float().contiguous()
             self._subset = (vocab, Linear(rows, int8=int8))
         self.vocab_size = target.vocab_size
+        # A shortlist scores its rows of the target's head for each head (depth) instead.
+        self.shortlist, self.context = shortlist, None
+        if shortlist is not None:
+            if heads.lm_heads is not None:
+                raise ValueError("shortlist: these Medusa heads have LM heads of their own")
+            shortlist.bind(target.head_weight, target.embed, self.vocab_size, int8)
+            self.context = ShortlistContext(shortlist)
         self.num_tokens = tree.num_nodes
         self.needs = Needs(tokens=tree.num_nodes, depth=tree.max_depth, hidden=True)
         # Candidates needed: the widest rank at any depth, plus one; node n takes candidate
@@ -299,24 +315,32 @@ class MedusaDrafter:
 
     def reserve(self, rows: int, capacity: int) -> None:
         self._hidden = torch.zeros(rows, self.heads.config.hidden_size, device=self.target.device)
+        if self.context is not None:
+            self.context.reserve(rows, self.target.device)
 
     def begin(self, first: int, start: StepResult) -> None:
         """The heads read the prefill's last state (zeros for a one-token prompt: its first
         draft is a guess, verified like any other)."""
         self._hidden[first : first + start.batch.size] = _last_kept(start, self._hidden)
+        if self.context is not None:
+            self.context.begin(first, start.batch)
 
     def observe(self, result: StepResult) -> None:
         self._hidden[: result.batch.size] = _last_kept(result, self._hidden)
 
     def reorder(self, order: torch.Tensor) -> None:
         self._hidden[: order.shape[0]] = self._hidden[order].clone()
+        if self.context is not None:
+            self.context.reorder(order)
 
     @torch.inference_mode()
     def propose(self, batch: Batch) -> Draft:
         tree = self.tree
         hidden = self._hidden[: batch.size]
         states = self.heads(hidden.float())[:, : tree.max_depth]  # [B, D, d]
-        if self._subset is not None:
+        if self.shortlist is not None:
+            candidates = self._shortlisted(batch, hidden, states)
+        elif self._subset is not None:
             vocab, head = self._subset
             candidates = vocab[head(states).topk(self._width, dim=-1).indices]  # [B, D, W]
         else:
@@ -328,6 +352,27 @@ class MedusaDrafter:
             candidates = logits[..., : self.vocab_size].topk(self._width, dim=-1).indices
         tokens = candidates[:, tree.depth - 1, tree.ranks]  # [B, N]
         return Draft(tokens, None, tree)
+
+    def _shortlisted(
+        self, batch: Batch, hidden: torch.Tensor, states: torch.Tensor
+    ) -> torch.Tensor:
+        """[B, D, W] candidates, head d ranking its shortlist's rows at draft position d. The
+        router reads the pending token and the target's state that every head reads."""
+        assert self.shortlist is not None and self.context is not None
+        self.context.catch_up(batch)
+        pending = batch.tokens.gather(1, (batch.lengths - 1).unsqueeze(1)).squeeze(1)
+        columns = []
+        for depth in range(states.shape[1]):
+            self.shortlist.prepare(depth, pending, hidden.float())
+            ids, logits = self.shortlist.logits(states[:, depth])
+            top = logits.topk(min(self._width, ids.numel()), dim=-1).indices
+            chosen = ids.to(top.device)[top]  # [B, <= W]
+            if chosen.shape[1] < self._width:  # a shortlist smaller than W: repeat the best
+                chosen = torch.cat(
+                    [chosen, chosen[:, :1].expand(-1, self._width - chosen.shape[1])], 1
+                )
+            columns.append(chosen)
+        return torch.stack(columns, 1)
 
 
 def _last_kept(result: StepResult, like: torch.Tensor) -> torch.Tensor:
@@ -341,10 +386,16 @@ def _last_kept(result: StepResult, like: torch.Tensor) -> torch.Tensor:
 
 
 def build_medusa(
-    target: Model, folder: str | Path, tree: str | None = None, *, int8: bool = False
+    target: Model,
+    folder: str | Path,
+    tree: str | None = None,
+    *,
+    int8: bool = False,
+    shortlist: Shortlist | None = None,
 ) -> MedusaDrafter:
     """A drafter from the heads saved in ``folder``; ``tree`` as in ``parse_tree``; ``int8``:
-    int8 weights for the rows of a frequent-token head on CPU."""
+    int8 weights for the rows of a frequent-token head on CPU; ``shortlist``: each head
+    ranks that shortlist's rows of the target's head instead."""
     heads = load_heads(folder)
     if heads.config.vocab_size != target.vocab_size:
         raise ValueError(
@@ -352,4 +403,4 @@ def build_medusa(
             f"target has {target.vocab_size}"
         )
     shape = parse_tree(tree, heads.config.num_heads, heads.rank_accuracy)
-    return MedusaDrafter(target, heads, shape, int8=int8)
+    return MedusaDrafter(target, heads, shape, int8=int8, shortlist=shortlist)

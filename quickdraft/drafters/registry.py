@@ -8,6 +8,7 @@ from typing import Any
 from quickdraft.config import (
     MAX_DRAFT_TOKENS,
     MAX_SPECULATIVE_TOKENS,
+    MAX_TREE_DEPTH,
     SpecConfig,
     check_range,
     check_temperature,
@@ -21,7 +22,7 @@ from quickdraft.drafters.lookahead import LookaheadConfig, build_lookahead
 from quickdraft.drafters.medusa import build_medusa, check_tree, heads_folder
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.methods import BuildContext, MethodEntry, k_label, register
-from quickdraft.vocab import artifact_folder, build_shortlist, parse_shortlist
+from quickdraft.vocab import Shortlist, artifact_folder, build_shortlist, parse_shortlist
 
 # -- draft_model ------------------------------------------------------------------------------
 
@@ -40,10 +41,7 @@ def _build_draft_model(spec: SpecConfig, context: BuildContext) -> Drafter:
             f"draft: its vocabulary ({draft.vocab_size}) differs from the target's "
             f"({target.vocab_size}); pass both tokenizers to check they agree"
         )
-    shortlist = None
-    if spec.draft_shortlist != "full":
-        folder = artifact_folder(context.draft_name, spec.shortlist_dir)
-        shortlist = build_shortlist(spec.draft_shortlist, folder, spec.num_speculative_tokens)
+    shortlist = _shortlist(spec, context.draft_name, spec.num_speculative_tokens)
     return DraftModelDrafter(
         draft,
         spec.num_speculative_tokens,
@@ -57,6 +55,25 @@ def _check_draft_model(spec: SpecConfig) -> None:
     if spec.draft_temperature is not None:
         check_temperature("draft_temperature", spec.draft_temperature)
         object.__setattr__(spec, "draft_temperature", float(spec.draft_temperature))
+    _check_shortlist(spec)
+
+
+# -- shortlists: draft_model, medusa and eagle --------------------------------------------
+
+SHORTLIST_OPTIONS = ("draft_shortlist", "shortlist_dir")
+
+
+def _shortlist(spec: SpecConfig, head_model: str | None, positions: int) -> Shortlist | None:
+    """The drafter head's shortlist, or None for the full head. Its artifacts belong to the
+    model whose LM head is shortlisted: the draft model's, or the target's for Medusa and
+    EAGLE (which score the target's own head rows)."""
+    if spec.draft_shortlist == "full":
+        return None
+    folder = artifact_folder(head_model, spec.shortlist_dir)
+    return build_shortlist(spec.draft_shortlist, folder, positions)
+
+
+def _check_shortlist(spec: SpecConfig) -> None:
     try:
         parse_shortlist(spec.draft_shortlist)
     except ValueError as error:
@@ -89,7 +106,15 @@ def _build_ngram(spec: SpecConfig, context: BuildContext) -> Drafter:
 
 def _build_medusa(spec: SpecConfig, context: BuildContext) -> Drafter:
     folder = heads_folder(context.target_name, spec.medusa_dir)
-    return build_medusa(context.target, folder, spec.tree, int8=spec.drafter_int8)
+    shortlist = _shortlist(spec, context.target_name, MAX_TREE_DEPTH)  # its last size repeats
+    return build_medusa(
+        context.target, folder, spec.tree, int8=spec.drafter_int8, shortlist=shortlist
+    )
+
+
+def _check_medusa(spec: SpecConfig) -> None:
+    check_tree(spec.tree)
+    _check_shortlist(spec)
 
 
 def _medusa_label(text: str, k: int | None) -> tuple[str, dict[str, Any]]:
@@ -113,10 +138,12 @@ def _build_eagle(spec: SpecConfig, context: BuildContext) -> Drafter:
         int8=spec.drafter_int8,
         lookup=DEFAULT_LOOKUP if spec.eagle_lookup is None else spec.eagle_lookup,
         lookup_ngram=(spec.prompt_lookup_min, spec.prompt_lookup_max),
+        shortlist=_shortlist(spec, context.target_name, DynamicTree.parse(spec.tree).depth),
     )
 
 
 def _check_eagle(spec: SpecConfig) -> None:
+    _check_shortlist(spec)
     if spec.eagle_lookup is not None:
         check_range("eagle_lookup", spec.eagle_lookup, 0, MAX_SPECULATIVE_TOKENS, integer=True)
     tree = DynamicTree.parse(spec.tree)
@@ -206,7 +233,7 @@ register(
         "draft_model",
         "a smaller model of the same tokenizer drafts k tokens (optionally on a shortlist)",
         _build_draft_model,
-        options=("draft_temperature", "draft_shortlist", "shortlist_dir"),
+        options=("draft_temperature", *SHORTLIST_OPTIONS),
         check=_check_draft_model,
         parse_label=_draft_model_label,
         draft_model=True,
@@ -227,8 +254,8 @@ register(
         "medusa",
         "Medusa heads on the target draft a tree (trained per target)",
         _build_medusa,
-        options=("medusa_dir", "tree"),
-        check=lambda spec: check_tree(spec.tree),
+        options=("medusa_dir", "tree", *SHORTLIST_OPTIONS),
+        check=_check_medusa,
         parse_label=_medusa_label,
         describe=_describe_tree,
         head_rows=lambda drafter, target: target.vocab_size,
@@ -239,11 +266,11 @@ register(
         "eagle",
         "an EAGLE drafter on the target's features grows a dynamic tree (trained per target)",
         _build_eagle,
-        options=("eagle_dir", "tree", "eagle_lookup"),
+        options=("eagle_dir", "tree", "eagle_lookup", *SHORTLIST_OPTIONS),
         check=_check_eagle,
         parse_label=_eagle_label,
         describe=_describe_eagle,
-        head_rows=lambda drafter, target: int(drafter.draft_vocab.numel()),
+        head_rows=lambda drafter, target: drafter.head_rows,
     )
 )
 register(
