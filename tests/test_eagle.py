@@ -463,3 +463,30 @@ def test_shipped_smollm2_eagle_takes_a_frequency_shortlist_through_specconfig(sm
     drafter = build_drafter(spec, target)
     assert all(a > 1.0 for a in shipped_drafter_runs(smollm2, drafter))
     assert drafter.head_rows == 4096 < target.vocab_size
+
+
+def test_eagle_router_features_are_what_the_first_draft_level_reads(targets):
+    """``EagleSource`` (router training data): at each scored x_t, the fused target feature
+    the drafter's entry for x_t reads, and the drafter's own first-level choice over the
+    target's whole head, the same as the drafter computes when drafting after x_t."""
+    from quickdraft.train.features import EagleSource
+
+    target = targets["llama-tied"]
+    net = random_net(target, "eagle3", draft_vocab=target.vocab_size)
+    net.draft_vocab = torch.arange(target.vocab_size)  # the whole head, as a shortlist sees it
+    sequence = torch.tensor([[5, 17, 3, 99, 42, 5, 17, 8, 61]])
+    scored = torch.arange(1, sequence.shape[1])
+    prev, draft_next, target_next = EagleSource(target, net).run(sequence, scored)
+    layers = tuple(layer - 1 for layer in net.config.feature_layers)
+    tapped = target.with_taps(layers)
+    n = sequence.shape[1]
+    full = tapped.forward(sequence, torch.arange(n)[None], tapped.new_cache(1, n))
+    assert target_next.tolist() == full.logits[0, 1:].argmax(-1).tolist()
+    fused = net.fuse(full.hidden.float(), [full.taps[i].float() for i in layers])
+    assert torch.allclose(prev, fused[0, :-1], atol=1e-5)
+    for t in (3, 6, 8):  # the drafter after the prefix x_0..x_t, x_t pending
+        drafter = EagleDrafter(target, net, DynamicTree(1, 1, 1), lookup=0)
+        batch, start = prefilled(drafter, sequence, t + 1, full)
+        drafter.begin(0, start)
+        draft = drafter.propose(batch)
+        assert draft.tokens[0, 0].item() == draft_next[t - 1].item()

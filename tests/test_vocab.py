@@ -11,7 +11,7 @@ from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.models.toy import HeadedNGramLM, NGramLM
-from quickdraft.train.features import Features, extract
+from quickdraft.train.features import DrafterSource, Features, extract
 from quickdraft.train.router import RouterTraining, coverage, split, train_router
 from quickdraft.vocab import (
     ClusterShortlist,
@@ -310,11 +310,11 @@ def test_features_are_cached_and_resumable(tmp_path, pair):
     target, draft = pair
     sequences = [Sequence([1 + i, 5, 9, 13, 2 + i, 7, 30], 2, "x") for i in range(20)]
     settings = {"draft": "tiny"}
-    first = extract(sequences, draft, target, tmp_path, settings)
+    first = extract(sequences, DrafterSource(draft, target), tmp_path, settings)
     assert len(first) == 20 * 5
     shards = sorted(tmp_path.glob("shard-*.safetensors"))
     shards[-1].unlink()  # an interrupted run: the last shard is missing
-    again = extract(sequences, draft, target, tmp_path, settings)
+    again = extract(sequences, DrafterSource(draft, target), tmp_path, settings)
     assert torch.equal(again.prev_hidden, first.prev_hidden)
     assert torch.equal(again.target_next, first.target_next)
     # Labels: the target's argmax after each scored token; inputs: the hidden state before.
@@ -323,7 +323,7 @@ def test_features_are_cached_and_resumable(tmp_path, pair):
     assert first.target_next[:5].tolist() == logits[0, 2:].argmax(-1).tolist()
     assert first.tokens[:5].tolist() == sequences[0].tokens[2:]
     with pytest.raises(ValueError, match="other settings"):
-        extract(sequences, draft, target, tmp_path, {"draft": "other"})
+        extract(sequences, DrafterSource(draft, target), tmp_path, {"draft": "other"})
 
 
 def synthetic_features(n: int, hidden: int, vocab: int, seed: int = 0) -> Features:

@@ -23,7 +23,18 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
         "router.safetensors and metrics.json into --out. Features and checkpoints are cached "
         "under --cache, so an interrupted run resumes where it stopped.",
     )
-    router.add_argument("--draft", required=True, help="the draft model whose head is shortlisted")
+    router.add_argument(
+        "--draft",
+        required=True,
+        help="the model whose head is shortlisted: a draft model, or with --eagle-dir the "
+        "target of that EAGLE drafter",
+    )
+    router.add_argument(
+        "--eagle-dir",
+        default=None,
+        help="an EAGLE drafter of --draft: the router learns from its first draft level's "
+        "inputs (the target's fused feature and the token), labels are --draft's own tokens",
+    )
     router.add_argument(
         "--target",
         default=None,
@@ -278,6 +289,7 @@ def _train_router(args: argparse.Namespace) -> int:
     settings = ArtifactSettings(
         draft=args.draft,
         target=args.target,
+        eagle_dir=args.eagle_dir,
         data=tuple(args.data),
         frequency_data=tuple(args.frequency_data),
         clusters=args.clusters,

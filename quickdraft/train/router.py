@@ -254,6 +254,9 @@ class ArtifactSettings:
     max_tokens: int = 384
     int8: bool = True
     kmeans_iterations: int = 30
+    # An EAGLE drafter of ``draft`` (then the target: EAGLE scores the target's own head rows);
+    # the router reads its first draft level's inputs (``features.EagleSource``).
+    eagle_dir: str | None = None
 
 
 def token_frequency(sequences: list, vocab_size: int) -> torch.Tensor:
@@ -278,19 +281,24 @@ def build_artifacts(
     progress: Progress | None = None,
 ) -> dict:
     """Frequency list, clusters and router for ``settings.draft`` into ``out``."""
+    from quickdraft.drafters.eagle_io import load_eagle
     from quickdraft.models.loading import load_model
-    from quickdraft.train.features import extract, fingerprint
+    from quickdraft.train.features import DrafterSource, EagleSource, extract, fingerprint
     from quickdraft.vocab.clusters import spherical_kmeans
     from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
     from quickdraft.vocab.shortlist import load_ranked, save_clusters, save_frequency
 
     records = read_records(list(settings.data))
-    draft, tokenizer = load_model(settings.draft, int8=settings.int8)
+    eagle = settings.eagle_dir is not None
+    if eagle and settings.target not in (None, settings.draft):
+        raise ValueError("target: with an EAGLE drafter the shortlisted head is the target's")
+    # An EAGLE drafter's target runs in float, as it does when it verifies.
+    draft, tokenizer = load_model(settings.draft, int8=settings.int8 and not eagle)
     head = getattr(draft, "head_weight", None)
     if head is None:
         raise ValueError(f"draft: {settings.draft} does not run on the native runner")
     target = None
-    if settings.target is not None:
+    if settings.target is not None and not eagle:
         target, target_tokenizer = load_model(settings.target, int8=settings.int8)
         if target_tokenizer.hf.get_vocab() != tokenizer.hf.get_vocab():
             raise ValueError("target: its tokenizer differs from the draft's")
@@ -333,7 +341,13 @@ def build_artifacts(
         "data": list(settings.data),
     }
     folder = cache / f"features-{fingerprint(feature_settings)}"
-    features = extract(sample, draft, target, folder, feature_settings, report("features"))
+    if eagle:
+        assert settings.eagle_dir is not None
+        source: DrafterSource | EagleSource = EagleSource(draft, load_eagle(settings.eagle_dir))
+        feature_settings["eagle_dir"] = str(settings.eagle_dir)
+    else:
+        source = DrafterSource(draft, target)
+    features = extract(sample, source, folder, feature_settings, report("features"))
     features = features.subset(features.target_next < vocab)
     hf = tokenizer.hf
     features = drop_turn_boundaries(features, set(hf.all_special_ids), set(tokenizer.eos_token_ids))
