@@ -490,3 +490,23 @@ def test_eagle_router_features_are_what_the_first_draft_level_reads(targets):
         drafter.begin(0, start)
         draft = drafter.propose(batch)
         assert draft.tokens[0, 0].item() == draft_next[t - 1].item()
+
+
+def test_a_drafter_trained_on_a_subset_scores_the_whole_head(targets, tmp_path):
+    """``with_full_vocabulary``: the same states over every row of the target's head; its
+    drafts reach tokens outside the training subset and decoding stays token-identical."""
+    from quickdraft.drafters.eagle_io import with_full_vocabulary
+
+    target = targets["llama-tied"]
+    net = random_net(target, "eagle3", draft_vocab=12)
+    full = with_full_vocabulary(net)
+    assert full.config.draft_vocab_size == target.vocab_size
+    assert torch.equal(full.draft_vocab, torch.arange(target.vocab_size))
+    save_eagle(tmp_path, full)
+    loaded = load_eagle(tmp_path)
+    assert torch.equal(loaded.fc.weight, net.fc.weight.half().float())
+    drafter = EagleDrafter(target, loaded, DynamicTree(3, 2, 5), lookup=0)
+    assert drafter.head_rows == target.vocab_size
+    for prompt in PROMPTS:
+        out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+        assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids

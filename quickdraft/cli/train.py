@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,12 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
         default=150_000,
         help="scored (reply) positions, balanced over kinds of text (default 150000)",
     )
+    eagle.add_argument(
+        "--score-full-vocab",
+        action="store_true",
+        help="save the drafter scoring the target's whole head (trained on --draft-vocab "
+        "rows): the setting where drafter-head shortlists pay",
+    )
     eagle.add_argument("--max-tokens", type=_positive_int, default=512)
     eagle.add_argument(
         "--context",
@@ -197,6 +204,12 @@ def _train_eagle(args: argparse.Namespace) -> int:
             args.target, args.data, training, args.out, args.cache, args.budget_tokens,
             args.max_tokens, args.context, args.max_cache_gb, advance,
         )  # fmt: skip
+    if args.score_full_vocab:
+        from quickdraft.drafters.eagle_io import load_eagle, save_eagle, with_full_vocabulary
+
+        record = json.loads((args.out / "eagle.json").read_text())
+        record.pop("config")
+        save_eagle(args.out, with_full_vocabulary(load_eagle(args.out)), record)
     held = metrics["held_out"]
     console.print(
         f"wrote {args.out} ({metrics['train_sequences']} training sequences, "

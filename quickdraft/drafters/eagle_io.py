@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_file
 
 from quickdraft import artifacts
@@ -47,6 +48,20 @@ def load_eagle(folder: str | Path) -> EagleNet:
             folder / WEIGHTS_FILE, "draft_vocab holds ids past the config's vocab_size", remedy
         )
     return net.eval()
+
+
+def with_full_vocabulary(net: EagleNet) -> EagleNet:
+    """The same network scoring every row of the target's head (EAGLE-2's arrangement): its
+    draft vocabulary was the rows it trained on, and since those rows are the target's own,
+    its states rank the others too. The head is then most of the drafter's step on a large
+    vocabulary, which is what a shortlist (``SpecConfig.draft_shortlist``) cuts."""
+    from dataclasses import replace
+
+    full = EagleNet(replace(net.config, draft_vocab_size=net.config.vocab_size))
+    state = {k: v for k, v in net.state_dict().items() if k != "draft_vocab"}
+    full.load_state_dict(state, strict=False)
+    full.draft_vocab = torch.arange(net.config.vocab_size)
+    return full.eval()
 
 
 def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> Path:
