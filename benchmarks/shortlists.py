@@ -129,8 +129,9 @@ def main() -> None:
         "full": "full",
         "fr-spec": f"fr:{args.fr}",
         "fr-spec-pa": f"fr-pa:{fr_pa}",
-        "dynaspec-f": f"dyna:{args.dyna}",
-        "dynaspec-pa": f"dyna-pa:{args.dyna_pa}",
+        # The shipped artifacts' variant: core + sequence tokens + routed clusters.
+        "dynaspec-f": f"dyna-hybrid:{args.dyna}",
+        "dynaspec-pa": f"dyna-hybrid-pa:{args.dyna_pa}",
     }
     # The floor: a 1,024-token list leaves the step without (almost) any head, what no
     # shortlist can go below.

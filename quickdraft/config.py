@@ -216,7 +216,8 @@ class SpecConfig:
         the target's. Any value keeps the output exact (the draft's probabilities are what the
         rule divides by); a cooler draft is often accepted more often.
     draft_shortlist: draft_model, medusa and eagle: the drafter head's vocabulary shortlist,
-        ``full`` or ``fr:K``, ``fr-pa:K``, ``dyna:K``, ``dyna-pa:K`` (``quickdraft.vocab``).
+        ``full`` or ``fr:K``, ``fr-pa:K``, ``dyna:K``, ``dyna-pa:K``, ``dyna-hybrid:K``,
+        ``dyna-hybrid-pa:K`` (``quickdraft.vocab``).
         Medusa and EAGLE then score the shortlist's rows of the target's whole head. Exact:
         the target always verifies over the full vocabulary.
     shortlist_dir: the folder of the shortlist's artifacts; None uses those shipped for the

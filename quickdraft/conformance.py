@@ -40,7 +40,7 @@ from quickdraft.toys import (
 PROMPT = (3, 1)
 MIN_EXPECTED = 5.0
 # Shortlist rows: sizes that often leave the target's likely tokens out of the draft's support.
-SHORTLIST_ROWS = ("fr:3", "fr-pa:6", "dyna:2", "dyna-pa:3")
+SHORTLIST_ROWS = ("fr:3", "fr-pa:6", "dyna:2", "dyna-pa:3", "dyna-hybrid-pa:3")
 # Tree rows: siblings sampled without replacement from the draft (2 + 4 + 4 nodes, depth 3), and
 # a Medusa-style tree of deterministic top-ranked candidates (point masses, 7 nodes, depth 3).
 TREE_ROWS = ("sample:2,2,1", "top:0|1|2|0.0|0.1|1.0|0.0.0")

@@ -156,7 +156,9 @@ def toy_shortlist(
     torch.manual_seed(seed + 7)  # the router's initialisation
     router = Router(RouterConfig(width, TOY_CLUSTERS, width=16)).eval()
     assignment = torch.arange(TOY_VOCAB) % TOY_CLUSTERS
-    return ClusterShortlist(assignment, router, size, position_aware=kind == "dyna-pa")
+    return ClusterShortlist(
+        assignment, router, size, position_aware=kind.endswith("-pa"), context="hybrid" in kind
+    )
 
 
 def toy_pair(seed: int = 0) -> tuple[NGramLM, NGramLM]:

@@ -36,10 +36,11 @@ CASES = full_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 82
+    assert len(CASES) == 86
     assert {case.rule for case in CASES} == set(LOSSLESS_RULES)
     shortlisted = {case.shortlist for case in CASES} - {"full"}
-    assert {s.split(":")[0] for s in shortlisted} == {"fr", "fr-pa", "dyna", "dyna-pa"}
+    kinds = {s.split(":")[0] for s in shortlisted}
+    assert kinds == {"fr", "fr-pa", "dyna", "dyna-pa", "dyna-hybrid-pa"}
     trees = [case for case in CASES if case.tree.startswith(("sample", "top"))]
     assert {case.tree.split(":")[0] for case in trees} == {"sample", "top"}
     assert {case.rule for case in trees} == set(LOSSLESS_RULES)

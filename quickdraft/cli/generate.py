@@ -72,7 +72,8 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "--shortlist",
         default="full",
         help="drafter head vocabulary for draft_model, medusa and eagle: full (default), "
-        "fr:K, fr-pa:K, dyna:K or dyna-pa:K (FR-Spec / DynaSpec; exact, the target verifies "
+        "fr:K, fr-pa:K, dyna:K, dyna-pa:K, dyna-hybrid:K or dyna-hybrid-pa:K (FR-Spec / "
+        "DynaSpec; exact, the target verifies "
         "over the full vocabulary)",
     )
     generate.add_argument(

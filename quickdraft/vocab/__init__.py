@@ -8,10 +8,16 @@
 ``fr-pa:K``           FR-Spec-PA: K tokens at positions 0 and 1, then K // ((t + 1) * 2)
 ``dyna:K``            DynaSpec-F: the union of the router's top K clusters at every position
 ``dyna-pa:K``         DynaSpec-PA: K clusters at positions 0 and 1, then K // ((t + 1) * 2)
+``dyna-hybrid:K``     quickdraft's earlier variant: DynaSpec-F plus the sequence's own tokens
+``dyna-hybrid-pa:K``  the same on the position-aware budget
 ====================  =========================================================================
 
-DynaSpec shortlists always hold the core of frequent tokens the clusters were trained without
-(if any) and the sequence's own tokens, prompt and output so far (``ClusterShortlist``).
+``dyna`` and ``dyna-pa`` are the paper's method when the artifacts cluster every head row
+(``quickdraft train router --core 0``): the shortlist is the routed clusters and nothing else.
+Artifacts trained with a core of frequent tokens left out of the clusters add that core to
+every shortlist (it has no cluster to be routed to). The hybrid kinds also add every token of
+the sequence so far, prompt and output (``ClusterShortlist(context=True)``); with a core they
+are the variant benchmarks/results/shortlists measured for the Qwen pair.
 
 Frequency lists, clusters and routers are read from an artifact folder: the one shipped for the
 drafter (``ARTIFACTS / <model alias>``) or any folder ``quickdraft train router`` wrote.
@@ -33,7 +39,7 @@ from quickdraft.vocab.shortlist import (
 )
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
-KINDS = ("full", "fr", "fr-pa", "dyna", "dyna-pa")
+KINDS = ("full", "fr", "fr-pa", "dyna", "dyna-pa", "dyna-hybrid", "dyna-hybrid-pa")
 
 
 def parse_shortlist(text: str) -> tuple[str, int]:
@@ -78,8 +84,8 @@ def build_shortlist(
         return FrequencyShortlist.position_aware(load_ranked(folder), size, num_positions)
     router = Router.load(folder)
     return ClusterShortlist(
-        load_clusters(folder), router, size, position_aware=kind == "dyna-pa",
-        parallel=parallel_router, context=True,
+        load_clusters(folder), router, size, position_aware=kind.endswith("-pa"),
+        parallel=parallel_router, context=kind.startswith("dyna-hybrid"),
     )  # fmt: skip
 
 

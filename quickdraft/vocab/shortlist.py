@@ -168,7 +168,8 @@ class ClusterShortlist(Shortlist):
     ``assignment`` is -1 form a *core* (the most frequent tokens) that is always in the
     shortlist, and with ``context`` the sequence's own tokens (prompt and output so far) are
     always in it too (rare words and identifiers of the prompt are the tokens a reply copies
-    and a static list misses).
+    and a static list misses). ``route=False`` leaves the routed clusters out: the core and
+    the context alone, for ablations.
     Every token appears in exactly one part, so the draft distribution over the union is a
     plain softmax.
 
@@ -184,8 +185,11 @@ class ClusterShortlist(Shortlist):
         position_aware: bool = True,
         parallel: bool = False,
         context: bool = False,
+        route: bool = True,
     ):
         super().__init__()
+        if not route and not context and int((assignment == -1).sum()) == 0:
+            raise ValueError("route: without routed clusters, a core or the context is needed")
         num_clusters = router.config.num_clusters
         if assignment.dim() != 1 or int(assignment.max()) >= num_clusters:
             raise ValueError(
@@ -200,7 +204,10 @@ class ClusterShortlist(Shortlist):
         self.k_max = k_max
         self.position_aware = position_aware
         self.context = context
-        self.name = "dynaspec-pa" if position_aware else "dynaspec-f"
+        self.route = route  # False: the core and the context only (an ablation)
+        self.name = ("dynaspec-hybrid" if context else "dynaspec") + (
+            "-pa" if position_aware else "-f"
+        )
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="router") if parallel else None
         self._pending: Future | list[int] | None = None
         self._context_ids = torch.empty(0, dtype=torch.long)
@@ -254,7 +261,9 @@ class ClusterShortlist(Shortlist):
 
     def prepare(self, position: int, tokens: torch.Tensor, prev_hidden: torch.Tensor) -> None:
         self._position = position
-        if self._pool is not None:
+        if not self.route:
+            self._pending = []
+        elif self._pool is not None:
             self._pending = self._pool.submit(self._route, position, tokens, prev_hidden)
         else:
             self._pending = self._route(position, tokens, prev_hidden)
