@@ -447,3 +447,25 @@ def test_train_router_command_then_generate_with_its_artifacts(tmp_path, smollm2
     assert main(["generate", "Hi", "--target", str(folder), "--draft", str(folder),
                  "--method", "draft_model", "--shortlist", "dyna-pa:2"]) == 2  # fmt: skip
     assert "shortlist_dir" in capsys.readouterr().err
+
+
+def test_train_frequency_counts_every_token_of_a_corpus(tmp_path, smollm2):
+    import json
+
+    from conftest import tiny_folder_and_corpus
+
+    from quickdraft.cli import main
+    from quickdraft.vocab.shortlist import load_ranked
+
+    folder, corpus = tiny_folder_and_corpus(tmp_path, smollm2, "llama-tied")
+    source = tmp_path / "code.py"
+    source.write_text("def answer():\n    return 42\n" * 50)
+    out = tmp_path / "freq"
+    assert main(["train", "frequency", "--model", str(folder), "--data", str(corpus),
+                 str(source), "--out", str(out)]) == 0  # fmt: skip
+    summary = json.loads((out / "frequency.json").read_text())
+    ranked = load_ranked(out)
+    occurring = summary["ids_occurring"]
+    assert 0 < occurring < 49152 and summary["records"] == 25
+    # The list ranks the tokens that occur first, the code's own among them.
+    assert set(smollm2[1].encode("def answer")) <= set(ranked[:occurring].tolist())

@@ -16,6 +16,20 @@ DEFAULT_CACHE = Path.home() / ".cache" / "quickdraft" / "train"
 def _add_train(commands: argparse._SubParsersAction) -> None:
     train = commands.add_parser("train", help="train drafter artifacts")
     kinds = train.add_subparsers(dest="train_kind", required=True)
+    frequency = kinds.add_parser(
+        "frequency",
+        help="an FR-Spec frequency list: token counts over a corpus, each kind of text "
+        "weighted equally",
+        description="Writes frequency.safetensors and frequency.json (tokens counted, token "
+        "ids that occur) into --out. Counts every token of every record: a larger corpus than "
+        "the router's, so that the list ranks tokens by use rather than by id.",
+    )
+    frequency.add_argument("--model", required=True, help="whose tokenizer counts (an alias)")
+    frequency.add_argument(
+        "--data", nargs="+", required=True, help="corpus files or folders (.jsonl chats, text)"
+    )
+    frequency.add_argument("--out", type=Path, required=True)
+    frequency.add_argument("--threads", type=_threads, default=None)
     router = kinds.add_parser(
         "router",
         help="vocabulary shortlists for a draft model: FR-Spec frequency list, DynaSpec "
@@ -258,7 +272,38 @@ def _train(args: argparse.Namespace) -> int:
         return _train_medusa(args)
     if args.train_kind == "eagle":
         return _train_eagle(args)
+    if args.train_kind == "frequency":
+        return _train_frequency(args)
     return _train_router(args)
+
+
+def _train_frequency(args: argparse.Namespace) -> int:
+    from rich.progress import track
+
+    from quickdraft.models.loading import load_model
+    from quickdraft.train.router import token_frequency
+    from quickdraft.vocab.corpus import read_records, tokenize
+    from quickdraft.vocab.shortlist import save_frequency
+
+    records = read_records(list(args.data))
+    if not records:
+        raise ValueError(f"data: no records in {', '.join(args.data)}")
+    model, tokenizer = load_model(args.model)
+    sequences = [
+        tokenize(record, tokenizer, 1 << 30)
+        for record in track(records, description="counting", console=console, transient=True)
+    ]
+    frequency = token_frequency(sequences, model.vocab_size)
+    save_frequency(args.out, frequency, {"data": list(args.data), "model": args.model})
+    occurring = int((frequency > 0).sum())
+    counted = sum(len(s.tokens) - s.start for s in sequences)
+    summary = {"tokens": counted, "records": len(records), "ids_occurring": occurring}
+    (args.out / "frequency.json").write_text(json.dumps(summary, indent=2) + "\n")
+    console.print(
+        f"wrote {args.out}: {counted:,} tokens of {len(records):,} records; {occurring:,} of "
+        f"{model.vocab_size:,} token ids occur"
+    )
+    return 0
 
 
 def _train_medusa(args: argparse.Namespace) -> int:
