@@ -96,12 +96,12 @@ class CaseResult:
 
 
 def quick_cases() -> list[Case]:
-    """The default proof, about a minute on 2 cores: every lossless rule with every kind of
+    """The default proof, a minute or two on 2 cores: every lossless rule with every kind of
     drafter (chain draft model, each shortlist family, sampled and top-ranked trees, EAGLE's
-    dynamic tree with floor and grafted lookup, lookahead), plain and with temperature, top-k
-    and top-p together. ``full_cases`` adds the whole sampling grid and every variant: the
-    EAGLE rows cost most (a 50,000-row batch through a Llama and its drafter, ~15 s each),
-    and 68 rows took well over ten minutes on a busy 2-core machine."""
+    dynamic tree with floor and grafted lookup and with a DynaSpec shortlist, lookahead),
+    plain and with temperature, top-k and top-p together. ``full_cases`` adds the whole
+    sampling grid and every variant (86 rows): the EAGLE rows cost most (a 50,000-row batch
+    through a Llama and its drafter, ~15 s each)."""
     plain, shaped = (1.0, 0, 1.0), (0.6, 5, 0.9)
     cases = []
     for rule in LOSSLESS_RULES:

@@ -469,3 +469,32 @@ def test_train_frequency_counts_every_token_of_a_corpus(tmp_path, smollm2):
     assert 0 < occurring < 49152 and summary["records"] == 25
     # The list ranks the tokens that occur first, the code's own among them.
     assert set(smollm2[1].encode("def answer")) <= set(ranked[:occurring].tolist())
+
+
+def test_route_false_is_the_context_or_core_alone_and_router_inputs_are_checked(tmp_path):
+    """Ablations: without routed clusters the shortlist is the sequence's tokens (no core).
+    A router records what states it learnt from, and a drafter that hands it others is
+    refused by name (their widths match, so nothing else would notice)."""
+    from quickdraft.drafters.registry import shortlist_for
+    from quickdraft.vocab.shortlist import save_clusters, save_frequency
+
+    vocab, hidden = 40, 8
+    router = Router(RouterConfig(hidden, 4, width=8)).eval()
+    assignment = torch.arange(vocab) % 4
+    context_only = ClusterShortlist(assignment, router, 2, context=True, route=False)
+    context_only.bind(torch.randn(vocab, hidden), torch.randn(vocab, hidden), vocab, False)
+    context_only.begin(torch.tensor([3, 7, 7, 11]))
+    context_only.prepare(0, torch.tensor([7]), torch.randn(1, hidden))
+    ids, logits = context_only.logits(torch.randn(1, hidden))
+    assert sorted(ids.tolist()) == [3, 7, 11] and logits.shape == (1, 3)
+    with pytest.raises(ValueError, match="route"):
+        ClusterShortlist(assignment, router, 2, route=False)
+
+    router.save(tmp_path, inputs="hidden")
+    save_clusters(tmp_path, assignment, {})
+    save_frequency(tmp_path, torch.rand(vocab), {})
+    spec = SpecConfig(method="eagle", draft_shortlist="dyna:2", shortlist_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"learnt from hidden states.*--eagle-dir"):
+        shortlist_for(spec, None, 3, inputs="eagle")
+    assert shortlist_for(spec, None, 3, inputs="hidden") is not None
+    assert Router.load(tmp_path).inputs == "hidden"

@@ -21,8 +21,9 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
         help="an FR-Spec frequency list: token counts over a corpus, each kind of text "
         "weighted equally",
         description="Writes frequency.safetensors and frequency.json (tokens counted, token "
-        "ids that occur) into --out. Counts every token of every record: a larger corpus than "
-        "the router's, so that the list ranks tokens by use rather than by id.",
+        "ids that occur) into --out. Counts every scored token of every record, uncut (a "
+        "chat's replies, a text file after its first token): a larger corpus than the "
+        "router's, so that the list ranks tokens by use rather than by id.",
     )
     frequency.add_argument("--model", required=True, help="whose tokenizer counts (an alias)")
     frequency.add_argument(
@@ -223,6 +224,7 @@ def _train_eagle(args: argparse.Namespace) -> int:
 
         record = json.loads((args.out / "eagle.json").read_text())
         record.pop("config")
+        record["score_full_vocab"] = True  # held-out figures are the trained subset's
         save_eagle(args.out, with_full_vocabulary(load_eagle(args.out)), record)
     held = metrics["held_out"]
     console.print(
@@ -286,8 +288,6 @@ def _train_frequency(args: argparse.Namespace) -> int:
     from quickdraft.vocab.shortlist import save_frequency
 
     records = read_records(list(args.data))
-    if not records:
-        raise ValueError(f"data: no records in {', '.join(args.data)}")
     model, tokenizer = load_model(args.model)
     sequences = [
         tokenize(record, tokenizer, 1 << 30)

@@ -103,7 +103,12 @@ class EagleDrafter:
         )
         self.embed = target.embed
         self.shortlist = shortlist
-        self.context = None if shortlist is None else ShortlistContext(shortlist)
+        # The sequence's tokens, for shortlists that add them (the hybrid DynaSpec kinds).
+        self.shortlist_context = (
+            ShortlistContext(shortlist)
+            if shortlist is not None and shortlist.uses_context
+            else None
+        )
         if shortlist is None:
             vocab = net.draft_vocab
             self.draft_vocab = vocab.to(self.device)
@@ -121,7 +126,7 @@ class EagleDrafter:
     @property
     def head_rows(self) -> int:
         """Rows of the LM head one draft position scores: the draft vocabulary, or the
-        shortlist's mean so far (its largest size before any draft)."""
+        shortlist's mean so far (the target's whole head before any draft)."""
         if self.shortlist is None:
             return int(self.draft_vocab.numel())
         mean = self.shortlist.mean_size()
@@ -142,18 +147,20 @@ class EagleDrafter:
         )
         self._root = torch.zeros(rows, config.hidden_size, device=self.device)
         self._root_feature = torch.zeros_like(self._root)
-        if self.context is not None:
-            self.context.reserve(rows, self.device)
+        if self.shortlist_context is not None:
+            self.shortlist_context.reserve(rows, self.device)
         self._fresh = [[] for _ in range(rows)]
 
     def begin(self, first: int, start: StepResult) -> None:
         """The prompt's features wait to become the new rows' first entries."""
         assert self.cache is not None, "reserve() first"
         self.cache.narrow(first, start.batch.size).rollback(0)
+        rows = slice(first, first + start.batch.size)
+        self._root[rows], self._root_feature[rows] = 0.0, 0.0  # nothing of a row's last user
         for b, fresh in enumerate(self._features(start)):
             self._fresh[first + b] = fresh
-        if self.context is not None:
-            self.context.begin(first, start.batch)
+        if self.shortlist_context is not None:
+            self.shortlist_context.begin(first, start.batch)
 
     def observe(self, result: StepResult) -> None:
         """The kept tokens' features wait for the next propose: a step the batch policy left
@@ -167,8 +174,8 @@ class EagleDrafter:
         self.cache.permute(0, order)
         self._root[: order.shape[0]] = self._root[order].clone()
         self._root_feature[: order.shape[0]] = self._root_feature[order].clone()
-        if self.context is not None:
-            self.context.reorder(order)
+        if self.shortlist_context is not None:
+            self.shortlist_context.reorder(order)
         self._fresh[: order.shape[0]] = [self._fresh[i] for i in order.tolist()]
 
     @torch.inference_mode()
@@ -176,8 +183,8 @@ class EagleDrafter:
         assert self.cache is not None, "reserve() first"
         cache = self.cache.narrow(0, batch.size)
         self._flush(cache, batch)
-        if self.context is not None:
-            self.context.catch_up(batch)
+        if self.shortlist_context is not None:
+            self.shortlist_context.catch_up(batch)
         draft = self._expand(cache, batch, self._root[: batch.size])
         return draft if self.lookup is None else self._graft(batch, draft)
 
@@ -309,7 +316,8 @@ class EagleDrafter:
         for level in range(1, tree.depth):
             level_total = scores[-1].sum(0)
             # Nodes under the floor are never drafted, nor are their children.
-            width = min(tree.topk, int((level_total >= floor).sum()))
+            # (A shortlist smaller than top-k pads with -inf: never expanded.)
+            width = min(tree.topk, int(((level_total >= floor) & (level_total > -math.inf)).sum()))
             if width == 0:
                 break
             chosen = level_total.topk(width).indices  # [W] within the level, shared
@@ -356,7 +364,8 @@ class EagleDrafter:
         # Higher score first; ties by depth, so a parent always precedes its child. A child
         # never outscores its parent, so the floor keeps a tree too.
         ranked = sorted(range(len(total)), key=lambda i: (-total[i], depth[i]))
-        best = [i for i in ranked if total[i] >= floor][: self.tree.tokens]
+        best = [i for i in ranked if total[i] >= floor and total[i] > -math.inf]
+        best = best[: self.tree.tokens]
         index: dict[int, int] = {-1: -1}
         order: list[int] = []
         for level in range(len(scores)):

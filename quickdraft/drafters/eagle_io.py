@@ -4,6 +4,7 @@ that name the file, and the folders shipped for known targets (``drafters.eagle`
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -55,12 +56,9 @@ def with_full_vocabulary(net: EagleNet) -> EagleNet:
     draft vocabulary was the rows it trained on, and since those rows are the target's own,
     its states rank the others too. The head is then most of the drafter's step on a large
     vocabulary, which is what a shortlist (``SpecConfig.draft_shortlist``) cuts."""
-    from dataclasses import replace
-
     full = EagleNet(replace(net.config, draft_vocab_size=net.config.vocab_size))
-    state = {k: v for k, v in net.state_dict().items() if k != "draft_vocab"}
-    full.load_state_dict(state, strict=False)
-    full.draft_vocab = torch.arange(net.config.vocab_size)
+    state = {**net.state_dict(), "draft_vocab": torch.arange(net.config.vocab_size)}
+    full.load_state_dict(state)
     return full.eval()
 
 

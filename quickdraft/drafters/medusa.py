@@ -300,12 +300,13 @@ class MedusaDrafter:
             self._subset = (vocab, Linear(rows, int8=int8))
         self.vocab_size = target.vocab_size
         # A shortlist scores its rows of the target's head for each head (depth) instead.
-        self.shortlist, self.context = shortlist, None
+        self.shortlist, self.shortlist_context = shortlist, None
         if shortlist is not None:
             if heads.lm_heads is not None:
                 raise ValueError("shortlist: these Medusa heads have LM heads of their own")
             shortlist.bind(target.head_weight, target.embed, self.vocab_size, int8)
-            self.context = ShortlistContext(shortlist)
+            if shortlist.uses_context:  # the hybrid DynaSpec kinds add the sequence's tokens
+                self.shortlist_context = ShortlistContext(shortlist)
         self.num_tokens = tree.num_nodes
         self.needs = Needs(tokens=tree.num_nodes, depth=tree.max_depth, hidden=True)
         # Candidates needed: the widest rank at any depth, plus one; node n takes candidate
@@ -315,23 +316,23 @@ class MedusaDrafter:
 
     def reserve(self, rows: int, capacity: int) -> None:
         self._hidden = torch.zeros(rows, self.heads.config.hidden_size, device=self.target.device)
-        if self.context is not None:
-            self.context.reserve(rows, self.target.device)
+        if self.shortlist_context is not None:
+            self.shortlist_context.reserve(rows, self.target.device)
 
     def begin(self, first: int, start: StepResult) -> None:
         """The heads read the prefill's last state (zeros for a one-token prompt: its first
         draft is a guess, verified like any other)."""
         self._hidden[first : first + start.batch.size] = _last_kept(start, self._hidden)
-        if self.context is not None:
-            self.context.begin(first, start.batch)
+        if self.shortlist_context is not None:
+            self.shortlist_context.begin(first, start.batch)
 
     def observe(self, result: StepResult) -> None:
         self._hidden[: result.batch.size] = _last_kept(result, self._hidden)
 
     def reorder(self, order: torch.Tensor) -> None:
         self._hidden[: order.shape[0]] = self._hidden[order].clone()
-        if self.context is not None:
-            self.context.reorder(order)
+        if self.shortlist_context is not None:
+            self.shortlist_context.reorder(order)
 
     @torch.inference_mode()
     def propose(self, batch: Batch) -> Draft:
@@ -358,8 +359,9 @@ class MedusaDrafter:
     ) -> torch.Tensor:
         """[B, D, W] candidates, head d ranking its shortlist's rows at draft position d. The
         router reads the pending token and the target's state that every head reads."""
-        assert self.shortlist is not None and self.context is not None
-        self.context.catch_up(batch)
+        assert self.shortlist is not None
+        if self.shortlist_context is not None:
+            self.shortlist_context.catch_up(batch)
         pending = batch.tokens.gather(1, (batch.lengths - 1).unsqueeze(1)).squeeze(1)
         columns = []
         for depth in range(states.shape[1]):

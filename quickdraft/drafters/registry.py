@@ -3,6 +3,7 @@ checks, bench labels and description. A new method adds its own entry the same w
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from quickdraft.config import (
@@ -22,7 +23,13 @@ from quickdraft.drafters.lookahead import LookaheadConfig, build_lookahead
 from quickdraft.drafters.medusa import build_medusa, check_tree, heads_folder
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.methods import BuildContext, MethodEntry, k_label, register
-from quickdraft.vocab import Shortlist, artifact_folder, build_shortlist, parse_shortlist
+from quickdraft.vocab import (
+    ClusterShortlist,
+    Shortlist,
+    artifact_folder,
+    build_shortlist,
+    parse_shortlist,
+)
 
 # -- draft_model ------------------------------------------------------------------------------
 
@@ -41,7 +48,7 @@ def _build_draft_model(spec: SpecConfig, context: BuildContext) -> Drafter:
             f"draft: its vocabulary ({draft.vocab_size}) differs from the target's "
             f"({target.vocab_size}); pass both tokenizers to check they agree"
         )
-    shortlist = _shortlist(spec, context.draft_name, spec.num_speculative_tokens)
+    shortlist = shortlist_for(spec, context.draft_name, spec.num_speculative_tokens)
     return DraftModelDrafter(
         draft,
         spec.num_speculative_tokens,
@@ -63,14 +70,33 @@ def _check_draft_model(spec: SpecConfig) -> None:
 SHORTLIST_OPTIONS = ("draft_shortlist", "shortlist_dir")
 
 
-def _shortlist(spec: SpecConfig, head_model: str | None, positions: int) -> Shortlist | None:
+def shortlist_for(
+    spec: SpecConfig,
+    head_model: str | None,
+    positions: int,
+    inputs: str = "hidden",
+    shipped: Path | None = None,
+) -> Shortlist | None:
     """The drafter head's shortlist, or None for the full head. Its artifacts belong to the
     model whose LM head is shortlisted: the draft model's, or the target's for Medusa and
-    EAGLE (which score the target's own head rows)."""
+    EAGLE (which score the target's own head rows); ``shipped``, when it exists, comes first
+    (an EAGLE drafter's own folder). A DynaSpec router must have learnt from the states this
+    drafter hands it (``inputs``): a draft model's or the target's hidden states, or an EAGLE
+    drafter's features; the widths match either way, so this is checked by name."""
     if spec.draft_shortlist == "full":
         return None
-    folder = artifact_folder(head_model, spec.shortlist_dir)
-    return build_shortlist(spec.draft_shortlist, folder, positions)
+    if spec.shortlist_dir is None and shipped is not None and shipped.is_dir():
+        folder = shipped
+    else:
+        folder = artifact_folder(head_model, spec.shortlist_dir)
+    shortlist = build_shortlist(spec.draft_shortlist, folder, positions)
+    if isinstance(shortlist, ClusterShortlist) and shortlist.router.inputs != inputs:
+        raise ValueError(
+            f"shortlist_dir: the router in {folder} learnt from {shortlist.router.inputs} "
+            f"states, this drafter gives it {inputs} states; train one with quickdraft train "
+            "router" + (" --eagle-dir" if inputs == "eagle" else "")
+        )
+    return shortlist
 
 
 def _check_shortlist(spec: SpecConfig) -> None:
@@ -106,7 +132,7 @@ def _build_ngram(spec: SpecConfig, context: BuildContext) -> Drafter:
 
 def _build_medusa(spec: SpecConfig, context: BuildContext) -> Drafter:
     folder = heads_folder(context.target_name, spec.medusa_dir)
-    shortlist = _shortlist(spec, context.target_name, MAX_TREE_DEPTH)  # its last size repeats
+    shortlist = shortlist_for(spec, context.target_name, MAX_TREE_DEPTH)  # its last size repeats
     return build_medusa(
         context.target, folder, spec.tree, int8=spec.drafter_int8, shortlist=shortlist
     )
@@ -131,14 +157,21 @@ def _describe_tree(spec: SpecConfig, drafter: Any) -> str:
 
 
 def _build_eagle(spec: SpecConfig, context: BuildContext) -> Drafter:
+    folder = eagle_folder(context.target_name, spec.eagle_dir)
     return build_eagle(
         context.target,
-        eagle_folder(context.target_name, spec.eagle_dir),
+        folder,
         spec.tree,
         int8=spec.drafter_int8,
         lookup=DEFAULT_LOOKUP if spec.eagle_lookup is None else spec.eagle_lookup,
         lookup_ngram=(spec.prompt_lookup_min, spec.prompt_lookup_max),
-        shortlist=_shortlist(spec, context.target_name, DynamicTree.parse(spec.tree).depth),
+        shortlist=shortlist_for(
+            spec,
+            context.target_name,
+            DynamicTree.parse(spec.tree, context.target.device.type).depth,
+            inputs="eagle",
+            shipped=folder / "shortlist",
+        ),
     )
 
 

@@ -20,7 +20,8 @@ import torch
 from safetensors.torch import save_file
 
 from quickdraft.artifacts import read_json, read_safetensors
-from quickdraft.models.base import Model
+from quickdraft.drafters.eagle_net import EagleNet, check_fits
+from quickdraft.models.base import FeatureModel, Model
 from quickdraft.vocab.corpus import Sequence
 
 SHARD_SEQUENCES = 16
@@ -76,11 +77,10 @@ class EagleSource:
     predicts the token after x_t (the drafter's own argmax over the target's whole head);
     labels are the target's argmax after x_t, from the same target pass."""
 
-    def __init__(self, target: Model, net):
-        from quickdraft.models.base import FeatureModel
-
+    def __init__(self, target: Model, net: EagleNet):
         if not isinstance(target, FeatureModel):
             raise ValueError("target: EAGLE features need the native runner")
+        check_fits(net, target)  # an --eagle-dir of another target, named before any work
         self.layers = tuple(layer - 1 for layer in net.config.feature_layers)
         self.target, self.net = target.with_taps(self.layers), net.eval()
         self.head = target.head_weight

@@ -340,13 +340,14 @@ def build_artifacts(
         "seed": training.seed,
         "data": list(settings.data),
     }
-    folder = cache / f"features-{fingerprint(feature_settings)}"
     if eagle:
         assert settings.eagle_dir is not None
         source: DrafterSource | EagleSource = EagleSource(draft, load_eagle(settings.eagle_dir))
         feature_settings["eagle_dir"] = str(settings.eagle_dir)
+        feature_settings["int8"] = False  # the target runs in float
     else:
         source = DrafterSource(draft, target)
+    folder = cache / f"features-{fingerprint(feature_settings)}"
     features = extract(sample, source, folder, feature_settings, report("features"))
     features = features.subset(features.target_next < vocab)
     hf = tokenizer.hf
@@ -360,7 +361,7 @@ def build_artifacts(
     key = fingerprint({**feature_settings, **asdict(training), **cluster_settings, **rows})
     checkpoint = cache / f"router-{key}.pt"
     router, log = train_router(*routed, assignment, embed, training, checkpoint, progress)
-    router.save(out)
+    router.save(out, inputs="eagle" if eagle else "hidden")
 
     scores = scores_of(router, held, embed)
     budgets = sorted(

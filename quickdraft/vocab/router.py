@@ -38,16 +38,20 @@ class Router(nn.Module):
         self.norm = nn.LayerNorm(2 * config.hidden_size)
         self.up = nn.Linear(2 * config.hidden_size, config.width)
         self.out = nn.Linear(config.width, config.num_clusters)
+        self.inputs = "hidden"  # what H_{t-1} it was trained on (see ``save``)
 
     def forward(self, embedding: torch.Tensor, prev_hidden: torch.Tensor) -> torch.Tensor:
         """Cluster scores [..., M] from embedding and prev_hidden [..., d]."""
         x = self.norm(torch.cat([embedding, prev_hidden], dim=-1))
         return self.out(F.gelu(self.up(x)))
 
-    def save(self, folder: str | Path) -> None:
+    def save(self, folder: str | Path, inputs: str = "hidden") -> None:
+        """``inputs``: what its H_{t-1} was: "hidden" (a model's final hidden state: a draft
+        model's, or the target's for Medusa) or "eagle" (an EAGLE drafter's features)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "router.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        record = {**asdict(self.config), "inputs": inputs}
+        (folder / "router.json").write_text(json.dumps(record, indent=2) + "\n")
         state = {name: t.detach().half().contiguous() for name, t in self.state_dict().items()}
         save_file(state, str(folder / "router.safetensors"))
 
@@ -58,7 +62,9 @@ class Router(nn.Module):
             raise ValueError(f"router: no router.json in {folder}")
         remedy = "retrain the router (quickdraft train router) or copy the folder again"
         fields = read_json(folder / "router.json", remedy)
+        inputs = fields.pop("inputs", "hidden")  # files before it was recorded: hidden states
         router = cls(build(folder / "router.json", remedy, RouterConfig, fields))
+        router.inputs = inputs
         weights = folder / "router.safetensors"
         state = read_safetensors(weights, remedy)
         load_state(weights, router, {n: t.float() for n, t in state.items()}, remedy)

@@ -83,6 +83,11 @@ class Shortlist:
         drafter's checkpoint) are never drafted."""
         raise NotImplementedError
 
+    @property
+    def uses_context(self) -> bool:
+        """Whether ``begin``/``extend`` matter: the shortlist adds the sequence's tokens."""
+        return False
+
     def begin(self, prompt: torch.Tensor) -> None:
         """Called once per request with the prompt's token ids [B, L]."""
 
@@ -174,7 +179,9 @@ class ClusterShortlist(Shortlist):
     plain softmax.
 
     With a batch, each row's top clusters (and prompt tokens) are joined into one shortlist,
-    still exact: any support shared by a whole draft step is. ``parallel`` runs the router on
+    still exact: any support shared by a whole draft step is. The budget is per row: a batch,
+    or a tree level of W nodes (EAGLE), routes B x W rows at once and scores the union, which
+    at deep levels of a wide tree can approach the whole vocabulary. ``parallel`` runs the router on
     a second thread while the drafter's body runs."""
 
     def __init__(
@@ -231,6 +238,7 @@ class ClusterShortlist(Shortlist):
         segments = ([core] if self._has_core else []) + [m for m in members if m.numel() > 0]
         self.head = SegmentedHead(weight, segments, int8)
         self.weight, self.embed = weight, embed
+        self.router.to(embed.device)  # it reads embeddings and states where the drafter runs
         self.vocab_size = vocab_size
         self._usable_assignment = assignment
 
@@ -245,7 +253,7 @@ class ClusterShortlist(Shortlist):
         """Adds tokens of the sequence (prompt, then accepted output) to the context part."""
         if not self.context:
             return
-        ids = tokens.flatten().unique()
+        ids = tokens.flatten().unique().cpu()  # the tables below live on the host
         ids = ids[(ids >= 0) & (ids < self._usable_assignment.numel())]
         # Core tokens are always in; tokens already in the context stay once.
         ids = ids[(self._usable_assignment[ids] >= 0) & ~self._in_context[ids]]
@@ -253,8 +261,13 @@ class ClusterShortlist(Shortlist):
             return
         self._in_context[ids] = True
         self._context_ids = torch.cat([self._context_ids, ids])
-        self._context_rows = torch.cat([self._context_rows, self.weight[ids].float()])
+        rows = self.weight[ids.to(self.weight.device)].float()
+        self._context_rows = torch.cat([self._context_rows, rows])
         self._context_clusters = torch.cat([self._context_clusters, self._usable_assignment[ids]])
+
+    @property
+    def uses_context(self) -> bool:
+        return self.context
 
     def budget(self, position: int) -> int:
         return position_budget(self.k_max, position) if self.position_aware else self.k_max
@@ -284,7 +297,11 @@ class ClusterShortlist(Shortlist):
         pending, self._pending = self._pending, None
         clusters = pending.result() if isinstance(pending, Future) else pending
         segments = ([0] if self._has_core else []) + self._segment_of[clusters].tolist()
-        ids, logits = head.logits(hidden, segments)
+        if segments:
+            ids, logits = head.logits(hidden, segments)
+        else:  # route=False without a core: the context alone
+            ids = torch.empty(0, dtype=torch.long)
+            logits = hidden.new_zeros(hidden.shape[0], 0, dtype=torch.float32)
         if self._context_ids.numel():
             # The sequence's tokens outside the chosen clusters. Logits of all context rows in
             # one product (a few hundred rows), then those of chosen clusters are dropped: no
