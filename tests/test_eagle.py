@@ -193,7 +193,7 @@ def test_draft_cache_sees_what_training_unrolls(targets, variant):
     assert drafter.cache is not None
     cache = drafter.cache.narrow(0, 1)
     with torch.inference_mode():
-        output = drafter._catch_up(cache, start)  # the pending token's entry: anchor n - 2
+        output, _ = drafter._catch_up(cache, start)  # the pending token's entry: anchor n - 2
         torch.testing.assert_close(output[0], unrolled[0][0, n - 2], atol=1e-4, rtol=1e-4)
         entries: list[int] = []
         for step in range(1, steps):  # a chain along the real tokens n, n + 1, ..
