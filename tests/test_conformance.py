@@ -60,9 +60,19 @@ def test_grid_covers_both_rules_and_every_setting():
     assert {case.tree.split(":")[0] for case in serving} == {"", "sample", "lookahead"}
 
 
+def _marked(case: Case):
+    """EAGLE rows with a shortlist beyond the quick set's run with ``make test-slow``: each
+    pushes a 50,000-row batch through a Llama (the suite stays well inside CI's budget)."""
+    slow = case.tree.startswith("eagle") and case.shortlist != "full" and case not in QUICK
+    return pytest.param(case, marks=pytest.mark.slow) if slow else case
+
+
+QUICK = set(quick_cases())
+
+
 @pytest.mark.parametrize(
     "case",
-    CASES,
+    [_marked(case) for case in CASES],
     ids=lambda c: (
         f"{c.rule.value}-T{c.temperature}-topk{c.top_k}-topp{c.top_p}-k{c.k}-{c.shortlist}"
         + (f"-tree{c.tree.split(':')[0]}" if c.tree else "")
