@@ -2,6 +2,7 @@
 tiny models and SmolLM2, clusters, corpus handling, feature caching and router training."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -470,6 +471,16 @@ def test_train_frequency_counts_every_token_of_a_corpus(tmp_path, smollm2):
     # The list ranks the tokens that occur first, the code's own among them.
     assert set(smollm2[1].encode("def answer")) <= set(ranked[:occurring].tolist())
 
+    # A router's artifacts can take that list as it is instead of counting their own text.
+    routed = tmp_path / "routed"
+    args = ["train", "router", "--draft", str(folder), "--data", str(corpus), "--frequency",
+            str(out), "--out", str(routed), "--clusters", "4", "--core", "0",
+            "--budget-tokens", "400", "--epochs", "1",
+            "--cache", str(tmp_path / "cache")]  # fmt: skip
+    assert main(args) == 0
+    assert torch.equal(load_ranked(routed), ranked)
+    assert main([*args, "--frequency-data", str(source)]) == 2  # one or the other
+
 
 def test_route_false_is_the_context_or_core_alone_and_router_inputs_are_checked(tmp_path):
     """Ablations: without routed clusters the shortlist is the sequence's tokens (no core).
@@ -498,3 +509,97 @@ def test_route_false_is_the_context_or_core_alone_and_router_inputs_are_checked(
         shortlist_for(spec, None, 3, inputs="eagle")
     assert shortlist_for(spec, None, 3, inputs="hidden") is not None
     assert Router.load(tmp_path).inputs == "hidden"
+
+
+@pytest.mark.parametrize("text", ["dyna:0", "dyna-hybrid:0"])
+def test_zero_clusters_route_nothing_and_leave_the_core(tmp_path, text):
+    """The hybrid's ablations: ``dyna:0`` is its core alone, ``dyna-hybrid:0`` the core and
+    the sequence's tokens; artifacts without a core refuse ``dyna:0`` by name."""
+    from quickdraft.vocab import build_shortlist
+    from quickdraft.vocab.shortlist import save_clusters, save_frequency
+
+    vocab, hidden = 40, 8
+    assert parse_shortlist(text)[1] == 0
+    router = Router(RouterConfig(hidden, 4, width=8)).eval()
+    router.save(tmp_path, inputs="hidden")
+    save_frequency(tmp_path, torch.rand(vocab), {})
+    assignment = torch.arange(vocab) % 4
+    assignment[:10] = -1  # the core
+    save_clusters(tmp_path, assignment, {})
+    shortlist = build_shortlist(text, tmp_path, 3)
+    shortlist.bind(torch.randn(vocab, hidden), torch.randn(vocab, hidden), vocab, False)
+    shortlist.begin(torch.tensor([12, 13]))
+    shortlist.prepare(0, torch.tensor([12]), torch.randn(1, hidden))
+    ids, _ = shortlist.logits(torch.randn(1, hidden))
+    expected = set(range(10)) | ({12, 13} if text == "dyna-hybrid:0" else set())
+    assert set(ids.tolist()) == expected
+    save_clusters(tmp_path, torch.arange(vocab) % 4, {})
+    if text == "dyna:0":
+        with pytest.raises(ValueError, match="no core"):
+            build_shortlist(text, tmp_path, 3)
+    for bad in ("dyna-pa:0", "fr:0", "dyna-hybrid-pa:0"):
+        with pytest.raises(ValueError, match="positive size"):
+            parse_shortlist(bad)
+
+
+def test_roff_pages_become_plain_text():
+    from quickdraft.vocab.roff import page_text
+
+    page = "\n".join([
+        '.\\" a comment', ".TH DEMO 1", ".de XX", "never text", "..", ".SH NAME",
+        "demo \\- show \\fBthings\\fR", ".SH DESCRIPTION", "First line", "continues here.",
+        ".PP", ".B bold words", "and \\(lqquoted\\(rq text", ".TS", "tab (@);", "l l.",
+        "a@b", ".TE", ".IP \\-x 4", "An option.",
+    ])  # fmt: skip
+    assert page_text(page) == (
+        "NAME\n\ndemo - show things\n\nDESCRIPTION\n\nFirst line continues here.\n\n"
+        "bold words and “quoted” text\n\na@b\n\n-x An option.\n"
+    )
+    unknown: set[str] = set()
+    page_text(".SH X\nan \\(zz odd character", unknown)
+    assert unknown == {"zz"}
+
+
+def test_corpus_is_deterministic_and_leaves_out_what_the_tasks_quote(tmp_path):
+    import gzip
+
+    from quickdraft.cli import main
+    from quickdraft.vocab import sources
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    quoted = {"source": "cpython==3.11.7 Lib/quoted.py, docstring; /usr/share/man/man1/seen.1.gz"}
+    (tasks / "code.jsonl").write_text(json.dumps(quoted) + "\n")
+    lib = tmp_path / "lib"
+    (lib / "site-packages").mkdir(parents=True)
+    (lib / "site-packages" / "other.py").write_text("not the standard library\n")
+    for name in ("quoted", "kept", "also"):
+        (lib / f"{name}.py").write_text(f"def {name}():\n    return 1\n")
+    man = tmp_path / "man"
+    (man / "man1").mkdir(parents=True)
+    pages = ["seen.1", "tool.1", "pointer.1", *(f"sdk_{i}.1" for i in range(60))]
+    for page in pages:
+        text = ".so man1/tool.1\n" if page == "pointer.1" else f".SH NAME\n{page} \\- does it\n"
+        with gzip.open(man / "man1" / f"{page}.gz", "wt") as handle:
+            handle.write(text)
+    roots = {"code": lib, "manual": man}
+    first = sources.build_corpus(tmp_path / "a", task_dir=tasks, roots=roots)
+    second = sources.build_corpus(tmp_path / "b", task_dir=tasks, roots=roots)
+    assert first["sha256"] == second["sha256"]
+    assert (tmp_path / "a" / "corpus.jsonl").read_bytes() == (
+        tmp_path / "b" / "corpus.jsonl"
+    ).read_bytes()
+    records = [json.loads(line) for line in (tmp_path / "a" / "corpus.jsonl").open()]
+    taken = {Path(r["source"]).name for r in records}
+    assert {"kept.py", "also.py", "tool.1.gz"} <= taken
+    assert not taken & {"quoted.py", "other.py", "seen.1.gz", "pointer.1.gz"}
+    # One family (an SDK's thousands of pages) is capped.
+    assert sum(name.startswith("sdk_") for name in taken) == sources.MAN_PER_FAMILY
+    assert (first["sources"]["code"]["files"], first["sources"]["code"]["of"]) == (2, 2)
+    capped = sources.build_corpus(tmp_path / "c", ("code",), 10, task_dir=tasks, roots=roots)
+    assert capped["sources"]["code"]["files"] == 1  # whole files until the cap
+    with pytest.raises(ValueError, match="sources: unknown"):
+        sources.build_corpus(tmp_path / "d", ("poetry",), task_dir=tasks)
+    with pytest.raises(SystemExit) as parsed:  # argparse's one line, exit 2
+        main(["data", "corpus", "--out", str(tmp_path / "e"), "--sources", "poetry"])
+    assert parsed.value.code == 2

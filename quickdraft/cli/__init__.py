@@ -15,6 +15,7 @@ from quickdraft.artifacts import check_output
 from quickdraft.cli.bench import _add_bench, _add_pick, _bench, _pick
 from quickdraft.cli.checks import _conformance, _demo, _theory
 from quickdraft.cli.common import _positive_int
+from quickdraft.cli.data import _add_data, _data
 from quickdraft.cli.generate import _add_generate, _generate
 from quickdraft.cli.serve import _add_serve, _serve
 from quickdraft.cli.train import _add_export, _add_train, _export, _train
@@ -91,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_pick(commands)
     _add_train(commands)
     _add_export(commands)
+    _add_data(commands)
     return parser
 
 
@@ -128,6 +130,7 @@ def _run(argv: list[str] | None) -> int:
         "pick": _pick,
         "train": _train,
         "export": _export,
+        "data": _data,
     }
     try:
         out = vars(args).get("out")  # every --out is a folder: check it before any compute

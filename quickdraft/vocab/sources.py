@@ -1,0 +1,167 @@
+"""A text corpus from what this machine already has, for frequency lists (FR-Spec).
+
+``quickdraft data corpus`` writes ``corpus.jsonl``, plain-text records (``text``, ``kind``,
+``source``) drawn from offline sources:
+
+* ``code``: the Python standard library's modules (``.py``; ``site-packages`` left out);
+* ``manual``: the English man pages (``/usr/share/man/man1`` ... ``man8``) as plain text, at
+  most ``MAN_PER_FAMILY`` pages of one family (the name up to its first ``_``): one SDK can
+  install thousands of near-identical pages (``gcloud_*``: 16,631 of 17,847 here).
+
+Files that ``quickdraft bench``'s task sets quote (their records name them in ``source``), and
+the man pages of the same name in every language, are left out, so a list counted over the
+corpus has not seen the bench's prompts. Each source is capped at ``max_chars`` characters:
+its files are shuffled with a fixed seed and taken whole in that order until the cap, so the
+sample spreads over the whole source instead of its first letters of the alphabet. The same
+machine and arguments give the same bytes; ``corpus.json`` beside it records the
+files taken and the output's sha256.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import random
+import re
+import sysconfig
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from quickdraft.vocab.roff import page_text
+
+MAN_ROOT = Path("/usr/share/man")
+MAN_PER_FAMILY = 40
+SOURCES = ("code", "manual")
+_TASK_FILE = re.compile(r"cpython==\S+ Lib/(?P<lib>\S+\.py)|(?P<man>/usr/share/man/\S+\.gz)")
+
+
+@dataclass(frozen=True, slots=True)
+class Excluded:
+    """What the task sets quote: standard-library paths (relative to ``Lib``) and man page
+    names (``dpkg.1``), in any language."""
+
+    stdlib: frozenset[str]
+    manual: frozenset[str]
+
+
+def task_files(task_dir: Path) -> Excluded:
+    """The files the task sets in ``task_dir`` quote."""
+    stdlib: set[str] = set()
+    manual: set[str] = set()
+    for file in sorted(task_dir.glob("*.jsonl")):
+        for line in file.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            for match in _TASK_FILE.finditer(str(json.loads(line).get("source", ""))):
+                if match["lib"]:
+                    stdlib.add(match["lib"])
+                else:
+                    manual.add(Path(match["man"]).name.removesuffix(".gz"))
+    return Excluded(frozenset(stdlib), frozenset(manual))
+
+
+def stdlib_files(excluded: Excluded, root: Path | None = None) -> list[Path]:
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    return [
+        path
+        for path in sorted(root.rglob("*.py"))
+        if "site-packages" not in path.parts
+        and path.relative_to(root).as_posix() not in excluded.stdlib
+    ]
+
+
+def man_files(excluded: Excluded, seed: int, root: Path = MAN_ROOT) -> list[Path]:
+    families: dict[str, list[Path]] = {}
+    for section in range(1, 9):
+        for path in sorted((root / f"man{section}").glob("*.gz")):
+            if path.name.removesuffix(".gz") not in excluded.manual and not path.is_symlink():
+                families.setdefault(path.name.split("_")[0], []).append(path)
+    rng = random.Random(seed)
+    kept: list[Path] = []
+    for name in sorted(families):
+        pages = families[name]
+        rng.shuffle(pages)
+        kept.extend(sorted(pages[:MAN_PER_FAMILY]))
+    return kept
+
+
+def _read_code(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _read_manual(path: Path) -> str:
+    with gzip.open(path, "rt", encoding="utf-8", errors="replace") as handle:
+        source = handle.read()
+    if source.lstrip().startswith(".so "):  # a pointer to another page
+        return ""
+    return page_text(source)
+
+
+def sample(
+    files: list[Path], read: Callable[[Path], str], max_chars: int, seed: int
+) -> Iterator[tuple[Path, str]]:
+    """Whole files in a seeded shuffle of ``files`` until ``max_chars`` characters."""
+    order = list(files)
+    random.Random(seed).shuffle(order)
+    total = 0
+    for path in order:
+        if total >= max_chars:
+            return
+        text = read(path)
+        if text.strip():
+            total += len(text)
+            yield path, text
+
+
+def build_corpus(
+    out: Path,
+    sources: tuple[str, ...] = SOURCES,
+    max_chars: int = 24_000_000,
+    task_dir: Path | None = None,
+    seed: int = 0,
+    progress: Callable[[str, int], None] | None = None,
+    roots: dict[str, Path] | None = None,
+) -> dict:
+    """Write ``corpus.jsonl`` and its manifest ``corpus.json`` into the folder ``out``;
+    returns the manifest. ``roots`` replaces a source's folder (``code``: the standard
+    library, ``manual``: ``/usr/share/man``)."""
+    unknown = [s for s in sources if s not in SOURCES]
+    if unknown:
+        raise ValueError(f"sources: unknown {', '.join(unknown)} (choose from {SOURCES})")
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    if task_dir is None:
+        from quickdraft.bench.tasks import TASK_DIR
+
+        task_dir = TASK_DIR
+    excluded = task_files(Path(task_dir))
+    roots = roots or {}
+    listings = {
+        "code": (lambda: stdlib_files(excluded, roots.get("code")), _read_code),
+        "manual": (lambda: man_files(excluded, seed, roots.get("manual", MAN_ROOT)), _read_manual),
+    }
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    manifest: dict = {"seed": seed, "max_chars": max_chars, "sources": {}}
+    with (out / "corpus.jsonl").open("w", encoding="utf-8") as handle:
+        for kind in sources:
+            listing, read = listings[kind]
+            files = listing()
+            if not files:
+                raise ValueError(f"sources: no {kind} files on this machine")
+            chars = taken = 0
+            for path, text in sample(files, read, max_chars, seed):
+                line = json.dumps({"text": text, "kind": kind, "source": str(path)}) + "\n"
+                handle.write(line)
+                digest.update(line.encode())
+                chars, taken = chars + len(text), taken + 1
+                if progress is not None:
+                    progress(kind, taken)
+            manifest["sources"][kind] = {"files": taken, "of": len(files), "chars": chars}
+    manifest["excluded"] = {"stdlib": sorted(excluded.stdlib), "manual": sorted(excluded.manual)}
+    manifest["sha256"] = digest.hexdigest()
+    (out / "corpus.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
