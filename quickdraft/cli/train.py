@@ -66,6 +66,12 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
         help="text for the frequency list when it differs from --data (such as the draft's "
         "own replies); default: --data",
     )
+    router.add_argument(
+        "--frequency",
+        default=None,
+        help="a 'train frequency' folder: its list is used as it is (a larger corpus than "
+        "--data); instead of --frequency-data",
+    )
     router.add_argument("--out", type=Path, required=True)
     router.add_argument("--clusters", type=_positive_int, default=64, help="M (default 64)")
     router.add_argument(
@@ -350,6 +356,7 @@ def _train_router(args: argparse.Namespace) -> int:
         eagle_dir=args.eagle_dir,
         data=tuple(args.data),
         frequency_data=tuple(args.frequency_data),
+        frequency=args.frequency,
         clusters=args.clusters,
         core=args.core,
         budget_tokens=args.budget_tokens,

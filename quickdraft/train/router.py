@@ -248,6 +248,8 @@ class ArtifactSettings:
     target: str | None
     data: tuple[str, ...]
     frequency_data: tuple[str, ...] = ()  # the frequency list's text; empty: ``data``
+    # A ``train frequency`` folder whose list is used as it is (instead of counting).
+    frequency: str | None = None
     clusters: int = 64
     core: int = 16384
     budget_tokens: int = 40_000
@@ -286,7 +288,12 @@ def build_artifacts(
     from quickdraft.train.features import DrafterSource, EagleSource, extract, fingerprint
     from quickdraft.vocab.clusters import spherical_kmeans
     from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
-    from quickdraft.vocab.shortlist import load_ranked, save_clusters, save_frequency
+    from quickdraft.vocab.shortlist import (
+        load_frequency,
+        load_ranked,
+        save_clusters,
+        save_frequency,
+    )
 
     records = read_records(list(settings.data))
     eagle = settings.eagle_dir is not None
@@ -306,12 +313,22 @@ def build_artifacts(
     sequences = [tokenize(r, tokenizer, settings.max_tokens) for r in records]
     out.mkdir(parents=True, exist_ok=True)
 
-    counted = sequences
-    if settings.frequency_data:
-        extra = read_records(list(settings.frequency_data))
-        counted = [tokenize(r, tokenizer, settings.max_tokens) for r in extra]
-    frequency_files = list(settings.frequency_data or settings.data)
-    save_frequency(out, token_frequency(counted, vocab), {"data": frequency_files})
+    if settings.frequency is not None:
+        if settings.frequency_data:
+            raise ValueError("frequency: give a counted list or text to count, not both")
+        counts = load_frequency(settings.frequency)
+        if counts.numel() < vocab:
+            raise ValueError(
+                f"frequency: {settings.frequency} counts {counts.numel()} ids, the head has {vocab}"
+            )
+        save_frequency(out, counts[:vocab], {"from": str(settings.frequency)})
+    else:
+        counted = sequences
+        if settings.frequency_data:
+            extra = read_records(list(settings.frequency_data))
+            counted = [tokenize(r, tokenizer, settings.max_tokens) for r in extra]
+        frequency_files = list(settings.frequency_data or settings.data)
+        save_frequency(out, token_frequency(counted, vocab), {"data": frequency_files})
 
     def report(stage: str) -> Callable[[int, int], None] | None:
         return None if progress is None else (lambda done, total: progress(stage, done, total))

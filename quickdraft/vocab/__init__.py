@@ -12,6 +12,9 @@
 ``dyna-hybrid-pa:K``  the same on the position-aware budget
 ====================  =========================================================================
 
+``dyna:0`` and ``dyna-hybrid:0`` route nothing: the core alone, and the core with the sequence's
+tokens (ablations of the hybrid; ``dyna:0`` needs artifacts with a core).
+
 ``dyna`` and ``dyna-pa`` are the paper's method when the artifacts cluster every head row
 (``quickdraft train router --core 0``): the shortlist is the routed clusters and nothing else.
 Artifacts trained with a core of frequent tokens left out of the clusters add that core to
@@ -51,7 +54,7 @@ def parse_shortlist(text: str) -> tuple[str, int]:
         if size:
             raise ValueError("shortlist: 'full' takes no size")
         return kind, 0
-    if not size.isdigit() or int(size) < 1:
+    if not size.isdigit() or int(size) < (0 if kind in ("dyna", "dyna-hybrid") else 1):
         raise ValueError(f"shortlist: {text!r} needs a positive size, as in '{kind}:32'")
     return kind, int(size)
 
@@ -84,8 +87,8 @@ def build_shortlist(
         return FrequencyShortlist.position_aware(load_ranked(folder), size, num_positions)
     router = Router.load(folder)
     return ClusterShortlist(
-        load_clusters(folder), router, size, position_aware=kind.endswith("-pa"),
-        parallel=parallel_router, context=kind.startswith("dyna-hybrid"),
+        load_clusters(folder), router, max(size, 1), position_aware=kind.endswith("-pa"),
+        parallel=parallel_router, context=kind.startswith("dyna-hybrid"), route=size > 0,
     )  # fmt: skip
 
 

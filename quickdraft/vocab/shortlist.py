@@ -196,7 +196,10 @@ class ClusterShortlist(Shortlist):
     ):
         super().__init__()
         if not route and not context and int((assignment == -1).sum()) == 0:
-            raise ValueError("route: without routed clusters, a core or the context is needed")
+            raise ValueError(
+                "shortlist: 0 clusters routes nothing, and these artifacts have no core of "
+                "frequent tokens (dyna-hybrid:0 adds the sequence's tokens)"
+            )
         num_clusters = router.config.num_clusters
         if assignment.dim() != 1 or int(assignment.max()) >= num_clusters:
             raise ValueError(
@@ -330,7 +333,8 @@ def save_frequency(folder: str | Path, frequency: torch.Tensor, settings: dict) 
     save_file({"frequency": frequency.float()}, str(Path(folder) / FREQUENCY_FILE), metadata)
 
 
-def load_ranked(folder: str | Path) -> torch.Tensor:
+def load_frequency(folder: str | Path) -> torch.Tensor:
+    """The token frequencies [V] saved in ``folder``."""
     path = Path(folder) / FREQUENCY_FILE
     if not path.exists():
         raise ValueError(f"shortlist: no {FREQUENCY_FILE} in {folder}")
@@ -338,6 +342,11 @@ def load_ranked(folder: str | Path) -> torch.Tensor:
     frequency = read_safetensors(path, remedy).get("frequency")
     if frequency is None or frequency.dim() != 1:
         raise ArtifactError(path, "holds no [V] frequency tensor", remedy)
+    return frequency
+
+
+def load_ranked(folder: str | Path) -> torch.Tensor:
+    frequency = load_frequency(folder)
     # Stable sort: equal frequencies keep token-id order, so the list is reproducible.
     return torch.sort(-frequency, stable=True).indices
 
