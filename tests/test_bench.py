@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +142,45 @@ def test_a_torn_last_line_keeps_the_runs_before_it(tmp_path):
     assert len(again.path.read_text().splitlines()) == 3  # header and the two whole runs
     other = RunLog(tmp_path, {**settings, "methods": ["ngram"]})
     assert other.resume() == [] and other.replaced
+
+
+def _renderers() -> dict:
+    """Every committed benchmark results file and the code that renders its report."""
+    import importlib.util
+
+    from quickdraft.bench.report import markdown
+
+    def script(name: str):
+        path = REPO / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def tasks_of(result: dict) -> list[str]:
+        return [t for t in result["summary"] if t != "all"]
+
+    shortlists, medusa = script("shortlists"), script("medusa_exercise3")
+    return {
+        "shortlists": lambda r: shortlists.render(r, tasks_of(r)),
+        "medusa": lambda r: medusa.render(r, tasks_of(r)),
+        "dynaspec_eagle": script("dynaspec_eagle").render,
+        "bench": lambda r: markdown(r["results"], r["meta"]),
+    }
+
+
+REPO = Path(__file__).resolve().parent.parent
+RESULT_FILES = sorted((REPO / "benchmarks" / "results").rglob("results.json"))
+
+
+@pytest.mark.parametrize(
+    "path", RESULT_FILES, ids=[str(p.parent.relative_to(REPO)) for p in RESULT_FILES]
+)
+def test_every_committed_result_renders_to_its_report(path):
+    """Each committed results.json renders, with the code that wrote it, to the report.md
+    beside it: no report quotes a figure its data does not hold."""
+    renderers = _renderers()
+    result = json.loads(path.read_text())
+    kind = path.parent.relative_to(REPO / "benchmarks" / "results").parts[0]
+    render = renderers.get(kind) or renderers["bench"]  # `quickdraft bench` runs
+    assert render(result) == (path.parent / "report.md").read_text()
