@@ -1,0 +1,287 @@
+"""DynaSpec's table, on an EAGLE drafter over Qwen2.5-Coder-0.5B's 151,936-token vocabulary.
+
+The paper's setting: an EAGLE drafter whose head scores the target's own head rows (EAGLE-2's
+arrangement), so the head is most of a draft step. One bench run over the seven task kinds of
+``quickdraft bench``, greedy and at T = 1, every method interleaved prompt by prompt:
+
+* full: the whole head (151,936 rows);
+* fr-spec: FR-Spec at the paper's ratio (32,768 of 128,256 rows: 25.5%, here 38,819 rows);
+* fr-spec-pa: FR-Spec on the position-aware budget, sized like DynaSpec-PA;
+* dynaspec-f / dynaspec-pa: the paper's DynaSpec (clusters over every head row, a router on
+  ``[E(x_t), H_{t-1}]``, the union of the top k_c clusters; ``k_c`` fixed, or k_max at depths
+  0 and 1 then ``floor(k_max / ((t + 1) * 2))``, at least 1);
+* hybrid-pa: quickdraft's earlier variant (a core of frequent tokens, the sequence's tokens
+  and routed clusters over the rest) on the position-aware budget;
+* with ``--ablation``, the hybrid's parts: core only, core + sequence tokens (routed clusters
+  only is dynaspec-pa; all three is hybrid-pa).
+
+Every EAGLE row drafts with the network alone (no prompt-lookup graft, ``eagle+0``), the
+paper's EAGLE-2, so the rows differ only in the head's rows. Columns: mean accepted length per
+task, mean shortlist size, draft time per proposal (one dynamic tree), decode and end-to-end
+tokens/s, identical to autoregressive decoding (greedy). Runs are logged per temperature in
+``OUT/runs-T*.jsonl`` so an interrupted bench resumes; ``--render`` rebuilds ``report.md`` from
+``results.json`` with the same code.
+
+    python benchmarks/dynaspec_eagle.py --threads 2 --eagle-dir DIR --shortlist-dir DIR \\
+        --hybrid-dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+
+from quickdraft.bench.harness import BenchSettings, MethodRun, RunRecord, run_bench
+from quickdraft.bench.machine import describe_machine
+from quickdraft.bench.runlog import RunLog
+from quickdraft.bench.summary import summarise
+from quickdraft.bench.tasks import TASK_KINDS, load_tasks
+from quickdraft.config import SpecConfig
+from quickdraft.models.loading import load_model
+from quickdraft.vocab.shortlist import load_clusters
+
+RESULTS = Path(__file__).parent / "results" / "dynaspec_eagle"
+TARGET = "qwen2.5-coder-0.5b"
+PAPER_RATIO = 32768 / 128256  # FR-Spec's list against Llama-3's vocabulary
+# The paper's Table (Llama-3-8B-Instruct, EAGLE-2, A6000): mean accepted length per task.
+PAPER = {
+    "tasks": ["MT", "Conv.", "RAG", "Math", "QA", "Summ.", "Code", "mean"],
+    "full vocabulary": [3.66, 4.11, 4.03, 4.31, 3.45, 3.68, 4.77, 4.00],
+    "FR-Spec (32k)": [3.38, 3.87, 3.85, 4.16, 3.32, 3.51, 4.11, 3.74],
+    "DynaSpec (27.3k mean)": [3.51, 4.05, 3.91, 4.21, 3.40, 3.51, 4.71, 3.90],
+}
+console = Console(width=140)
+
+
+def methods(args: argparse.Namespace, vocab: int, clusters: int) -> dict[str, SpecConfig]:
+    """The table's rows as EAGLE configurations (the network alone)."""
+    fr = round(PAPER_RATIO * vocab)
+    # FR-Spec-PA starts from k_max clusters' worth of rows, so its budget follows DynaSpec-PA's.
+    fr_pa = round(args.dyna_pa * vocab / clusters)
+
+    def eagle(shortlist: str, folder: Path | None) -> SpecConfig:
+        return SpecConfig(
+            method="eagle", eagle_dir=str(args.eagle_dir), eagle_lookup=0,
+            draft_shortlist=shortlist, shortlist_dir=None if folder is None else str(folder),
+        )  # fmt: skip
+
+    rows = {
+        "full": eagle("full", None),
+        "fr-spec": eagle(f"fr:{fr}", args.shortlist_dir),
+        "fr-spec-pa": eagle(f"fr-pa:{fr_pa}", args.shortlist_dir),
+        "dynaspec-f": eagle(f"dyna:{args.dyna_f}", args.shortlist_dir),
+        "dynaspec-pa": eagle(f"dyna-pa:{args.dyna_pa}", args.shortlist_dir),
+    }
+    if args.hybrid_dir is not None:
+        rows["hybrid-pa"] = eagle(f"dyna-hybrid-pa:{args.hybrid_pa}", args.hybrid_dir)
+        if args.ablation:
+            rows["core only"] = eagle("dyna:0", args.hybrid_dir)
+            rows["core + sequence"] = eagle("dyna-hybrid:0", args.hybrid_dir)
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_model(TARGET)
+    vocab = target.vocab_size
+    clusters = int(load_clusters(args.shortlist_dir).max()) + 1
+    specs = methods(args, vocab, clusters)
+    runs = [MethodRun("ar", SpecConfig(method="ar"))] + [
+        MethodRun(label, spec) for label, spec in specs.items()
+    ]
+    tasks = load_tasks(TASK_KINDS, args.prompts_per_task)
+    meta = {
+        "target": TARGET,
+        "vocab": vocab,
+        "clusters": clusters,
+        "eagle_dir": str(args.eagle_dir),
+        "shortlist_dir": str(args.shortlist_dir),
+        "hybrid_dir": None if args.hybrid_dir is None else str(args.hybrid_dir),
+        "shortlists": {label: spec.draft_shortlist for label, spec in specs.items()},
+        "prompts_per_task": args.prompts_per_task,
+        "max_new_tokens": args.max_new_tokens,
+        "threads": torch.get_num_threads(),
+        "machine": describe_machine(),
+    }
+    result: dict = {"meta": meta, "temperatures": {}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for temperature in args.temperatures:
+        bench = _bench_at(temperature, args, target, tokenizer, runs, tasks, meta)
+        result["temperatures"][f"{temperature:g}"] = table(bench, list(tasks), specs)
+    return result
+
+
+def _bench_at(temperature: float, args, target, tokenizer, runs, tasks, meta: dict):
+    """One temperature's bench, resumed from and logged to ``OUT/T<temperature>/runs.jsonl``."""
+    settings = BenchSettings(
+        max_new_tokens=args.max_new_tokens, temperature=temperature, seed=args.seed
+    )
+    # The log's header leaves the machine out: a run may resume on another session's host.
+    header = {**meta, "temperature": temperature, "machine": None}
+    log = RunLog(args.out / f"T{temperature:g}", header)
+    done = log.resume()
+    total = sum(len(v) for v in tasks.values()) * len(runs)
+    with Progress(console=console, transient=True) as progress:
+        bar = progress.add_task("bench", total=total, completed=len(done))
+
+        def logged(record: RunRecord, _bench) -> None:
+            log.append(record)
+            label = f"T={temperature:g} {record.task} {record.method}"
+            progress.update(bar, advance=1, description=label)
+
+        return run_bench(
+            target, tokenizer, runs, tasks, settings, target_name=TARGET, done=done,
+            on_run=logged,
+        )  # fmt: skip
+
+
+def table(bench, tasks: list[str], specs: dict[str, SpecConfig]) -> dict:
+    """Per row: accepted length and shortlist size per task; draft ms per proposal, speeds and
+    identity overall."""
+    summary = summarise(bench)
+    rows = {}
+    for label in ["ar", *specs]:
+        mine = [r for r in bench.records if r.method == label]
+        steps = sum(r.stats.verify_steps for r in mine)
+        drafting = sum(r.stats.time_draft for r in mine)
+        overall = summary["all"][label]
+        rows[label] = {
+            "accepted_length": {t: summary[t][label]["mean_accepted_length"] for t in tasks},
+            "shortlist": {t: summary[t][label]["shortlist_size_mean"] for t in tasks},
+            "accepted_length_pooled": overall["mean_accepted_length"],
+            "shortlist_pooled": overall["shortlist_size_mean"],
+            "shortlist_by_depth": overall["shortlist_size_by_position"],
+            "draft_ms_per_proposal": 1000 * drafting / steps if steps else None,
+            "tokens_per_s": overall["tokens_per_s_median"],
+            "decode_tokens_per_s": overall["decode_tokens_per_s_median"],
+            "speedup_over_ar": overall["speedup_over_ar"],
+            "decode_speedup_over_ar": overall["decode_speedup_over_ar"],
+            "identical_to_ar": overall["identical_to_ar"],
+        }
+    return {"tasks": tasks, "rows": rows}
+
+
+def _mean(values: list[float | None]) -> float:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else float("nan")
+
+
+def render(result: dict) -> str:
+    meta = result["meta"]
+    vocab = meta["vocab"]
+    lines = [
+        f"# DynaSpec on an EAGLE drafter: {meta['target']} ({vocab:,}-token vocabulary)",
+        "",
+        f"Machine: {meta['machine']}; {meta['threads']} threads. {meta['prompts_per_task']} "
+        f"prompts per task, {meta['max_new_tokens']} new tokens, chat template; EAGLE "
+        f"drafter `{meta['eagle_dir']}`, network alone (no prompt-lookup graft); "
+        f"M = {meta['clusters']} clusters (`{meta['shortlist_dir']}`). Shortlists: "
+        + ", ".join(f"{n} = `{s}`" for n, s in meta["shortlists"].items())
+        + ".",
+        "",
+    ]
+    for temperature, part in result["temperatures"].items():
+        tasks, rows = part["tasks"], part["rows"]
+        full = rows["full"]
+        lines += [
+            f"## T = {temperature}",
+            "",
+            "Mean accepted length per task (tokens per target forward, bonus included), the "
+            "mean shortlist size over draft calls, and the share of the full head's accepted "
+            "length:",
+            "",
+            "| method | " + " | ".join(tasks) + " | mean | vs full | mean shortlist |",
+            "|---|" + "---|" * (len(tasks) + 3),
+        ]
+        full_mean = _mean(list(full["accepted_length"].values()))
+        for label, row in rows.items():
+            if label == "ar":
+                continue
+            lengths = [row["accepted_length"][t] for t in tasks]
+            size = row["shortlist_pooled"]
+            shown = f"{vocab:,} (100%)" if size is None else f"{size:,.0f} ({size / vocab:.1%})"
+            lines.append(
+                f"| {label} | " + " | ".join(f"{x:.2f}" for x in lengths)
+                + f" | {_mean(lengths):.2f} | {_mean(lengths) / full_mean:.1%} | {shown} |"
+            )  # fmt: skip
+        lines += [
+            "",
+            "Speed (medians over prompts; draft ms = drafting time per proposal, one tree):",
+            "",
+            "| method | draft ms | vs full | decode tok/s | end-to-end tok/s | vs full | "
+            "vs ar | identical to ar |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for label, row in rows.items():
+            if label == "ar":
+                ar = row
+                lines.append(
+                    f"| ar | | | {ar['decode_tokens_per_s']:.2f} | {ar['tokens_per_s']:.2f} | "
+                    f"{ar['tokens_per_s'] / full['tokens_per_s'] - 1:+.1%} | | |"
+                )
+                continue
+            lines.append(
+                f"| {label} | {row['draft_ms_per_proposal']:.1f} | "
+                f"{row['draft_ms_per_proposal'] / full['draft_ms_per_proposal'] - 1:+.1%} | "
+                f"{row['decode_tokens_per_s']:.2f} | {row['tokens_per_s']:.2f} | "
+                f"{row['tokens_per_s'] / full['tokens_per_s'] - 1:+.1%} | "
+                f"{row['speedup_over_ar']:.2f}x | {row['identical_to_ar']} |"
+            )
+        lines += [
+            "",
+            "Mean shortlist size by draft depth: "
+            + "; ".join(
+                f"{label}: " + ", ".join(f"{x / 1000:.1f}k" for x in row["shortlist_by_depth"])
+                for label, row in rows.items()
+                if row.get("shortlist_by_depth")
+            ),
+            "",
+        ]
+    lines += [
+        "## The paper's table (Llama-3-8B-Instruct, EAGLE-2, 128k vocabulary, A6000)",
+        "",
+        "| method | " + " | ".join(PAPER["tasks"]) + " |",
+        "|---|" + "---|" * len(PAPER["tasks"]),
+    ]
+    for label, values in PAPER.items():
+        if label != "tasks":
+            lines.append(f"| {label} | " + " | ".join(f"{x:.2f}" for x in values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--eagle-dir", type=Path, default=None)
+    parser.add_argument("--shortlist-dir", type=Path, default=None, help="faithful artifacts")
+    parser.add_argument("--hybrid-dir", type=Path, default=None, help="hybrid artifacts")
+    parser.add_argument("--prompts-per-task", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--dyna-f", type=int, default=8, help="DynaSpec-F clusters")
+    parser.add_argument("--dyna-pa", type=int, default=16, help="DynaSpec-PA k_max")
+    parser.add_argument("--hybrid-pa", type=int, default=8, help="hybrid k_max")
+    parser.add_argument("--ablation", action="store_true", help="the hybrid's parts too")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--render", action="store_true", help="only rebuild OUT/report.md")
+    args = parser.parse_args()
+    if not args.render:
+        if args.eagle_dir is None or args.shortlist_dir is None:
+            parser.error("--eagle-dir and --shortlist-dir are needed to measure")
+        result = run(args)
+        (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    result = json.loads((args.out / "results.json").read_text())
+    report = render(result)
+    (args.out / "report.md").write_text(report)
+    console.print(report)
+
+
+if __name__ == "__main__":
+    main()
