@@ -1,28 +1,43 @@
-"""`quickdraft pick --calibrate`: measure acceptance and costs on the user's prompts, then pick.
+"""``quickdraft pick --calibrate``: measure every candidate on the user's prompts, then pick.
 
-1. Forward costs on this machine: the target's forward of T tokens (T = 1 .. k_max + 1) after a
-   context as long as the prompts, and the drafter's time per proposed token.
-2. Acceptance: each method drafts k_max tokens per step on the prompts; the pooled per-position
-   acceptance a_i and the share of steps that proposed at least i tokens p_i give, for any
-   k <= k_max, E[tokens](k) = 1 + sum_{i<=k} p_i * a_1 * .. * a_i.
-3. Predicted speedup(k) = E[tokens](k) * v(1) / (drafter time(k) + v(k + 1)); the best method
-   and k win, and are then run beside plain decoding on the same prompts to compare.
+1. Forward costs on this machine: the target's forward of T tokens (T = 1 .. the most any
+   chain verifies) after a context as long as the prompts; v(1) is a plain decoding step.
+2. Candidates: every registered method's (``picker.options``). Chains (``PickSupport.chain``:
+   draft_model, ngram) run once at their largest k per configuration; the acceptance by
+   position a_i and the share of steps proposing at least i tokens p_i predict every smaller
+   k: E(k) = 1 + sum_{i<=k} p_i a_1..a_i, with the draft's time per token (a draft model) or
+   per step (a lookup) and v(k + 1). Other candidates (trees, lookahead) are run each: their
+   mean accepted length E, draft and verify seconds per step.
+3. Predicted speedup = E * v(1) / (draft + verify per step). The best and the runner-up (the
+   best of another method) then run beside plain decoding on the same prompts, interleaved
+   prompt by prompt, and the faster one measured is the choice.
+
+Everything fits ``budget_seconds``: the prompts each candidate runs on are cut to what the
+budget allows, from a plain-decoding estimate of a run's cost, keeping a third of it for the
+confirmation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from quickdraft import methods
 from quickdraft.config import Method, SamplingParams, SpecConfig
 from quickdraft.engine import generate
+from quickdraft.methods import PickContext, StepPrior
 from quickdraft.models.base import Model
-from quickdraft.picker import Recommendation
+from quickdraft.picker import Option, Recommendation, Workload, choose, options
 from quickdraft.stats import Stats
+
+Progress = Callable[[str, int, int], None]
+CONFIRM_SHARE = 1 / 3  # of the budget, for the interleaved run against plain decoding
 
 
 def forward_costs(
@@ -48,165 +63,259 @@ def forward_costs(
 
 
 @dataclass(slots=True)
-class MethodProfile:
-    method: Method
-    acceptance: list[float]  # a_i, i = 1..k_max (0 where never reached)
+class ChainProfile:
+    """A chain measured at its largest k: acceptance by position and cost per token/step."""
+
+    acceptance: list[float]  # a_i, i = 1..k (0 where never reached)
     proposed: list[float]  # p_i: share of steps proposing at least i tokens
     draft_seconds_per_token: float  # a draft model's forward; 0 for lookup drafters
     draft_seconds_per_step: float  # a lookup drafter's search; 0 for draft models
-    predicted: dict[int, float] = field(default_factory=dict)  # k -> predicted speedup
 
     def draft_seconds(self, k: int) -> float:
         return k * self.draft_seconds_per_token + self.draft_seconds_per_step
 
     def expected_tokens(self, k: int) -> float:
         total, chain = 1.0, 1.0
-        for i in range(k):
+        for i in range(min(k, len(self.acceptance))):
             chain *= self.acceptance[i]
             total += self.proposed[i] * chain
         return total
 
 
 @dataclass(slots=True)
+class Measured:
+    """A candidate's measured step: expected tokens, draft and verify seconds."""
+
+    label: str
+    spec: SpecConfig
+    expected_tokens: float
+    draft_seconds: float
+    verify_seconds: float
+    predicted: float
+    verified_tokens: int
+
+
+@dataclass(slots=True)
 class Calibration:
     verify_seconds: dict[int, float]
-    profiles: list[MethodProfile]
+    measured: list[Measured]
     choice: Recommendation
-    measured_speedup: float | None = None
+    prompts_used: int
+    confirmed: dict[str, float] = field(default_factory=dict)  # label -> measured speedup
+    seconds: float = 0.0
 
-    def table(self) -> list[tuple[str, int, float]]:
-        return [(p.method.value, k, s) for p in self.profiles for k, s in p.predicted.items()]
+    @property
+    def measured_speedup(self) -> float | None:
+        return self.confirmed.get(self.choice.label)
+
+
+def _sampling(workload: Workload, max_new_tokens: int, stop: tuple[int, ...]) -> SamplingParams:
+    return SamplingParams(
+        temperature=workload.temperature, max_new_tokens=max_new_tokens, seed=0,
+        stop_token_ids=stop,
+    )  # fmt: skip
+
+
+def _run(target, prompts, sampling, spec, draft) -> Stats:
+    """One spec over the prompts, pooled stats (times and acceptance)."""
+    uses_draft = methods.get(spec.method).draft_model
+    pooled = Stats(k=0)
+    for prompt in prompts:
+        out = generate(target, prompt, sampling=sampling, spec=spec,
+                       draft=draft if uses_draft else None)  # fmt: skip
+        stats = out.stats
+        pooled.k = max(pooled.k, stats.k)
+        pooled.accepted_drafts.extend(stats.accepted_drafts)
+        pooled.drafted.extend(stats.drafted)
+        pooled.new_tokens += stats.new_tokens
+        pooled.target_forwards += stats.target_forwards
+        pooled.time_draft += stats.time_draft
+        pooled.time_verify += stats.time_verify
+        pooled.time_prefill += stats.time_prefill
+        pooled.time_total += stats.time_total
+    return pooled
 
 
 def calibrate(
     target: Model,
     prompts: list[list[int]],
+    context: PickContext,
+    workload: Workload | None = None,
     *,
     draft: Model | None = None,
-    methods: tuple[Method, ...] = (Method.DRAFT_MODEL, Method.NGRAM),
-    k_max: int = 8,
     max_new_tokens: int = 48,
-    temperature: float = 0.0,
     stop_token_ids: tuple[int, ...] = (),
-    verify: bool = True,
+    budget_seconds: float = 300.0,
+    confirm: bool = True,
+    progress: Progress | None = None,
 ) -> Calibration:
     if not prompts:
         raise ValueError("calibrate: no prompts")
-    if Method.DRAFT_MODEL in methods and draft is None:
-        methods = tuple(m for m in methods if m is not Method.DRAFT_MODEL)
-    context = int(statistics.median(len(p) for p in prompts)) + max_new_tokens // 2
-    verify_seconds = forward_costs(target, context, list(range(1, k_max + 2)))
-    sampling = SamplingParams(
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        seed=0,
-        stop_token_ids=stop_token_ids,
-    )
-    draft_forward = forward_costs(draft, context, [1])[1] if draft is not None else 0.0
-    profiles = []
-    for method in methods:
-        spec = SpecConfig(method=method, num_speculative_tokens=k_max)
-        pooled, lookup_time = Stats(k=k_max), 0.0
-        for prompt in prompts:
-            out = generate(
-                target,
-                prompt,
-                sampling=sampling,
-                spec=spec,
-                draft=draft if method is Method.DRAFT_MODEL else None,
-            )
-            pooled.accepted_drafts.extend(out.stats.accepted_drafts)
-            pooled.drafted.extend(out.stats.drafted)
-            lookup_time += out.stats.time_draft
-        steps = max(len(pooled.drafted), 1)
-        uses_model = method is Method.DRAFT_MODEL
-        profile = MethodProfile(
-            method,
-            acceptance=[0.0 if r != r else r for r in pooled.acceptance_by_position],
-            proposed=[sum(d >= i for d in pooled.drafted) / steps for i in range(1, k_max + 1)],
-            draft_seconds_per_token=draft_forward if uses_model else 0.0,
-            draft_seconds_per_step=0.0 if uses_model else lookup_time / steps,
-        )
-        for k in range(1, k_max + 1):
-            step = profile.draft_seconds(k) + verify_seconds[k + 1]
-            profile.predicted[k] = profile.expected_tokens(k) * verify_seconds[1] / step
-        profiles.append(profile)
-    choice = _choose(profiles)
-    calibration = Calibration(verify_seconds, profiles, choice)
-    if verify and choice.speculate:
-        calibration.measured_speedup = measure_speedup(
-            target, prompts, choice.spec, sampling, draft
-        )
+    if budget_seconds <= 0:
+        raise ValueError(f"budget_seconds must be > 0, got {budget_seconds}")
+    started = time.perf_counter()
+    workload = workload or Workload()
+    ranked, reasons = options(workload, context, cooler_drafts=True)
+    candidates = [o for o in ranked if o.spec.method is not Method.AR]
+    chains = _chain_groups(candidates)
+    singles = [o for o in candidates if not _is_chain(o)]
+    k_max = max((s.num_speculative_tokens for s in chains), default=1)
+    context_tokens = int(statistics.median(len(p) for p in prompts)) + max_new_tokens // 2
+    verify_seconds = forward_costs(target, context_tokens, list(range(1, k_max + 2)))
+    step = verify_seconds[1]
+    runs = len(chains) + len(singles)
+    # A run of n prompts costs about n * max_new_tokens plain steps (speculation is cheaper,
+    # a slow drafter dearer); the budget's measuring share sets n.
+    per_prompt = max_new_tokens * step
+    affordable = (1 - CONFIRM_SHARE) * budget_seconds / max(runs * per_prompt, 1e-9)
+    used = max(1, min(len(prompts), int(affordable)))
+    chosen_prompts = prompts[:used]
+    sampling = _sampling(workload, max_new_tokens, stop_token_ids)
+    draft_forward = forward_costs(draft, context_tokens, [1])[1] if draft is not None else 0.0
+    measured: list[Measured] = []
+    done = 0
+    for spec in chains:
+        stats = _run(target, chosen_prompts, sampling, spec, draft)
+        profile = _chain_profile(stats, spec, draft_forward)
+        for option in candidates:
+            if _is_chain(option) and _chain_key(option.spec) == _chain_key(spec):
+                k = option.spec.num_speculative_tokens
+                tokens = profile.expected_tokens(k)
+                draft_s, verify_s = profile.draft_seconds(k), verify_seconds[k + 1]
+                measured.append(Measured(option.label, option.spec, tokens, draft_s, verify_s,
+                                         tokens * step / (draft_s + verify_s), k + 1))  # fmt: skip
+        done += 1
+        if progress is not None:
+            progress("measuring", done, runs)
+    for option in singles:
+        stats = _run(target, chosen_prompts, sampling, option.spec, draft)
+        steps = max(stats.target_forwards, 1)
+        tokens = stats.new_tokens / steps
+        draft_s, verify_s = stats.time_draft / steps, stats.time_verify / steps
+        verified = 1 + round(sum(stats.drafted) / max(len(stats.drafted), 1))
+        predicted = tokens * step / max(draft_s + verify_s, 1e-9)
+        measured.append(Measured(option.label, option.spec, tokens, draft_s, verify_s,
+                                 predicted, verified))  # fmt: skip
+        done += 1
+        if progress is not None:
+            progress("measuring", done, runs)
+    rescored = [_as_option(m, step, workload.temperature) for m in measured]
+    rescored.append(next(o for o in ranked if o.spec.method is Method.AR))
+    rescored.sort(key=lambda o: (-o.speedup, o.label))
+    reasons = [f"measured on {used} of {len(prompts)} prompts, {max_new_tokens} tokens each",
+               *reasons]  # fmt: skip
+    choice = choose(rescored, reasons, workload, context)
+    calibration = Calibration(verify_seconds, measured, choice, used)
+    if confirm and choice.speculate:
+        _confirm(calibration, target, chosen_prompts, sampling, draft, rescored, workload,
+                 context, progress)  # fmt: skip
+    calibration.seconds = time.perf_counter() - started
     return calibration
 
 
-def _choose(profiles: list[MethodProfile]) -> Recommendation:
-    best = max(
-        ((s, p, k) for p in profiles for k, s in p.predicted.items()),
-        key=lambda item: item[0],
-        default=None,
-    )
-    if best is None or best[0] < 1.0:
-        return Recommendation(
-            SpecConfig(method=Method.AR),
-            1.0,
-            ["no method is predicted to beat plain decoding here"],
-        )
-    gain, profile, k = best
-    reasons = [
-        f"{profile.method.value} at k = {k}: measured acceptance by position "
-        + ", ".join(f"{a:.2f}" for a in profile.acceptance[:k])
-        + f"; predicted {profile.expected_tokens(k):.2f} tokens per step",
-        f"drafting costs {1000 * profile.draft_seconds(k):.1f} ms per step of {k} here",
-    ]
-    return Recommendation(
-        SpecConfig(method=profile.method, num_speculative_tokens=k), gain, reasons
-    )
-
-
-def measure_speedup(
-    target: Model,
-    prompts: list[list[int]],
-    spec: SpecConfig,
-    sampling: SamplingParams,
-    draft: Model | None,
-) -> float:
-    """Median over prompts of the decoding-speed ratio (after prefill, as the prediction
-    models it) of spec to plain decoding, run back to back."""
-    ratios = []
-    for prompt in prompts:
-        rates = []
-        for run_spec in (SpecConfig(method=Method.AR), spec):
-            uses_draft = run_spec.method is Method.DRAFT_MODEL
-            out = generate(
-                target,
-                prompt,
-                sampling=sampling,
-                spec=run_spec,
-                draft=draft if uses_draft else None,
-            )
-            rates.append(out.stats.decode_tokens_per_second)
-        ratios.append(rates[1] / rates[0])
-    return statistics.median(ratios)
-
-
-def describe(calibration: Calibration, draft_name: str | None) -> dict[str, Any]:
+def _confirm(calibration, target, prompts, sampling, draft, rescored, workload, context,
+             progress) -> None:  # fmt: skip
+    """Plain decoding, the choice and the runner-up (another method's best), interleaved
+    prompt by prompt; the faster of the two measured becomes the choice."""
     choice = calibration.choice
+    first = next(o for o in rescored if o.label == choice.label)
+    runner = next(
+        (o for o in rescored if o.spec.method not in (Method.AR, first.spec.method)), None
+    )
+    contenders = [("ar", SpecConfig(method=Method.AR)), (first.label, choice.spec)]
+    if runner is not None:
+        contenders.append((runner.label, dataclasses.replace(
+            runner.spec, disable_by_batch_size=choice.spec.disable_by_batch_size)))  # fmt: skip
+    rates: dict[str, list[float]] = {label: [] for label, _ in contenders}
+    for index, prompt in enumerate(prompts):
+        for label, spec in contenders:
+            uses_draft = methods.get(spec.method).draft_model
+            out = generate(target, prompt, sampling=sampling, spec=spec,
+                           draft=draft if uses_draft else None)  # fmt: skip
+            rates[label].append(out.stats.decode_tokens_per_second)
+        if progress is not None:
+            progress("confirming", index + 1, len(prompts))
+    for label, _ in contenders[1:]:
+        ratios = [r / a for r, a in zip(rates[label], rates["ar"], strict=True) if a > 0]
+        calibration.confirmed[label] = statistics.median(ratios) if ratios else float("nan")
+    best_label = max(calibration.confirmed, key=lambda label: calibration.confirmed[label])
+    if calibration.confirmed[best_label] < 1.0:
+        calibration.choice = choose(
+            [o for o in rescored if o.spec.method is Method.AR],
+            [*choice.reasons, "confirmed: no candidate beat plain decoding on these prompts"],
+            workload,
+            context,
+        )
+    elif best_label != choice.label and runner is not None:
+        reasons = [
+            f"confirmed: {runner.label} measured {calibration.confirmed[best_label]:.2f}x "
+            f"against {calibration.confirmed[choice.label]:.2f}x for {choice.label}",
+            *choice.reasons,
+        ]
+        calibration.choice = choose([runner], reasons, workload, context)
+    else:
+        choice.reasons.insert(
+            0, f"confirmed: {calibration.confirmed[choice.label]:.2f}x over plain decoding"
+        )
+
+
+def _is_chain(option: Option) -> bool:
+    entry = methods.get(option.spec.method)
+    return entry.pick is not None and entry.pick.chain
+
+
+def _chain_key(spec: SpecConfig) -> SpecConfig:
+    return dataclasses.replace(spec, num_speculative_tokens=1)
+
+
+def _chain_groups(candidates: list[Option]) -> list[SpecConfig]:
+    """One spec per chain configuration (a method with its shortlist and draft temperature)
+    at the largest k among its candidates, keyed by its k = 1 form."""
+    groups: dict[SpecConfig, int] = {}
+    for option in candidates:
+        if _is_chain(option):
+            key = _chain_key(option.spec)
+            groups[key] = max(groups.get(key, 0), option.spec.num_speculative_tokens)
+    return [dataclasses.replace(key, num_speculative_tokens=k) for key, k in groups.items()]
+
+
+def _chain_profile(stats: Stats, spec: SpecConfig, draft_forward: float) -> ChainProfile:
+    k = spec.num_speculative_tokens
+    steps = max(len(stats.drafted), 1)
+    uses_model = methods.get(spec.method).draft_model
+    acceptance = [0.0 if a != a else a for a in stats.acceptance_by_position]
+    acceptance += [0.0] * (k - len(acceptance))
+    return ChainProfile(
+        acceptance=acceptance[:k],
+        proposed=[sum(d >= i for d in stats.drafted) / steps for i in range(1, k + 1)],
+        draft_seconds_per_token=draft_forward if uses_model else 0.0,
+        draft_seconds_per_step=0.0 if uses_model else stats.time_draft / steps,
+    )
+
+
+def _as_option(measured: Measured, step: float, temperature: float) -> Option:
+    prior = StepPrior(
+        measured.expected_tokens, measured.draft_seconds / step, measured.verify_seconds / step,
+        measured.verified_tokens, "measured on your prompts", temperature,
+    )  # fmt: skip
+    return Option(measured.label, measured.spec, prior, measured.predicted)
+
+
+def describe(calibration: Calibration) -> dict[str, Any]:
     return {
         "verify_ms": {t: 1000 * s for t, s in calibration.verify_seconds.items()},
-        "profiles": [
+        "measured": [
             {
-                "method": p.method.value,
-                "acceptance_by_position": p.acceptance,
-                "proposed_share": p.proposed,
-                "draft_ms_per_token": 1000 * p.draft_seconds_per_token,
-                "lookup_ms_per_step": 1000 * p.draft_seconds_per_step,
-                "predicted_speedup": p.predicted,
+                "label": m.label,
+                "expected_tokens": m.expected_tokens,
+                "draft_ms_per_step": 1000 * m.draft_seconds,
+                "verify_ms_per_step": 1000 * m.verify_seconds,
+                "predicted_speedup": m.predicted,
             }
-            for p in calibration.profiles
+            for m in sorted(calibration.measured, key=lambda m: -m.predicted)
         ],
-        "choice": choice.quickdraft_json(),
-        "vllm": choice.vllm_json(draft_name),
-        "predicted_speedup": choice.predicted_speedup,
-        "measured_speedup": calibration.measured_speedup,
+        "prompts_used": calibration.prompts_used,
+        "confirmed_speedup": calibration.confirmed,
+        "seconds": calibration.seconds,
+        **calibration.choice.as_dict(),
     }

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from quickdraft.config import SpecConfig
     from quickdraft.drafters.base import Drafter
+    from quickdraft.engines import EngineConfig
     from quickdraft.models.base import Model
 
 
@@ -30,6 +32,58 @@ class BuildContext:
     same_tokenizer: bool | None = None
     draft_name: str | None = None
     target_name: str | None = None
+
+
+@dataclass(slots=True)
+class PickContext:
+    """What ``quickdraft pick`` knows of the deployment: the target and draft (aliases or
+    paths), the device, folders the user gave (None: those shipped for the target, if any),
+    where drafters are exported for other engines, and ``missing``: why a method offers no
+    candidate (filled in by the hooks)."""
+
+    target: str
+    draft: str | None = None
+    device: str = "cpu"
+    eagle_dir: Path | None = None
+    medusa_dir: Path | None = None
+    shortlist_dir: Path | None = None
+    export_dir: Path = Path("exported")
+    missing: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPrior:
+    """One draft-and-verify step of a configuration, before measuring anything: expected
+    tokens per target forward (accepted drafts + 1) on the task kind at ``temperature``; the
+    drafter's and the verify pass's time, in target decode steps; the tokens the pass
+    verifies; and ``source``, the measurement the figures come from."""
+
+    expected_tokens: float
+    draft_cost: float
+    verify_cost: float
+    verified_tokens: int
+    source: str
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PickSupport:
+    """How ``quickdraft pick`` weighs a method.
+
+    candidates: (context) -> [(label, spec)]: the configurations worth trying with what the
+        context has (k values, tree shapes, shortlists, draft temperatures); [] when the method
+        cannot run there, with the reason in ``context.missing[name]``.
+    prior: (spec, task kind) -> StepPrior, for picking without measuring.
+    engines: (spec, context) -> the config each other serving engine takes for it
+        (``quickdraft.engines``): vLLM's speculative_config, SGLang's flags, or why not.
+    chain: one calibration run at the largest k predicts every smaller k (chains of draft
+        tokens, whose acceptance by position carries over); tree shapes are measured each.
+    """
+
+    candidates: Callable[[PickContext], list[tuple[str, SpecConfig]]]
+    prior: Callable[[SpecConfig, str], StepPrior]
+    engines: Callable[[SpecConfig, PickContext], list[EngineConfig]] | None = None
+    chain: bool = False
 
 
 def k_label(name: str, text: str, k: int | None, default_k: int) -> tuple[str, dict[str, Any]]:
@@ -59,6 +113,7 @@ class MethodEntry:
     drafts:      False for plain decoding: no drafter is built (a draft model given is unused).
     head_rows:   (drafter, target) -> the vocabulary rows its head scores a draft token
                  (bench reports; 0 for a drafter with no head, None when unknown).
+    pick:        how ``quickdraft pick`` considers it (``PickSupport``); None: never picked.
     """
 
     name: str
@@ -72,6 +127,7 @@ class MethodEntry:
     draft_model: bool = False
     drafts: bool = True
     head_rows: Callable[[Any, Model], int | None] | None = None
+    pick: PickSupport | None = None
 
     def label(self, text: str, k: int | None) -> tuple[str, dict[str, Any]]:
         if self.parse_label is not None:

@@ -1,13 +1,22 @@
-"""Choose a speculative method, k and draft temperature for a workload.
+"""Choose how to speculate for a workload: method, k or tree, shortlist, draft temperature and
+the batch threshold, among every method in the registry (``quickdraft.methods``).
 
-From a description of the workload, with the tutorial's rules for when not to speculate and the
-speedup model of ``theory.py`` fed with prior acceptance rates per task kind and method. The
-priors are starting points (measured here on the Qwen2.5-Coder pair and SmolLM2, and in line
-with the literature); ``quickdraft bench`` measures the real ones on a user's own prompts.
+Each method's registry entry says what it can offer here (``PickSupport.candidates``: k values,
+tree shapes, shortlists, given the drafters and artifacts the deployment has), what one step of
+each costs and yields before measuring (``prior``, measured here: ``drafters/priors.py``), and
+how other engines take it (``engines``). A method registered later shows up with no change
+here. ``quickdraft.calibrate`` replaces the priors with measurements on the user's prompts.
+
+The model of a step: with E expected tokens per target forward, a draft costing c and a verify
+pass costing v (both in target decode steps), speculation runs E / (c + v) times as fast as
+plain decoding. Temperature lowers E; concurrent requests make each extra verified token cost
+more. The tutorial's three rules come first: outputs of 1-5 tokens, very high temperature, and
+no memory for a drafter.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -15,51 +24,25 @@ from typing import Any
 
 from quickdraft import methods
 from quickdraft.bench.tasks import TASK_KINDS
-from quickdraft.config import Method, SpecConfig
-from quickdraft.theory import CostModel, optimal_num_draft, speedup
+from quickdraft.config import MAX_BATCH, Method, SpecConfig
+from quickdraft.engines import EngineConfig
+from quickdraft.methods import PickContext, StepPrior
 
-# Prior per-token acceptance at temperature 0, by method and task kind. n-gram lookup only wins
-# where the output copies the input (code edits, retrieval answers, summaries).
-ALPHA_PRIORS: dict[Method, dict[str, float]] = {
-    Method.DRAFT_MODEL: {
-        "code": 0.82,
-        "math": 0.78,
-        "rag": 0.72,
-        "summarization": 0.72,
-        "translation": 0.68,
-        "qa": 0.62,
-        "conversation": 0.62,
-        "other": 0.65,
-    },
-    Method.NGRAM: {
-        "code": 0.30,
-        "math": 0.20,
-        "rag": 0.40,
-        "summarization": 0.40,
-        "translation": 0.10,
-        "qa": 0.08,
-        "conversation": 0.12,
-        "other": 0.15,
-    },
-}
-# Costs relative to one target decode step. CPU: a verify of T tokens costs 1 + 0.09 (T - 1)
-# with the native runner, and an int8 draft model about 0.1 of the target (Qwen 1.5B / 0.5B,
-# benchmarks/results/). GPU at batch 1: verifying a few tokens is nearly free.
-COSTS = {
-    ("cpu", Method.DRAFT_MODEL): CostModel(draft_cost=0.10, verify_slope=0.09),
-    ("cpu", Method.NGRAM): CostModel(draft_cost=0.0, verify_slope=0.09),
-    ("gpu", Method.DRAFT_MODEL): CostModel(draft_cost=0.05, verify_slope=0.01),
-    ("gpu", Method.NGRAM): CostModel(draft_cost=0.0, verify_slope=0.01),
-}
-DRAFTERS = (Method.DRAFT_MODEL.value, Method.NGRAM.value)
 MIN_GAIN = 1.05  # below this modelled speedup, speculation is not worth its complexity
+SHORT_OUTPUT = 5  # tokens: drafting overhead dominates outputs this short
+HIGH_TEMPERATURE = 1.5
+TEMPERATURE_PENALTY = 0.25  # share of the extra tokens lost at temperature 1
+CONCURRENCY_SLOPE = 0.02  # extra verify cost per verified token and per extra request
+GPU_VERIFY_SLOPE = 0.01  # a GPU verifies a few more tokens almost for free
+MODELLED_BATCH = 256  # the batch threshold is searched up to this many requests
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
     """task: a task kind or "other"; temperature: the target's; output_tokens: typical output
-    length; concurrency: requests decoded together; memory_gb: memory free for a drafter (None:
-    plenty); draft_gb: the draft model's size; drafters: which are available; device."""
+    length; concurrency: requests decoded together; memory_gb: memory free for a drafter
+    (None: plenty); draft_gb: the draft model's size; methods: the registered methods to
+    consider (None: all); device: cpu or gpu."""
 
     task: str = "other"
     temperature: float = 0.0
@@ -67,7 +50,7 @@ class Workload:
     concurrency: int = 1
     memory_gb: float | None = None
     draft_gb: float = 1.0
-    drafters: tuple[str, ...] = DRAFTERS
+    methods: tuple[str, ...] | None = None
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -79,150 +62,263 @@ class Workload:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.output_tokens < 1:
             raise ValueError(f"output_tokens must be >= 1, got {self.output_tokens}")
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if not 1 <= self.concurrency <= MAX_BATCH:
+            raise ValueError(f"concurrency must be in 1..{MAX_BATCH}, got {self.concurrency}")
         if self.memory_gb is not None and not self.memory_gb >= 0:
             raise ValueError(f"memory_gb must be >= 0, got {self.memory_gb}")
-        registered = methods.names()
-        unknown = [d for d in self.drafters if d not in registered]
-        if unknown:
-            raise ValueError(f"drafters: unknown {unknown}; methods: {', '.join(registered)}")
+        if self.methods is not None:
+            registered = methods.names()
+            unknown = [m for m in self.methods if m not in registered]
+            if unknown:
+                raise ValueError(f"methods: unknown {unknown}; registered: {', '.join(registered)}")
         if self.device not in ("cpu", "gpu"):
             raise ValueError(f"device must be cpu or gpu, got {self.device!r}")
 
 
 @dataclass(frozen=True, slots=True)
+class Option:
+    """One candidate configuration with what the picker expects of it."""
+
+    label: str
+    spec: SpecConfig
+    prior: StepPrior
+    speedup: float
+
+
+def at_temperature(tokens: float, temperature: float) -> float:
+    """Expected tokens per step at a sampling temperature: sampling makes agreement harder,
+    a quarter of the extra tokens lost at temperature 1 (and beyond)."""
+    return 1.0 + (tokens - 1.0) * (1.0 - TEMPERATURE_PENALTY * min(temperature, 1.0))
+
+
+def modelled_speedup(prior: StepPrior, workload: Workload, concurrency: int | None = None) -> float:
+    """E / (draft + verify) for one step of ``prior`` under ``workload``."""
+    if prior.verified_tokens <= 1 and prior.draft_cost == 0:
+        return 1.0  # plain decoding
+    requests = workload.concurrency if concurrency is None else concurrency
+    extra = prior.verified_tokens - 1
+    verify = 1.0 + GPU_VERIFY_SLOPE * extra if workload.device == "gpu" else prior.verify_cost
+    verify += CONCURRENCY_SLOPE * (requests - 1) * extra
+    tokens = prior.expected_tokens
+    if prior.temperature != workload.temperature:  # priors are greedy figures
+        tokens = at_temperature(tokens, workload.temperature)
+    return tokens / (prior.draft_cost + verify)
+
+
+def batch_threshold(prior: StepPrior, workload: Workload) -> int | None:
+    """The most concurrent requests at which drafting still pays (the engine's
+    ``disable_by_batch_size``); None if it still pays at ``MODELLED_BATCH``."""
+    for requests in range(1, MODELLED_BATCH + 1):
+        if modelled_speedup(prior, workload, requests) < 1.0:
+            return max(requests - 1, 1)
+    return None
+
+
+@dataclass(slots=True)
 class Recommendation:
+    """The choice, why, the alternatives, and its forms for quickdraft and other engines."""
+
+    label: str
     spec: SpecConfig
     predicted_speedup: float
     reasons: list[str] = field(default_factory=list)
+    options: list[Option] = field(default_factory=list)
+    engines: list[EngineConfig] = field(default_factory=list)
+    target_path: str | None = None
 
     @property
     def speculate(self) -> bool:
         return self.spec.method is not Method.AR
 
     def quickdraft_json(self) -> dict[str, Any]:
-        spec = self.spec
-        data: dict[str, Any] = {"method": str(spec.method)}
-        if self.speculate:
-            data["num_speculative_tokens"] = spec.num_speculative_tokens
-            data["acceptance"] = spec.acceptance.value
-        if spec.method is Method.DRAFT_MODEL:
-            data["draft_temperature"] = spec.draft_temperature
-        if spec.method is Method.NGRAM:
-            data["prompt_lookup_min"] = spec.prompt_lookup_min
-            data["prompt_lookup_max"] = spec.prompt_lookup_max
+        """The spec's fields that differ from the defaults: ``--speculative-config`` of
+        ``quickdraft generate`` and ``quickdraft serve`` as it is."""
+        defaults = SpecConfig(method=self.spec.method)
+        data: dict[str, Any] = {"method": str(self.spec.method)}
+        for item in dataclasses.fields(SpecConfig):
+            value = getattr(self.spec, item.name)
+            if item.name != "method" and value != getattr(defaults, item.name):
+                data[item.name] = value.value if hasattr(value, "value") else value
         return data
 
-    def vllm_json(self, draft_model: str | None = None) -> dict[str, Any] | None:
-        """vLLM's --speculative-config, or None for plain decoding."""
-        spec = self.spec
-        if spec.method is Method.DRAFT_MODEL:
-            return {
-                "method": "draft_model",
-                "model": draft_model or "<draft model>",
-                "num_speculative_tokens": spec.num_speculative_tokens,
-            }
-        if spec.method is Method.NGRAM:
-            return {
-                "method": "ngram",
-                "num_speculative_tokens": spec.num_speculative_tokens,
-                "prompt_lookup_min": spec.prompt_lookup_min,
-                "prompt_lookup_max": spec.prompt_lookup_max,
-            }
-        return None
+    def engine(self, name: str) -> EngineConfig | None:
+        return next((e for e in self.engines if e.engine == name), None)
 
-    def as_text(self, draft_model: str | None = None) -> str:
+    def as_dict(self) -> dict[str, Any]:
+        target = self.target_path or "<target>"
+        return {
+            "choice": self.label,
+            "quickdraft": self.quickdraft_json(),
+            "predicted_speedup": self.predicted_speedup,
+            "reasons": self.reasons,
+            "options": [
+                {"label": o.label, "speedup": o.speedup, "source": o.prior.source}
+                for o in self.options
+            ],
+            "engines": {e.engine: e.as_dict(target) for e in self.engines},
+        }
+
+    def as_text(self) -> str:
         lines = [
-            f"recommendation: {self.spec.method!s}"
-            + (f", k = {self.spec.num_speculative_tokens}" if self.speculate else "")
-            + f" (modelled speedup {self.predicted_speedup:.2f}x)",
+            f"recommendation: {self.label} (modelled speedup {self.predicted_speedup:.2f}x)",
             "because:",
         ]
         lines += [f"  - {reason}" for reason in self.reasons]
+        if self.options:
+            shown = ", ".join(f"{o.label} {o.speedup:.2f}x" for o in self.options[:8])
+            lines.append(f"candidates (best first): {shown}")
         lines.append("quickdraft: " + json.dumps(self.quickdraft_json()))
-        vllm = self.vllm_json(draft_model)
-        if vllm is not None:
-            lines.append(f"vLLM: --speculative-config '{json.dumps(vllm)}'")
+        target = self.target_path or "<target>"
+        for config in self.engines:
+            name = {"vllm": "vLLM", "sglang": "SGLang"}.get(config.engine, config.engine)
+            command = config.command(target)
+            if command is None:
+                lines.append(f"{name}: not available ({config.note})")
+                continue
+            for step in config.prepare:
+                lines.append(f"{name}: first: {step}")
+            if config.engine == "vllm" and config.speculative:
+                lines.append(f"{name}: speculative_config {json.dumps(config.speculative)}")
+            lines.append(f"{name}: {command}")
+            if config.note:
+                lines.append(f"{name}: note: {config.note}")
         return "\n".join(lines)
 
 
-def alpha_for(method: Method, workload: Workload) -> float:
-    """Prior acceptance, lowered by temperature: sampling makes agreement harder."""
-    base = ALPHA_PRIORS[method][workload.task]
-    return base * (1.0 - 0.25 * min(workload.temperature, 1.0))
-
-
-def pick(workload: Workload) -> Recommendation:
-    plain = SpecConfig(method=Method.AR)
-    if workload.output_tokens <= 5:
-        return Recommendation(
-            plain,
-            1.0,
-            [
-                f"outputs of {workload.output_tokens} tokens: drafting and verification overhead "
-                "dominates outputs of 1-5 tokens; decode plainly"
-            ],
-        )
-    if workload.temperature >= 1.5:
-        return Recommendation(
-            plain,
-            1.0,
-            [
-                f"temperature {workload.temperature:g} is very high: draft tokens are rarely "
-                "accepted, so speculation costs more than it saves"
-            ],
-        )
-    reasons = []
-    candidates = []
-    for name in workload.drafters:
-        if name not in ALPHA_PRIORS:  # a registered method the model has no priors for
-            reasons.append(f"{name}: no acceptance prior or cost model for it yet; not ranked")
+def options(
+    workload: Workload, context: PickContext, cooler_drafts: bool = False
+) -> tuple[list[Option], list[str]]:
+    """Every candidate of every registered method (or ``workload.methods``), ranked by the
+    prior model, and the reasons some methods offer none. ``cooler_drafts``: at a temperature
+    above 0, methods with a draft temperature also offer a draft at 0.7 of the target's (for
+    calibration to measure; the prior has no figure that tells them apart)."""
+    reasons: list[str] = []
+    found: list[Option] = []
+    for entry in methods.entries():
+        if workload.methods is not None and entry.name not in workload.methods:
             continue
-        method = Method(name)
+        if entry.pick is None:
+            reasons.append(f"{entry.name}: the picker has no model of it; not ranked")
+            continue
         if (
-            method is Method.DRAFT_MODEL
+            entry.draft_model
+            and context.draft is not None
             and workload.memory_gb is not None
             and workload.draft_gb > workload.memory_gb
         ):
             reasons.append(
-                f"no draft model: it needs {workload.draft_gb:g} GB, "
+                f"{entry.name}: the draft model needs {workload.draft_gb:g} GB, "
                 f"{workload.memory_gb:g} GB are free"
             )
             continue
-        costs = COSTS[(workload.device, method)]
-        if workload.concurrency > 1:
-            # Batched decoding is less memory-bound, so each extra verified token costs more.
-            slope = costs.verify_slope + 0.02 * (workload.concurrency - 1)
-            costs = CostModel(costs.draft_cost, min(slope, 1.0))
-        alpha = alpha_for(method, workload)
-        k = max(optimal_num_draft(alpha, costs, max_draft=16), 1)
-        candidates.append((speedup(alpha, k, costs), method, k, alpha, costs))
-    if not candidates:
-        return Recommendation(plain, 1.0, [*reasons, "no drafter is available"])
-    gain, method, k, alpha, costs = max(candidates, key=lambda c: c[0])
-    for other_gain, other, other_k, _, _ in candidates:
-        if other is not method:
-            reasons.append(f"{other.value} models {other_gain:.2f}x at its best k = {other_k}")
-    if gain < MIN_GAIN:
-        return Recommendation(
-            plain,
-            1.0,
-            [*reasons, f"the best option, {method.value}, models only {gain:.2f}x: decode plainly"],
+        candidates = entry.pick.candidates(context)
+        if cooler_drafts and workload.temperature > 0 and "draft_temperature" in entry.options:
+            cooler = round(0.7 * workload.temperature, 3)
+            candidates += [
+                (f"{label} draft_temperature={cooler:g}",
+                 dataclasses.replace(spec, draft_temperature=cooler))
+                for label, spec in candidates
+            ]  # fmt: skip
+        for label, spec in candidates:
+            prior = entry.pick.prior(spec, workload.task)
+            found.append(Option(label, spec, prior, modelled_speedup(prior, workload)))
+        if entry.name in context.missing:
+            reasons.append(f"{entry.name}: {context.missing[entry.name]}")
+    found.sort(key=lambda o: (-o.speedup, o.label))
+    return found, reasons
+
+
+def pick(workload: Workload, context: PickContext) -> Recommendation:
+    """The recommendation from priors alone."""
+    plain = SpecConfig(method=Method.AR)
+    if workload.output_tokens <= SHORT_OUTPUT:
+        return finish(
+            Recommendation("ar", plain, 1.0, [
+                f"outputs of {workload.output_tokens} tokens: drafting and verification "
+                f"overhead dominates outputs of 1-{SHORT_OUTPUT} tokens; decode plainly"
+            ]),
+            context,
+        )  # fmt: skip
+    if workload.temperature >= HIGH_TEMPERATURE:
+        return finish(
+            Recommendation("ar", plain, 1.0, [
+                f"temperature {workload.temperature:g} is very high: draft tokens are rarely "
+                "accepted, so speculation costs more than it saves"
+            ]),
+            context,
+        )  # fmt: skip
+    ranked, reasons = options(workload, context)
+    return choose(ranked, reasons, workload, context)
+
+
+def choose(
+    ranked: list[Option], reasons: list[str], workload: Workload, context: PickContext
+) -> Recommendation:
+    """The best of ``ranked`` (by ``speedup``), with plain decoding when nothing gains enough,
+    the batch threshold and a draft temperature."""
+    speculative = [o for o in ranked if o.spec.method is not Method.AR]
+    plain = SpecConfig(method=Method.AR)
+    if not speculative:
+        return finish(Recommendation("ar", plain, 1.0, [*reasons, "no drafter is available"],
+                                     ranked), context)  # fmt: skip
+    best = speculative[0]
+    if best.speedup < MIN_GAIN:
+        why = f"the best option, {best.label}, models only {best.speedup:.2f}x: decode plainly"
+        return finish(Recommendation("ar", plain, 1.0, [*reasons, why], ranked), context)
+    spec, notes = best.spec, []
+    threshold = batch_threshold(best.prior, workload)
+    spec = dataclasses.replace(spec, disable_by_batch_size=threshold)
+    notes.append(
+        f"batch policy: draft while at most {threshold} requests decode together "
+        "(beyond that the modelled gain falls below 1)"
+        if threshold is not None
+        else "batch policy: drafting pays at every batch size modelled"
+    )
+    if threshold is not None and workload.concurrency > threshold:
+        notes.append(
+            f"at the stated concurrency ({workload.concurrency}) the engine would decode "
+            "plainly most of the time"
         )
-    reasons.insert(
-        0,
-        f"{method.value} on {workload.task} at temperature "
-        f"{workload.temperature:g}: prior acceptance {alpha:.2f} per token",
+    if "draft_temperature" in methods.get(spec.method).options:
+        chosen = spec.draft_temperature
+        notes.append(
+            "draft temperature: the target's (any keeps the output exact; the same shape "
+            "keeps acceptance high; pick --calibrate also measures a cooler draft)"
+            if chosen is None
+            else f"draft temperature {chosen:g}: measured faster than the target's"
+        )
+    head = [
+        f"{best.label} on {workload.task} at temperature {workload.temperature:g}: "
+        f"{_tokens_at(best.prior, workload):.2f} tokens per "
+        f"target forward, draft {best.prior.draft_cost:.2f} and verify "
+        f"{best.prior.verify_cost:.2f} target steps ({best.prior.source})",
+    ]
+    runner = next((o for o in speculative[1:] if o.spec.method != best.spec.method), None)
+    if runner is not None:
+        head.append(f"runner-up: {runner.label}, {runner.speedup:.2f}x")
+    recommendation = Recommendation(
+        best.label, spec, best.speedup, [*head, *notes, *reasons], ranked
     )
-    reasons.insert(
-        1,
-        f"k = {k} maximises (1 - a^(k+1)) / (1 - a) / (k c + v(k+1)) with draft "
-        f"cost c = {costs.draft_cost:g} and verify slope {costs.verify_slope:g} "
-        f"on {workload.device}, concurrency {workload.concurrency}",
-    )
-    reasons.append(
-        "draft temperature: the target's (rejection sampling is exact for any; "
-        "the same shape keeps acceptance high)"
-    )
-    return Recommendation(SpecConfig(method=method, num_speculative_tokens=k), gain, reasons)
+    return finish(recommendation, context)
+
+
+def _tokens_at(prior: StepPrior, workload: Workload) -> float:
+    if prior.temperature == workload.temperature:
+        return prior.expected_tokens
+    return at_temperature(prior.expected_tokens, workload.temperature)
+
+
+def finish(recommendation: Recommendation, context: PickContext) -> Recommendation:
+    """The engine forms of the choice, with the target as other engines load it."""
+    entry = methods.get(recommendation.spec.method)
+    if entry.pick is not None and entry.pick.engines is not None:
+        recommendation.engines = entry.pick.engines(recommendation.spec, context)
+    threshold = recommendation.spec.disable_by_batch_size
+    for config in recommendation.engines:
+        # vLLM's batch policy has the same meaning (and needs at least 2); SGLang has none.
+        if config.engine == "vllm" and config.speculative and threshold and threshold >= 2:
+            config.speculative["disable_by_batch_size"] = threshold
+    from quickdraft.drafters.registry import model_path
+
+    recommendation.target_path = model_path(context.target)
+    return recommendation

@@ -2,14 +2,15 @@ import json
 
 import pytest
 
-from quickdraft.calibrate import MethodProfile, calibrate, forward_costs
+from quickdraft.calibrate import ChainProfile, calibrate, forward_costs
 from quickdraft.cli import main
 from quickdraft.config import Method
+from quickdraft.methods import PickContext
+from quickdraft.picker import Workload
 
 
 def test_expected_tokens_from_measured_acceptance():
-    profile = MethodProfile(
-        Method.NGRAM,
+    profile = ChainProfile(
         acceptance=[0.5, 0.5, 0.0],
         proposed=[1.0, 1.0, 0.5],
         draft_seconds_per_token=0.0,
@@ -22,7 +23,9 @@ def test_expected_tokens_from_measured_acceptance():
     assert profile.draft_seconds(3) == 0.001
 
 
-def test_calibration_on_smollm2(smollm2):
+def test_calibration_measures_every_candidate_and_confirms(smollm2):
+    """Chains run once at their largest k and predict the smaller ones; trees run each; the
+    choice then runs beside plain decoding and the runner-up."""
     target, tokenizer = smollm2
     prompts = [
         tokenizer.encode(text)
@@ -33,40 +36,45 @@ def test_calibration_on_smollm2(smollm2):
     ]
     costs = forward_costs(target, 32, [1, 3], repeats=2)
     assert set(costs) == {1, 3} and all(seconds > 0 for seconds in costs.values())
-    result = calibrate(target, prompts, draft=target.truncated(10), k_max=3, max_new_tokens=12)
-    assert [p.method for p in result.profiles] == [Method.DRAFT_MODEL, Method.NGRAM]
-    for profile in result.profiles:
-        assert len(profile.acceptance) == 3 and all(0 <= a <= 1 for a in profile.acceptance)
-        assert sorted(profile.predicted) == [1, 2, 3]
-        tokens = [profile.expected_tokens(k) for k in range(4)]
-        assert tokens == sorted(tokens)
+    context = PickContext(target="smollm2-135m", draft="smollm2-135m")
+    workload = Workload(task="code", methods=("ar", "draft_model", "ngram", "eagle"))
+    result = calibrate(
+        target, prompts, context, workload, draft=target.truncated(10), max_new_tokens=10,
+        budget_seconds=600,
+    )  # fmt: skip
+    labels = {m.label for m in result.measured}
+    assert {"draft_model k=2", "draft_model k=8", "ngram k=3", "eagle", "eagle lookup=0"} <= labels
+    for measured in result.measured:
+        assert measured.expected_tokens >= 1 and measured.predicted > 0
+    assert result.prompts_used == 2 and set(result.verify_seconds) == set(range(1, 10))
     if result.choice.speculate:
-        assert result.measured_speedup is not None and result.measured_speedup > 0
-    assert set(result.verify_seconds) == {1, 2, 3, 4}
+        assert result.confirmed and result.measured_speedup is not None
+        assert result.choice.reasons[0].startswith("confirmed")
+    else:
+        assert result.choice.spec.method is Method.AR
+
+
+def test_a_small_budget_measures_on_fewer_prompts(smollm2):
+    target, tokenizer = smollm2
+    prompts = [tokenizer.encode(f"item {i}: a b c a b c") for i in range(6)]
+    context = PickContext(target="smollm2-135m")
+    workload = Workload(methods=("ar", "ngram"))
+    result = calibrate(target, prompts, context, workload, max_new_tokens=6,
+                       budget_seconds=1e-3, confirm=False)  # fmt: skip
+    assert result.prompts_used == 1
+    with pytest.raises(ValueError, match="budget_seconds"):
+        calibrate(target, prompts, context, workload, budget_seconds=0)
 
 
 def test_calibrate_command(smollm2, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a b c a b c a b\nx = 1\nx = 1\n")
-    assert (
-        main(
-            [
-                "pick",
-                "--calibrate",
-                str(prompts),
-                "--drafters",
-                "ngram",
-                "--k-max",
-                "2",
-                "--max-new-tokens",
-                "6",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    argv = ["pick", "--calibrate", str(prompts), "--methods", "ar,ngram", "--max-new-tokens",
+            "6", "--budget-seconds", "60", "--json"]  # fmt: skip
+    assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["profiles"][0]["method"] == "ngram" and "choice" in data
+    assert {m["label"] for m in data["measured"]} >= {"ngram k=2", "ngram k=8"}
+    assert "quickdraft" in data and "engines" in data
     with pytest.raises(SystemExit):
-        main(["pick", "--calibrate", str(prompts), "--k-max", "0"])
+        main(["pick", "--calibrate", str(prompts), "--budget-seconds", "0"])
     assert main(["pick", "--calibrate", str(tmp_path / "none.txt")]) == 2

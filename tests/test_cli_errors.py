@@ -179,7 +179,7 @@ def invocations(f) -> list[list[str]]:
          str(f["shipped_eagle"]), "--out", out],  # a drafter made for another target
         ["pick", "--calibrate", "/no/such/prompts.jsonl"],
         ["pick", "--calibrate", str(f["bad_prompts"])],
-        ["pick", "--drafters", "bogus"],
+        ["pick", "--methods", "bogus"],
         ["pick", "--temperature", "-2"],
     ]  # fmt: skip
 

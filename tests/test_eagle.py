@@ -292,7 +292,13 @@ def test_train_eagle_command_then_generate_and_export(tmp_path, smollm2, capsys)
             argv = ["export", "eagle", "--target", str(folder), "--eagle-dir", str(out),
                     "--out", str(exported), "--engine", engine]  # fmt: skip
             assert main(argv) == 0
-            assert "--speculative-config" in capsys.readouterr().out
+            printed = capsys.readouterr().out
+            if engine == "vllm":  # each engine's own command, naming the exported folder
+                assert "vllm serve" in printed and "--speculative-config" in printed
+            else:
+                assert "sglang.launch_server" in printed and "vllm" not in printed
+                assert "--speculative-draft-model-path" in printed
+            assert str(exported) in printed.replace("\n", "")
             config = json.loads((exported / "config.json").read_text())
             weights = load_file(str(exported / "model.safetensors"))
             hidden = config["hidden_size"]

@@ -1,44 +1,119 @@
+"""The strategy picker: every registered method is a candidate, the priors' rules, and the
+configs it prints for quickdraft, vLLM and SGLang."""
+
+import dataclasses
 import json
 
 import pytest
+from test_engines import check_sglang_flags, check_vllm_config
 
+from quickdraft import methods
 from quickdraft.cli import main
-from quickdraft.config import Method
-from quickdraft.picker import Workload, pick
+from quickdraft.config import Method, SpecConfig
+from quickdraft.methods import MethodEntry, PickContext, PickSupport, StepPrior
+from quickdraft.picker import Workload, options, pick
+
+SMOLLM2 = PickContext(target="smollm2-135m")  # EAGLE drafter and Medusa heads ship for it
+
+
+def everything() -> PickContext:
+    """SmolLM2 with a draft model too: every built-in method has something to offer."""
+    return PickContext(target="smollm2-135m", draft="smollm2-135m")
+
+
+def test_every_registered_method_is_a_candidate():
+    ranked, reasons = options(Workload(task="code"), everything())
+    offered = {str(option.spec.method) for option in ranked}
+    assert offered == set(methods.names()), reasons
+    # Candidates differ in the settings that matter: k, tree shapes and lookup grafts.
+    labels = {option.label for option in ranked}
+    assert {"draft_model k=2", "draft_model k=8", "ngram k=5", "medusa tree=fit:8",
+            "eagle lookup=0", "lookahead"} <= labels  # fmt: skip
+
+
+def test_a_method_registered_in_a_test_is_picked_with_no_picker_change():
+    entry = MethodEntry(
+        "test_only",
+        "a method that exists only in this test",
+        lambda spec, context: None,
+        pick=PickSupport(
+            candidates=lambda context: [("test_only k=4", SpecConfig(method="test_only"))],
+            prior=lambda spec, task: StepPrior(6.0, 0.1, 1.2, 5, "this test"),
+        ),
+    )
+    methods.register(entry)
+    try:
+        choice = pick(Workload(task="qa"), SMOLLM2)
+        assert choice.label == "test_only k=4" and choice.predicted_speedup > 4
+        assert choice.quickdraft_json()["method"] == "test_only"
+        assert choice.engines == []  # it says nothing of other engines
+        restricted = pick(Workload(task="qa", methods=("ar", "ngram")), SMOLLM2)
+        assert restricted.spec.method in (Method.NGRAM, Method.AR)
+    finally:
+        methods.unregister("test_only")
 
 
 def test_short_outputs_and_very_high_temperature_do_not_speculate():
-    assert pick(Workload(output_tokens=4)).spec.method is Method.AR
-    hot = pick(Workload(task="code", temperature=1.6))
+    assert pick(Workload(output_tokens=4), SMOLLM2).spec.method is Method.AR
+    hot = pick(Workload(task="code", temperature=1.6), SMOLLM2)
     assert hot.spec.method is Method.AR and "temperature" in hot.reasons[0]
+    assert hot.engine("vllm").speculative == {}  # plain serving, no speculative config
 
 
-def test_code_with_a_draft_model_speculates_and_gives_both_configs():
-    choice = pick(Workload(task="code", temperature=0.0))
-    assert choice.speculate and choice.spec.method is Method.DRAFT_MODEL
-    assert 2 <= choice.spec.num_speculative_tokens <= 8 and choice.predicted_speedup > 1.5
-    assert choice.quickdraft_json()["num_speculative_tokens"] == choice.spec.k
-    vllm = choice.vllm_json("my/draft")
-    assert vllm == {
-        "method": "draft_model",
-        "model": "my/draft",
-        "num_speculative_tokens": choice.spec.k,
-    }
+def test_smollm2_picks_eagle_with_the_measured_batch_policy_and_engine_configs(tmp_path):
+    context = dataclasses.replace(SMOLLM2, export_dir=tmp_path)
+    choice = pick(Workload(task="code"), context)
+    assert choice.spec.method is Method.EAGLE and choice.predicted_speedup > 1.2
+    # The batch threshold comes from the cost model: 3 requests, as engine_batch measured.
+    assert choice.spec.disable_by_batch_size == 3
+    spec = SpecConfig(**choice.quickdraft_json())  # generate's and serve's config as it is
+    assert spec == choice.spec
+    vllm, sglang = choice.engine("vllm"), choice.engine("sglang")
+    check_vllm_config(vllm.speculative)
+    check_sglang_flags(sglang.speculative)
+    for config in (vllm, sglang):  # the drafter is exported first, into the folder it names
+        assert len(config.prepare) == 1 and f"--engine {config.engine}" in config.prepare[0]
+        assert str(tmp_path) in config.prepare[0]
+    assert vllm.speculative["model"].startswith(str(tmp_path))
+    assert vllm.command(choice.target_path).startswith("vllm serve ")
+    assert sglang.command(choice.target_path).startswith("python -m sglang.launch_server ")
 
 
-def test_no_memory_for_a_drafter_falls_back_to_lookup_or_plain_decoding():
-    copying = pick(Workload(task="summarization", memory_gb=0.1, draft_gb=1.0))
-    assert copying.spec.method is Method.NGRAM
-    assert any("no draft model" in reason for reason in copying.reasons)
-    assert copying.vllm_json()["method"] == "ngram"
-    chat = pick(Workload(task="conversation", memory_gb=0.1))
-    assert chat.spec.method is Method.AR
+def test_a_draft_model_pair_picks_a_chain_with_real_paths():
+    context = PickContext(target="smollm2-135m", draft="org/draft")
+    choice = pick(Workload(task="code", methods=("ar", "draft_model")), context)
+    assert choice.spec.method is Method.DRAFT_MODEL
+    assert 2 <= choice.spec.num_speculative_tokens <= 8
+    vllm = choice.engine("vllm").speculative
+    assert vllm["model"] == "org/draft" and vllm["method"] == "draft_model"
+    assert vllm["num_speculative_tokens"] == choice.spec.num_speculative_tokens
+    check_vllm_config(vllm)
+    check_sglang_flags(choice.engine("sglang").speculative)
 
 
-def test_higher_temperature_and_concurrency_never_raise_k():
-    base = pick(Workload(task="code")).spec.k
-    assert pick(Workload(task="code", temperature=1.0)).spec.k <= base
-    assert pick(Workload(task="code", concurrency=16)).spec.k <= base
+def test_no_memory_for_a_draft_model_falls_back():
+    context = PickContext(target="smollm2-135m", draft="org/draft")
+    workload = Workload(
+        task="code", memory_gb=0.1, draft_gb=1.0, methods=("ar", "draft_model", "ngram")
+    )
+    choice = pick(workload, context)
+    assert choice.spec.method in (Method.NGRAM, Method.AR)
+    assert any("draft model needs 1 GB" in reason for reason in choice.reasons)
+
+
+def test_unavailable_methods_say_why():
+    choice = pick(Workload(task="code"), PickContext(target="qwen2.5-coder-1.5b"))
+    said = "\n".join(choice.reasons)
+    assert "draft_model: no draft model given" in said
+    assert "eagle: no EAGLE drafter for qwen2.5-coder-1.5b" in said
+    assert "medusa: no Medusa heads" in said
+
+
+def test_higher_temperature_and_concurrency_never_raise_the_modelled_gain():
+    context = PickContext(target="smollm2-135m", draft="org/draft")
+    base = pick(Workload(task="code"), context).predicted_speedup
+    assert pick(Workload(task="code", temperature=1.0), context).predicted_speedup <= base
+    assert pick(Workload(task="code", concurrency=16), context).predicted_speedup <= base
 
 
 @pytest.mark.parametrize(
@@ -48,7 +123,7 @@ def test_higher_temperature_and_concurrency_never_raise_k():
         ("temperature", -1.0),
         ("output_tokens", 0),
         ("concurrency", 0),
-        ("drafters", ("eagle9",)),
+        ("methods", ("eagle9",)),
         ("device", "tpu"),
     ],
 )
@@ -57,9 +132,16 @@ def test_bad_workloads_name_the_field(field, value):
         Workload(**{field: value})
 
 
-def test_pick_command_prints_reasons_and_json(capsys):
-    assert main(["pick", "--task", "code", "--draft", "org/draft"]) == 0
+def test_pick_command_prints_reasons_and_every_engine(capsys, tmp_path):
+    assert main(["pick", "--task", "code", "--export-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     line = next(text for text in out.splitlines() if text.startswith("quickdraft: "))
-    assert json.loads(line.removeprefix("quickdraft: "))["method"] == "draft_model"
-    assert "--speculative-config" in out and "because:" in out
+    assert json.loads(line.removeprefix("quickdraft: "))["method"] == "eagle"
+    assert "because:" in out and "vllm serve" in out and "sglang.launch_server" in out
+    assert main(["pick", "--task", "code", "--json", "--methods", "ar,lookahead"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["quickdraft"]["method"] in ("lookahead", "ar")
+    if data["quickdraft"]["method"] == "lookahead":  # neither engine has it: said, not faked
+        assert data["engines"]["vllm"]["command"] is None
+        assert "lookahead" in data["engines"]["vllm"]["note"]
+    assert main(["pick", "--methods", "eagle9"]) == 2

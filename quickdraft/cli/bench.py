@@ -9,7 +9,7 @@ from typing import Any
 from rich.progress import Progress
 from rich.table import Table
 
-from quickdraft.cli.common import _positive_int, _threads, console
+from quickdraft.cli.common import _positive_int, _progress_columns, _stages, _threads, console
 
 
 def _add_bench(commands: argparse._SubParsersAction) -> None:
@@ -183,10 +183,28 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _add_pick(commands: argparse._SubParsersAction) -> None:
     from quickdraft.bench.tasks import TASK_KINDS
-    from quickdraft.picker import DRAFTERS
 
     pick = commands.add_parser(
-        "pick", help="recommend a method, k and draft temperature for a workload"
+        "pick",
+        help="choose a method and its settings for a workload, with the configs for quickdraft, "
+        "vLLM and SGLang",
+        description="Considers every registered method with what this target has (a draft "
+        "model, EAGLE drafters, Medusa heads, shortlists), from priors measured here or, with "
+        "--calibrate, measured on your prompts. Prints quickdraft's --speculative-config, "
+        "vLLM's speculative_config and SGLang's flags, with the export commands a drafter needs.",
+    )
+    pick.add_argument("--target", default=None, help="the target (default: the default model)")
+    pick.add_argument("--draft", default=None, help="a draft model, if one may be used")
+    pick.add_argument("--eagle-dir", type=Path, default=None, help="an EAGLE drafter's folder")
+    pick.add_argument("--medusa-dir", type=Path, default=None, help="Medusa heads' folder")
+    pick.add_argument(
+        "--shortlist-dir", type=Path, default=None, help="a draft model's shortlist artifacts"
+    )
+    pick.add_argument(
+        "--export-dir",
+        type=Path,
+        default=Path("exported"),
+        help="where drafters are exported for other engines (default: ./exported)",
     )
     pick.add_argument("--task", default="other", choices=[*TASK_KINDS, "other"])
     pick.add_argument("--temperature", type=float, default=0.0)
@@ -197,10 +215,12 @@ def _add_pick(commands: argparse._SubParsersAction) -> None:
     )
     pick.add_argument("--draft-gb", type=float, default=1.0, help="the draft model's size")
     pick.add_argument(
-        "--drafters", default=",".join(DRAFTERS), help="available drafters, comma-separated"
+        "--methods",
+        default=None,
+        help="only these registered methods, comma-separated (default: all)",
     )
-    pick.add_argument("--draft", default=None, help="draft model name, for the vLLM config")
     pick.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    pick.add_argument("--json", action="store_true", help="print the result as JSON")
     calibration = pick.add_argument_group(
         "calibration", "measure acceptance and costs on your prompts instead of using priors"
     )
@@ -212,22 +232,24 @@ def _add_pick(commands: argparse._SubParsersAction) -> None:
         help="a JSONL file of {prompt} or {messages} items (the bench "
         "task format), or a text file with one prompt per line",
     )
-    calibration.add_argument(
-        "--target", default=None, help="model to calibrate (default: the default model)"
-    )
-    calibration.add_argument("--k-max", type=_positive_int, default=8)
     calibration.add_argument("--max-new-tokens", type=_positive_int, default=48)
+    calibration.add_argument(
+        "--budget-seconds",
+        type=_positive_int,
+        default=300,
+        help="time for measuring and confirming (default 300)",
+    )
     calibration.add_argument("--threads", type=_threads, default=None)
-    calibration.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def _pick(args: argparse.Namespace) -> int:
-    from quickdraft.picker import Workload, pick
+def _pick_inputs(args: argparse.Namespace):
+    from quickdraft.methods import PickContext
+    from quickdraft.models.loading import DEFAULT_MODEL
+    from quickdraft.picker import Workload
 
-    if args.calibrate is not None:
-        return _calibrate(args)
-
-    drafters = tuple(d.strip() for d in args.drafters.split(",") if d.strip())
+    chosen = None
+    if args.methods is not None:
+        chosen = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     workload = Workload(
         task=args.task,
         temperature=args.temperature,
@@ -235,10 +257,34 @@ def _pick(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         memory_gb=args.memory_gb,
         draft_gb=args.draft_gb,
-        drafters=drafters,
+        methods=chosen,
         device=args.device,
     )
-    print(pick(workload).as_text(args.draft))  # plain: the JSON lines must stay unwrapped
+    context = PickContext(
+        target=args.target or DEFAULT_MODEL,
+        draft=args.draft,
+        device=args.device,
+        eagle_dir=args.eagle_dir,
+        medusa_dir=args.medusa_dir,
+        shortlist_dir=args.shortlist_dir,
+        export_dir=args.export_dir,
+    )
+    return workload, context
+
+
+def _pick(args: argparse.Namespace) -> int:
+    import json
+
+    from quickdraft.picker import pick
+
+    if args.calibrate is not None:
+        return _calibrate(args)
+    workload, context = _pick_inputs(args)
+    recommendation = pick(workload, context)
+    if args.json:
+        print(json.dumps(recommendation.as_dict(), indent=2))
+    else:
+        print(recommendation.as_text())  # plain: the JSON lines must stay unwrapped
     return 0
 
 
@@ -248,47 +294,47 @@ def _calibrate(args: argparse.Namespace) -> int:
     import torch
 
     from quickdraft.calibrate import calibrate, describe
-    from quickdraft.config import Method
-    from quickdraft.models.loading import DEFAULT_MODEL, load_model
+    from quickdraft.models.loading import load_model
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    target, tokenizer = load_model(args.target or DEFAULT_MODEL)
+    workload, context = _pick_inputs(args)
+    if not args.calibrate.is_file():
+        raise ValueError(f"calibrate: {args.calibrate} is not a file")
+    target, tokenizer = load_model(context.target)
     draft = None
-    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
-    if "draft_model" in drafters and args.draft:
-        draft, _ = load_model(args.draft, int8=True)
+    if context.draft is not None and (
+        workload.methods is None or "draft_model" in workload.methods
+    ):
+        draft, _ = load_model(context.draft, int8=True)
     prompts = _read_prompts(args.calibrate, tokenizer)
-    with console.status(f"calibrating on {len(prompts)} prompts"):
+    with Progress(*_progress_columns(), console=console, transient=True) as progress:
+        advance = _stages(progress)
         result = calibrate(
             target,
             prompts,
+            context,
+            workload,
             draft=draft,
-            methods=tuple(Method(d) for d in drafters),
-            k_max=args.k_max,
             max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
             stop_token_ids=tokenizer.eos_token_ids,
+            budget_seconds=args.budget_seconds,
+            progress=advance,
         )
-    data = describe(result, args.draft)
+    data = describe(result)
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    table = Table(title="Predicted speedup over plain decoding, by method and k")
-    table.add_column("method")
-    for k in range(1, args.k_max + 1):
-        table.add_column(f"k={k}", justify="right")
-    for profile in result.profiles:
+    table = Table(title=f"Measured on {result.prompts_used} prompts ({result.seconds:.0f} s)")
+    for column in ("configuration", "tokens/step", "draft ms", "verify ms", "predicted"):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    for row in data["measured"]:
         table.add_row(
-            profile.method.value, *(f"{profile.predicted[k]:.2f}" for k in range(1, args.k_max + 1))
-        )
+            row["label"], f"{row['expected_tokens']:.2f}", f"{row['draft_ms_per_step']:.1f}",
+            f"{row['verify_ms_per_step']:.1f}", f"{row['predicted_speedup']:.2f}x",
+        )  # fmt: skip
     console.print(table)
-    print(result.choice.as_text(args.draft))
-    if result.measured_speedup is not None:
-        print(
-            f"predicted {result.choice.predicted_speedup:.2f}x, measured "
-            f"{result.measured_speedup:.2f}x on the same prompts"
-        )
+    print(result.choice.as_text())
     return 0
 
 

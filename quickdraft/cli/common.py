@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -80,3 +81,26 @@ def load_speculation(
         draft_name=draft_name,
     )
     return target, tokenizer, drafter
+
+
+def _progress_columns() -> tuple:
+    from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+
+    return (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeRemainingColumn(),
+    )
+
+
+def _stages(progress: Any) -> Callable[[str, int, int], None]:
+    """A progress callback (stage, done, total) with one bar per stage."""
+    tasks: dict[str, int] = {}
+
+    def advance(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = progress.add_task(stage, total=total)
+        progress.update(tasks[stage], completed=done)
+
+    return advance

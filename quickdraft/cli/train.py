@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from quickdraft.cli.common import _positive_int, _threads, console
+from quickdraft.cli.common import _positive_int, _progress_columns, _stages, _threads, console
 
 DEFAULT_CACHE = Path.home() / ".cache" / "quickdraft" / "train"
 
@@ -248,29 +246,6 @@ def _train_eagle(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_columns() -> tuple:
-    from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
-
-    return (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeRemainingColumn(),
-    )
-
-
-def _stages(progress: Any) -> Callable[[str, int, int], None]:
-    """A progress callback (stage, done, total) with one bar per stage."""
-    tasks: dict[str, int] = {}
-
-    def advance(stage: str, done: int, total: int) -> None:
-        if stage not in tasks:
-            tasks[stage] = progress.add_task(stage, total=total)
-        progress.update(tasks[stage], completed=done)
-
-    return advance
-
-
 def _train(args: argparse.Namespace) -> int:
     import torch
 
@@ -422,10 +397,14 @@ def _export(args: argparse.Namespace) -> int:
     check_fits(net, target)  # an export must load where generate would
     head = target.head_weight  # type: ignore[attr-defined]
     folder = export_eagle(net, head.float(), args.out, args.engine, target.max_positions)
-    method = "eagle3" if net.config.variant == "eagle3" else "eagle"
+    from quickdraft import engines
+    from quickdraft.drafters.eagle_tree import DynamicTree
+    from quickdraft.drafters.registry import model_path
+
     console.print(f"wrote {folder} ({net.config.variant}, for {args.engine})")
-    console.print(
-        f"  vllm serve <target> --speculative-config "
-        f'\'{{"method": "{method}", "model": "{folder}", "num_speculative_tokens": 3}}\''
-    )
+    tree = DynamicTree.parse("default", "cuda")  # the engines run on GPUs
+    export = {engine: ("", Path(folder)) for engine in engines.ENGINES}
+    configs = engines.eagle(net.config.variant, tree.depth, tree.topk, tree.tokens, export)
+    config = next(c for c in configs if c.engine == args.engine)
+    console.print(f"  {config.command(model_path(args.target))}", soft_wrap=True)
     return 0

@@ -33,6 +33,16 @@ def save_eagle(folder: str | Path, net: EagleNet, metadata: dict | None = None) 
     (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
+def read_eagle_config(folder: str | Path) -> EagleConfig:
+    """The drafter's config alone (no weights), for describing it."""
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).exists():
+        raise ValueError(f"eagle_dir: {folder} holds no {CONFIG_FILE}")
+    remedy = "retrain the drafter (quickdraft train eagle) or copy the folder again"
+    record = read_json(folder / CONFIG_FILE, remedy, required=("config",))
+    return artifacts.build(folder / CONFIG_FILE, remedy, EagleConfig, record["config"])
+
+
 def load_eagle(folder: str | Path) -> EagleNet:
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():

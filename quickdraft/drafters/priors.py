@@ -1,0 +1,106 @@
+"""What ``quickdraft pick`` assumes of each built-in method before it measures anything.
+
+Every figure was measured here, on the two-core CPU of ``benchmarks/results`` (2 threads):
+
+* SmolLM2-135M, every method but draft_model, ``quickdraft bench`` over the seven task kinds
+  (``benchmarks/results/smollm2_methods``): mean accepted length per task kind, and the
+  drafter's and the verify pass's time per step in decode steps of the target;
+* the Qwen2.5-Coder 1.5B / 0.5B pair with an int8 draft (``benchmarks/results/qwen_pair*``,
+  ``picker_holdout``): per-token acceptance of a draft model, its cost (a tenth of the
+  target's step) and the verify pass's growth (9% of a step per extra token).
+
+They are priors: another model, machine or text moves them, which ``pick --calibrate``
+measures. A temperature above 0 lowers acceptance (``picker.at_temperature``).
+"""
+
+from __future__ import annotations
+
+from quickdraft.methods import StepPrior
+
+SMOLLM2 = "smollm2_methods (SmolLM2-135M, CPU)"
+QWEN_PAIR = "qwen_pair (Qwen2.5-Coder 1.5B / int8 0.5B, CPU)"
+
+# Per-token acceptance of an int8 Qwen2.5-Coder-0.5B draft for the 1.5B target, greedy.
+DRAFT_MODEL_ALPHA = {
+    "code": 0.82, "math": 0.78, "rag": 0.72, "summarization": 0.72, "translation": 0.68,
+    "qa": 0.62, "conversation": 0.62, "other": 0.65,
+}  # fmt: skip
+DRAFT_MODEL_COST = 0.10  # a draft forward, in target decode steps
+CPU_VERIFY_SLOPE = 0.09  # each extra verified token, in target decode steps
+
+# Mean accepted length per task kind, drafter and verify time per step (target decode steps)
+# and tokens verified per step, for the configurations the SmolLM2 bench ran.
+_MEASURED: dict[str, tuple[dict[str, float], float, float, int]] = {
+    "ngram k=5": (
+        {"translation": 2.29, "conversation": 1.24, "rag": 1.34, "math": 1.32, "qa": 1.25,
+         "summarization": 1.58, "code": 1.46}, 0.005, 1.252, 6,
+    ),
+    "medusa": (
+        {"translation": 1.08, "conversation": 1.86, "rag": 1.48, "math": 1.99, "qa": 1.21,
+         "summarization": 1.45, "code": 1.87}, 0.028, 1.899, 15,
+    ),
+    "medusa tree=fit:8": (
+        {"translation": 1.05, "conversation": 1.78, "rag": 1.44, "math": 1.88, "qa": 1.09,
+         "summarization": 1.39, "code": 1.71}, 0.027, 1.520, 9,
+    ),
+    "eagle": (
+        {"translation": 2.29, "conversation": 1.76, "rag": 1.87, "math": 1.92, "qa": 1.95,
+         "summarization": 1.91, "code": 2.24}, 0.097, 1.379, 16,
+    ),
+    "eagle lookup=0": (
+        {"translation": 1.07, "conversation": 1.58, "rag": 1.53, "math": 1.68, "qa": 1.54,
+         "summarization": 1.35, "code": 1.66}, 0.087, 1.172, 11,
+    ),
+    "eagle tree=3,1,3 lookup=0": (
+        {"translation": 1.08, "conversation": 1.50, "rag": 1.51, "math": 1.66, "qa": 1.48,
+         "summarization": 1.33, "code": 1.60}, 0.114, 1.290, 4,
+    ),
+    "lookahead": (
+        {"translation": 1.99, "conversation": 1.28, "rag": 1.50, "math": 1.56, "qa": 1.42,
+         "summarization": 1.61, "code": 1.63}, 0.002, 1.538, 5,
+    ),
+}  # fmt: skip
+
+
+def measured(label: str, task: str) -> StepPrior:
+    """The prior of a configuration the SmolLM2 bench ran (its bench label); "other" takes the
+    mean over the seven task kinds."""
+    lengths, draft, verify, tokens = _MEASURED[label]
+    length = lengths.get(task, sum(lengths.values()) / len(lengths))
+    return StepPrior(length, draft, verify, tokens, SMOLLM2)
+
+
+def measured_labels() -> tuple[str, ...]:
+    return tuple(_MEASURED)
+
+
+def chain_tokens(alpha: float, k: int) -> float:
+    """Expected tokens per step of a k-token chain with per-token acceptance alpha:
+    (1 - alpha^(k+1)) / (1 - alpha)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def chain_alpha(tokens: float, k: int) -> float:
+    """The per-token acceptance whose k-token chain yields ``tokens`` per step (bisection)."""
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if chain_tokens(middle, k) < tokens else (low, middle)
+    return (low + high) / 2
+
+
+def draft_model(k: int, task: str) -> StepPrior:
+    alpha = DRAFT_MODEL_ALPHA.get(task, DRAFT_MODEL_ALPHA["other"])
+    verify = 1.0 + CPU_VERIFY_SLOPE * k
+    return StepPrior(chain_tokens(alpha, k), DRAFT_MODEL_COST * k, verify, k + 1, QWEN_PAIR)
+
+
+def ngram(k: int, task: str) -> StepPrior:
+    """Prompt lookup at k: the acceptance that explains its measured k = 5 chain, carried to
+    k; its search costs next to nothing, the verify pass grows as measured at k = 5."""
+    base = measured("ngram k=5", task)
+    alpha = chain_alpha(base.expected_tokens, 5)
+    slope = (base.verify_cost - 1.0) / 5
+    return StepPrior(chain_tokens(alpha, k), base.draft_cost, 1.0 + slope * k, k + 1, SMOLLM2)

@@ -1,0 +1,139 @@
+"""Configurations and commands for other serving engines: vLLM and SGLang.
+
+quickdraft's configuration of a method becomes vLLM's ``--speculative-config`` JSON or SGLang's
+``--speculative-*`` flags, with the commands to run first where a drafter has to be exported.
+Only keys and flags those engines define are written; ``tests/test_engines.py`` holds their
+lists with the source files they were read from. Where an engine has no equivalent (lookahead
+in both, Medusa in SGLang) the result says so instead of printing something that would not
+load.
+
+Engines differ from quickdraft in ways the notes name: vLLM drafts EAGLE as a chain (its trees
+are static), and neither engine takes quickdraft's drafter shortlists, so they score the full
+vocabulary there (same output, slower drafts).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+ENGINES = ("vllm", "sglang")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """One engine's form of a configuration.
+
+    speculative: vLLM's speculative_config (a dict) or SGLang's flags (a list); empty for plain
+        decoding; None when the engine cannot run the method (``note`` says why).
+    prepare: commands to run first, in order (exporting the drafter into ``speculative``'s
+        path).
+    note: how the engine's run differs from quickdraft's, or why there is none.
+    """
+
+    engine: str
+    speculative: dict | list[str] | None
+    prepare: tuple[str, ...] = ()
+    note: str = ""
+
+    def command(self, target: str) -> str | None:
+        """The serve command for ``target`` (a model folder or hub id); None if unsupported."""
+        if self.speculative is None:
+            return None
+        if self.engine == "vllm":
+            command = f"vllm serve {shlex.quote(target)}"
+            if self.speculative:
+                command += f" --speculative-config {shlex.quote(json.dumps(self.speculative))}"
+            return command
+        flags = " ".join(shlex.quote(str(flag)) for flag in self.speculative)
+        return f"python -m sglang.launch_server --model-path {shlex.quote(target)} {flags}".strip()
+
+    def as_dict(self, target: str) -> dict:
+        return {
+            "engine": self.engine,
+            "speculative": self.speculative,
+            "prepare": list(self.prepare),
+            "command": self.command(target),
+            "note": self.note,
+        }
+
+
+def plain() -> list[EngineConfig]:
+    """Plain decoding: both engines serve the target without speculative settings."""
+    return [EngineConfig("vllm", {}), EngineConfig("sglang", [])]
+
+
+def unsupported(engine: str, why: str) -> EngineConfig:
+    return EngineConfig(engine, None, note=why)
+
+
+def draft_model(k: int, draft: str, shortlist: str = "full") -> list[EngineConfig]:
+    """A separate draft model proposing k tokens: vLLM's ``draft_model``, SGLang's
+    ``STANDALONE`` (a chain: top-1 per step)."""
+    note = _shortlist_note(shortlist)
+    vllm = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+    sglang = [
+        "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", draft,
+        "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", str(k + 1),
+    ]  # fmt: skip
+    return [EngineConfig("vllm", vllm, note=note), EngineConfig("sglang", sglang, note=note)]
+
+
+def ngram(k: int, lookup_min: int, lookup_max: int) -> list[EngineConfig]:
+    """Prompt lookup: vLLM's ``ngram`` with the same n-gram sizes; SGLang's ``NGRAM`` (a trie
+    over the text, CUDA only) with k draft tokens a step."""
+    vllm = {
+        "method": "ngram",
+        "num_speculative_tokens": k,
+        "prompt_lookup_min": lookup_min,
+        "prompt_lookup_max": lookup_max,
+    }
+    sglang = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k)]
+    note = "SGLang matches against a trie of earlier text (its own n-gram rules); CUDA only"
+    return [EngineConfig("vllm", vllm), EngineConfig("sglang", sglang, note=note)]
+
+
+def export_folder(root: Path, target: str, kind: str, engine: str) -> Path:
+    """Where a drafter of ``target`` is exported for ``engine`` under ``root``."""
+    return Path(root) / f"{Path(target).name or 'target'}-{kind}-{engine}"
+
+
+def eagle(
+    variant: str,
+    depth: int,
+    topk: int,
+    tokens: int,
+    export: dict[str, tuple[str, Path]],
+    shortlist: str = "full",
+) -> list[EngineConfig]:
+    """An EAGLE drafter exported per engine (``export``: engine -> (export command, folder)):
+    vLLM drafts a chain of ``depth`` tokens, SGLang the same dynamic tree (depth steps, top-k
+    per step, ``tokens`` verified)."""
+    method = "eagle3" if variant == "eagle3" else "eagle"
+    note = _shortlist_note(shortlist)
+    command, folder = export["vllm"]
+    vllm = {"method": method, "model": str(folder), "num_speculative_tokens": depth}
+    vllm_note = "; ".join(
+        n for n in ("vLLM drafts a chain of the tree's depth (its trees are static)", note) if n
+    )
+    configs = [EngineConfig("vllm", vllm, (command,), vllm_note)]
+    command, folder = export["sglang"]
+    sglang = [
+        "--speculative-algorithm", method.upper(), "--speculative-draft-model-path", str(folder),
+        "--speculative-num-steps", str(depth), "--speculative-eagle-topk", str(topk),
+        "--speculative-num-draft-tokens", str(tokens),
+    ]  # fmt: skip
+    configs.append(EngineConfig("sglang", sglang, (command,), note))
+    return configs
+
+
+def _shortlist_note(shortlist: str) -> str:
+    if shortlist == "full":
+        return ""
+    return (
+        f"the engine drafts over the full vocabulary (quickdraft's shortlist {shortlist} has "
+        "no equivalent there)"
+    )
