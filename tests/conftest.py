@@ -109,3 +109,38 @@ def shipped_drafter_runs(smollm2, drafter) -> list[float]:
         assert out.token_ids == expected
         accepted.append(out.stats.mean_accepted_length)
     return accepted
+
+
+def random_shortlists(vocab: int, hidden: int) -> dict:
+    """One shortlist of each kind over a tiny vocabulary, with an untrained router (greedy
+    identity holds for any shortlist; these exercise every code path)."""
+    from quickdraft.vocab.router import Router, RouterConfig
+    from quickdraft.vocab.shortlist import ClusterShortlist, FrequencyShortlist
+
+    torch.manual_seed(3)
+    ranked = torch.randperm(vocab)
+    router = Router(RouterConfig(hidden, 8, width=16)).eval()
+    assignment = torch.arange(vocab) % 8
+    core = assignment.clone()
+    core[ranked[:20]] = -1  # the hybrid: a core of frequent tokens outside the clusters
+    return {
+        "fr": FrequencyShortlist(ranked, [40]),
+        "fr-pa": FrequencyShortlist.position_aware(ranked, 40, 4),
+        "dyna": ClusterShortlist(assignment, router, 3, position_aware=False),
+        "dyna-pa": ClusterShortlist(assignment, router, 3),
+        "hybrid": ClusterShortlist(core, router, 2, context=True),
+    }
+
+
+def recorded_drafts(drafter) -> set[int]:
+    """Every token ``drafter`` proposes from now on is added to the returned set."""
+    drafted: set[int] = set()
+    propose = drafter.propose
+
+    def recording(batch):
+        draft = propose(batch)
+        drafted.update(draft.tokens.flatten().tolist())
+        return draft
+
+    drafter.propose = recording
+    return drafted

@@ -3,7 +3,14 @@ unrolled passes, save/load, export, and the training pipeline on a tiny model.""
 
 import pytest
 import torch
-from conftest import FAMILIES, shipped_drafter_runs, tiny_folder_and_corpus, tiny_runners
+from conftest import (
+    FAMILIES,
+    random_shortlists,
+    recorded_drafts,
+    shipped_drafter_runs,
+    tiny_folder_and_corpus,
+    tiny_runners,
+)
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.base import Batch, StepResult
@@ -403,25 +410,6 @@ def test_shipped_drafter_on_smollm2_is_the_default_and_token_identical(smollm2):
     assert len(out.token_ids) <= 24 and out.stats.verify_steps >= 1
 
 
-def random_shortlists(vocab: int, hidden: int) -> dict:
-    from quickdraft.vocab.router import Router, RouterConfig
-    from quickdraft.vocab.shortlist import ClusterShortlist, FrequencyShortlist
-
-    torch.manual_seed(3)
-    ranked = torch.randperm(vocab)
-    router = Router(RouterConfig(hidden, 8, width=16)).eval()
-    assignment = torch.arange(vocab) % 8
-    core = assignment.clone()
-    core[ranked[:20]] = -1  # the hybrid: a core of frequent tokens outside the clusters
-    return {
-        "fr": FrequencyShortlist(ranked, [40]),
-        "fr-pa": FrequencyShortlist.position_aware(ranked, 40, 4),
-        "dyna": ClusterShortlist(assignment, router, 3, position_aware=False),
-        "dyna-pa": ClusterShortlist(assignment, router, 3),
-        "hybrid": ClusterShortlist(core, router, 2, context=True),
-    }
-
-
 @pytest.mark.parametrize("kind", ["fr", "fr-pa", "dyna", "dyna-pa", "hybrid"])
 def test_shortlisted_eagle_is_token_identical_and_drafts_only_shortlisted_tokens(targets, kind):
     """The head scores the shortlist's rows of the target's whole head: drafts stay inside
@@ -431,15 +419,7 @@ def test_shortlisted_eagle_is_token_identical_and_drafts_only_shortlisted_tokens
     net = random_net(target, "eagle3", draft_vocab=12)
     shortlist = random_shortlists(target.vocab_size, target.config.hidden_size)[kind]
     drafter = EagleDrafter(target, net, DynamicTree(3, 2, 5), lookup=0, shortlist=shortlist)
-    drafted: set[int] = set()
-    propose = drafter.propose
-
-    def recording(batch):
-        draft = propose(batch)
-        drafted.update(draft.tokens.flatten().tolist())
-        return draft
-
-    drafter.propose = recording
+    drafted = recorded_drafts(drafter)
     for prompt in PROMPTS:
         out = generate(target, prompt, sampling=GREEDY, draft=drafter)
         assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids

@@ -2,7 +2,14 @@
 
 import pytest
 import torch
-from conftest import FAMILIES, shipped_drafter_runs, tiny_folder_and_corpus, tiny_runners
+from conftest import (
+    FAMILIES,
+    random_shortlists,
+    recorded_drafts,
+    shipped_drafter_runs,
+    tiny_folder_and_corpus,
+    tiny_runners,
+)
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.config import Method
@@ -325,21 +332,11 @@ def test_shortlisted_medusa_heads_are_token_identical(targets, kind):
     """Each head ranks its shortlist's rows of the target's head (the router reads the
     pending token and the target's state): drafts stay inside an FR-Spec list, and greedy
     decoding, alone and in a batch, equals plain decoding. Heads of their own are refused."""
-    from test_eagle import random_shortlists
-
     target = targets["llama-untied"]
     heads = random_heads(target.config.hidden_size, target.vocab_size)
     shortlist = random_shortlists(target.vocab_size, target.config.hidden_size)[kind]
     drafter = MedusaDrafter(target, heads, parse_tree("3,2,1", 3), shortlist=shortlist)
-    drafted: set[int] = set()
-    propose = drafter.propose
-
-    def recording(batch):
-        draft = propose(batch)
-        drafted.update(draft.tokens.flatten().tolist())
-        return draft
-
-    drafter.propose = recording
+    drafted = recorded_drafts(drafter)
     expected = [generate(target, p, sampling=GREEDY).token_ids for p in PROMPTS]
     assert [generate(target, p, sampling=GREEDY, draft=drafter).token_ids for p in PROMPTS] == (
         expected

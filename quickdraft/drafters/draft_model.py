@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Batch, Draft, Needs, StepResult, text_since
+from quickdraft.drafters.base import Batch, Draft, Needs, ShortlistContext, StepResult
 from quickdraft.models.base import Cache, FeatureModel, Model
 from quickdraft.sampling import probs_for_rows, sample_rows
 from quickdraft.vocab.shortlist import Shortlist
@@ -57,9 +57,14 @@ class DraftModelDrafter:
                 )
             features = self._features
             shortlist.bind(features.head_weight, features.embed, self.vocab_size, features.int8)
+        # The sequence's tokens, for shortlists that add them (the hybrid DynaSpec kinds).
+        self.shortlist_context = (
+            ShortlistContext(shortlist)
+            if shortlist is not None and shortlist.uses_context
+            else None
+        )
         self._cache: Cache | None = None
         self._valid = torch.zeros(0, dtype=torch.long)
-        self._seen = torch.zeros(0, dtype=torch.long)  # text length the shortlist has read
         self._drafted = False  # whether this step proposed (the batch policy may skip it)
 
     # -- rows -----------------------------------------------------------------------------
@@ -67,7 +72,8 @@ class DraftModelDrafter:
     def reserve(self, rows: int, capacity: int) -> None:
         self._cache = self.model.new_cache(rows, capacity)
         self._valid = torch.zeros(rows, dtype=torch.long, device=self._cache.lengths.device)
-        self._seen = torch.zeros_like(self._valid)
+        if self.shortlist_context is not None:
+            self.shortlist_context.reserve(rows, self._valid.device)
 
     def begin(self, first: int, start: StepResult) -> None:
         """The draft model's own prefill of the new prompts (all but the pending token)."""
@@ -77,12 +83,8 @@ class DraftModelDrafter:
         # Ids past the draft's vocabulary (a padded target's) read as its last id, as in
         # propose(); only the proposals can change.
         prompts = batch.tokens[:, : max(lengths)].clamp_max(self.model.vocab_size - 1)
-        if self.shortlist is not None:
-            # The shortlist's context is shared by the running rows: a lone request resets it.
-            columns = torch.arange(prompts.shape[1], device=prompts.device)
-            text = prompts[columns < batch.lengths.unsqueeze(1)]
-            (self.shortlist.begin if first == 0 else self.shortlist.extend)(text)
-            self._seen[first : first + batch.size] = batch.lengths
+        if self.shortlist_context is not None:
+            self.shortlist_context.begin(first, batch)
         cache = self._cache.narrow(first, batch.size)
         cache.rollback(0)
         head = max(lengths) - 1
@@ -96,7 +98,8 @@ class DraftModelDrafter:
         assert self._cache is not None
         self._cache.permute(0, order)
         self._valid[: order.shape[0]] = self._valid[order].clone()
-        self._seen[: order.shape[0]] = self._seen[order].clone()
+        if self.shortlist_context is not None:
+            self.shortlist_context.reorder(order)
 
     def observe(self, result: StepResult) -> None:
         """The draft entries of the tokens the target accepted stay valid."""
@@ -155,9 +158,8 @@ class DraftModelDrafter:
         forward; later it can run while the body processes the previous draft token."""
         assert self.shortlist is not None
         shortlist = self.shortlist
-        # The tokens each row gained since the last step (its accepted output).
-        shortlist.extend(text_since(batch, self._seen[: batch.size]))
-        self._seen[: batch.size] = batch.lengths
+        if self.shortlist_context is not None:  # the tokens each row gained since its last step
+            self.shortlist_context.catch_up(batch)
         hidden = self._body(inputs, positions, cache)
         cache.commit(pending + 1)
         rows = torch.arange(batch.size, device=hidden.device)
