@@ -37,7 +37,8 @@ from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
 from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
-from quickdraft.drafters.medusa import MedusaConfig, MedusaDrafter, MedusaHeads
+from quickdraft.drafters.medusa import MedusaDrafter
+from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads
 from quickdraft.models.llama import LlamaRunner
 
 SHAPES = {

@@ -31,7 +31,8 @@ from quickdraft.bench.summary import summarise
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
 from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.medusa import build_medusa, heads_folder
+from quickdraft.drafters.medusa import build_medusa
+from quickdraft.drafters.medusa_net import heads_folder
 from quickdraft.models.loading import load_model
 from quickdraft.models.pruned import PrunedModel
 from quickdraft.train.medusa import MedusaTraining, train_exit

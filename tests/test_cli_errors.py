@@ -12,7 +12,7 @@ from conftest import tiny_folder_and_corpus
 from safetensors.torch import save_file
 
 from quickdraft.cli import main
-from quickdraft.drafters.medusa import MedusaConfig, MedusaHeads, save_heads
+from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads, save_heads
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import torch
 from quickdraft import SamplingParams, SpecConfig, generate
 from quickdraft.drafters.eagle_io import save_eagle
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
-from quickdraft.drafters.medusa import MedusaConfig, MedusaHeads, save_heads
+from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads, save_heads
 from quickdraft.toys import TOY_VOCAB, toy_llama
 
 # Values of every type and range the fields meet in the wild: edges, overflows, typos.

@@ -3,11 +3,9 @@ checks, bench labels and description. A new method adds its own entry the same w
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
-from quickdraft import engines
 from quickdraft.config import (
     MAX_DRAFT_TOKENS,
     MAX_SPECULATIVE_TOKENS,
@@ -16,21 +14,20 @@ from quickdraft.config import (
     check_range,
     check_temperature,
 )
-from quickdraft.drafters import priors
 from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.eagle import build_eagle
 from quickdraft.drafters.eagle_io import eagle_folder
 from quickdraft.drafters.eagle_tree import DEFAULT_LOOKUP, DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, build_lookahead
-from quickdraft.drafters.medusa import build_medusa, check_tree, heads_folder
+from quickdraft.drafters.medusa import build_medusa
+from quickdraft.drafters.medusa_net import heads_folder
+from quickdraft.drafters.medusa_tree import check_tree
 from quickdraft.drafters.ngram import NGramDrafter
+from quickdraft.drafters.picking import PICK
 from quickdraft.methods import (
     BuildContext,
     MethodEntry,
-    PickContext,
-    PickSupport,
-    StepPrior,
     k_label,
     register,
 )
@@ -260,164 +257,6 @@ def _describe_lookahead(spec: SpecConfig, drafter: Any) -> str:
     return f"W={config.window} N={config.ngram} G={config.candidates}"
 
 
-# -- the picker's view of each method (quickdraft pick) ----------------------------------
-#
-# Candidates are the configurations worth trying with what the deployment has; priors come
-# from drafters/priors.py (measured here); engines from quickdraft/engines.py.
-
-CHAIN_KS = (2, 3, 4, 5, 6, 8)
-
-
-def _labelled(name: str, texts: list[str]) -> list[tuple[str, SpecConfig]]:
-    """Specs from bench labels (``eagle@3.1.3+0``), so candidates read as the bench names
-    them and priors measured by the bench find them."""
-    from quickdraft import methods
-
-    entry, out = methods.get(name), []
-    for text in texts:
-        label, fields = entry.label(text, None)
-        out.append((label, SpecConfig(method=name, **fields)))
-    return out
-
-
-def model_path(name: str) -> str:
-    """A model alias as the folder other engines load (the converted checkpoint)."""
-    from quickdraft.models.loading import ALIASES, resolve
-
-    return str(resolve(name)) if name in ALIASES else name
-
-
-def _draft_model_candidates(context: PickContext) -> list[tuple[str, SpecConfig]]:
-    if context.draft is None:
-        context.missing["draft_model"] = "no draft model given (--draft)"
-        return []
-    chains = _labelled("draft_model", [str(k) for k in CHAIN_KS])
-    folder = context.shortlist_dir
-    if folder is None:
-        try:
-            folder = artifact_folder(context.draft)
-        except ValueError:
-            return chains
-    shortlisted = [
-        (f"{label} {kind}", dataclasses.replace(spec, draft_shortlist=kind,
-                                                shortlist_dir=str(folder)))
-        for label, spec in chains
-        if spec.num_speculative_tokens in (4, 5, 6)
-        for kind in ("fr:32768", "dyna-hybrid-pa:8")
-    ]  # fmt: skip
-    return chains + shortlisted
-
-
-# Measured on the Qwen pair at k = 5 (benchmarks/results/shortlists): accepted length and
-# draft step against the full head.
-_SHORTLIST_EFFECT = {
-    "fr:32768": (3.97 / 4.36, 1 - 0.115),
-    "dyna-hybrid-pa:8": (4.31 / 4.36, 1 - 0.124),
-}
-
-
-def _draft_model_prior(spec: SpecConfig, task: str) -> StepPrior:
-    base = priors.draft_model(spec.num_speculative_tokens, task)
-    if spec.draft_shortlist == "full":
-        return base
-    length, step = _SHORTLIST_EFFECT.get(spec.draft_shortlist, (1.0, 1.0))
-    return dataclasses.replace(
-        base,
-        expected_tokens=1 + (base.expected_tokens - 1) * length,
-        draft_cost=base.draft_cost * step,
-        source=base.source + " + shortlists",
-    )
-
-
-def _draft_model_engines(spec: SpecConfig, context: PickContext) -> list[engines.EngineConfig]:
-    assert context.draft is not None
-    return engines.draft_model(
-        spec.num_speculative_tokens, model_path(context.draft), spec.draft_shortlist
-    )
-
-
-def _ngram_candidates(context: PickContext) -> list[tuple[str, SpecConfig]]:
-    return _labelled("ngram", [str(k) for k in CHAIN_KS])
-
-
-def _ngram_engines(spec: SpecConfig, context: PickContext) -> list[engines.EngineConfig]:
-    return engines.ngram(
-        spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
-    )
-
-
-def _medusa_candidates(context: PickContext) -> list[tuple[str, SpecConfig]]:
-    try:
-        folder = heads_folder(context.target, context.medusa_dir)
-    except ValueError:
-        context.missing["medusa"] = f"no Medusa heads for {context.target} (--medusa-dir)"
-        return []
-    return [
-        (label, dataclasses.replace(spec, medusa_dir=str(folder)))
-        for label, spec in _labelled("medusa", ["", "fit:8"])
-    ]
-
-
-def _medusa_prior(spec: SpecConfig, task: str) -> StepPrior:
-    return priors.measured("medusa" if spec.tree == "default" else f"medusa tree={spec.tree}", task)
-
-
-def _medusa_engines(spec: SpecConfig, context: PickContext) -> list[engines.EngineConfig]:
-    return [
-        engines.unsupported("vllm", "quickdraft has no Medusa export in vLLM's layout yet"),
-        engines.unsupported("sglang", "SGLang has no Medusa"),
-    ]
-
-
-def _eagle_candidates(context: PickContext) -> list[tuple[str, SpecConfig]]:
-    try:
-        folder = eagle_folder(context.target, context.eagle_dir)
-    except ValueError:
-        context.missing["eagle"] = f"no EAGLE drafter for {context.target} (--eagle-dir)"
-        return []
-    return [
-        (label, dataclasses.replace(spec, eagle_dir=str(folder)))
-        for label, spec in _labelled("eagle", ["", "+0", "3.1.3+0"])
-    ]
-
-
-def _eagle_prior(spec: SpecConfig, task: str) -> StepPrior:
-    label, _ = _eagle_label_of(spec)
-    return priors.measured(label if label in priors.measured_labels() else "eagle", task)
-
-
-def _eagle_label_of(spec: SpecConfig) -> tuple[str, dict[str, Any]]:
-    tree = "" if spec.tree == "default" else spec.tree.replace(",", ".")
-    lookup = "" if spec.eagle_lookup is None else f"+{spec.eagle_lookup}"
-    return _eagle_label(tree + lookup, None)
-
-
-def _eagle_engines(spec: SpecConfig, context: PickContext) -> list[engines.EngineConfig]:
-    from quickdraft.drafters.eagle_io import read_eagle_config
-
-    folder = eagle_folder(context.target, spec.eagle_dir)
-    tree = DynamicTree.parse(spec.tree, "cuda" if context.device == "gpu" else "cpu")
-    export = {}
-    for engine in engines.ENGINES:
-        out = engines.export_folder(context.export_dir.resolve(), context.target, "eagle", engine)
-        command = (
-            f"quickdraft export eagle --target {context.target} --eagle-dir {folder} "
-            f"--engine {engine} --out {out}"
-        )
-        export[engine] = (command, out)
-    variant = read_eagle_config(folder).variant
-    return engines.eagle(variant, tree.depth, tree.topk, tree.tokens, export, spec.draft_shortlist)
-
-
-def _lookahead_engines(spec: SpecConfig, context: PickContext) -> list[engines.EngineConfig]:
-    return [
-        engines.unsupported("vllm", "vLLM has no lookahead decoding"),
-        engines.unsupported(
-            "sglang", "SGLang has no lookahead decoding (its NGRAM is prompt lookup)"
-        ),
-    ]
-
-
 # -- the entries ----------------------------------------------------------------------
 
 register(
@@ -428,11 +267,7 @@ register(
         drafts=False,
         parse_label=lambda text, k: ("ar", {}),
         describe=lambda spec, drafter: "no drafts",
-        pick=PickSupport(
-            candidates=lambda context: [("ar", SpecConfig(method="ar"))],
-            prior=lambda spec, task: StepPrior(1.0, 0.0, 1.0, 1, "plain decoding"),
-            engines=lambda spec, context: engines.plain(),
-        ),
+        pick=PICK["ar"],
     )
 )
 register(
@@ -445,9 +280,7 @@ register(
         parse_label=_draft_model_label,
         draft_model=True,
         head_rows=lambda drafter, target: drafter.vocab_size,
-        pick=PickSupport(
-            _draft_model_candidates, _draft_model_prior, _draft_model_engines, chain=True
-        ),
+        pick=PICK["draft_model"],
     )
 )
 register(
@@ -457,12 +290,7 @@ register(
         _build_ngram,
         default_k=5,
         head_rows=lambda drafter, target: 0,
-        pick=PickSupport(
-            _ngram_candidates,
-            lambda spec, task: priors.ngram(spec.num_speculative_tokens, task),
-            _ngram_engines,
-            chain=True,
-        ),
+        pick=PICK["ngram"],
     )
 )
 register(
@@ -475,7 +303,7 @@ register(
         parse_label=_medusa_label,
         describe=_describe_tree,
         head_rows=lambda drafter, target: target.vocab_size,
-        pick=PickSupport(_medusa_candidates, _medusa_prior, _medusa_engines),
+        pick=PICK["medusa"],
     )
 )
 register(
@@ -488,7 +316,7 @@ register(
         parse_label=_eagle_label,
         describe=_describe_eagle,
         head_rows=lambda drafter, target: drafter.head_rows,
-        pick=PickSupport(_eagle_candidates, _eagle_prior, _eagle_engines),
+        pick=PICK["eagle"],
     )
 )
 register(
@@ -501,10 +329,6 @@ register(
         parse_label=_lookahead_label,
         describe=_describe_lookahead,
         head_rows=lambda drafter, target: 0,
-        pick=PickSupport(
-            lambda context: _labelled("lookahead", [""]),
-            lambda spec, task: priors.measured("lookahead", task),
-            _lookahead_engines,
-        ),
+        pick=PICK["lookahead"],
     )
 )

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quickdraft.artifacts import read_checkpoint
-from quickdraft.drafters.medusa import MedusaConfig, MedusaHeads
+from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.train.common import Checkpoint, one_cycle
 from quickdraft.vocab.corpus import Sequence
@@ -324,7 +324,7 @@ def build_heads(
 ) -> dict:
     """The whole command: sample the corpus, extract features, train, save heads and
     metrics into ``out``. Returns the metrics."""
-    from quickdraft.drafters.medusa import save_heads
+    from quickdraft.drafters.medusa_net import save_heads
     from quickdraft.models.loading import load_model
     from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
 

@@ -1,0 +1,133 @@
+"""`quickdraft export ...`: drafters in the layouts other serving engines load."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from quickdraft.cli.common import console
+
+
+def _add_export(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export", help="write trained drafters in the layouts other inference engines load"
+    )
+    kinds = export.add_subparsers(dest="export_kind", required=True)
+    eagle = kinds.add_parser(
+        "eagle",
+        help="an EAGLE drafter as a vLLM / SGLang draft model folder (config.json + "
+        "model.safetensors)",
+    )
+    eagle.add_argument(
+        "--target", required=True, help="the target it was trained for (its LM head rows)"
+    )
+    eagle.add_argument(
+        "--eagle-dir", default=None, help="the drafter (default: the one shipped for --target)"
+    )
+    eagle.add_argument("--out", type=Path, required=True)
+    eagle.add_argument(
+        "--engine",
+        choices=["vllm", "sglang"],
+        default="vllm",
+        help="EAGLE-1 folders differ (vLLM's fc has no bias, SGLang's has one); EAGLE-3 "
+        "folders load in both",
+    )
+    medusa = kinds.add_parser(
+        "medusa", help="Medusa heads as a vLLM Medusa draft model folder (SGLang has no Medusa)"
+    )
+    medusa.add_argument("--target", required=True, help="the target the heads belong to")
+    medusa.add_argument(
+        "--medusa-dir", default=None, help="the heads (default: those shipped for --target)"
+    )
+    medusa.add_argument("--out", type=Path, required=True)
+    token_map = kinds.add_parser(
+        "token-map",
+        help="a shortlist as SGLang's --speculative-token-map (FR-Spec for EAGLE-1/2 drafts)",
+        description="Writes OUT/token_map.pt: a 1-D tensor of token ids (torch.save), which "
+        "SGLang reads with --speculative-token-map to score only those rows of the target's "
+        "head in EAGLE-1/2 drafts (EAGLE-3 carries its own d2t).",
+    )
+    token_map.add_argument("--shortlist-dir", type=Path, required=True)
+    which = token_map.add_mutually_exclusive_group(required=True)
+    which.add_argument("--fr", type=int, metavar="K", help="the K most frequent tokens")
+    which.add_argument(
+        "--core", action="store_true", help="a DynaSpec artifact's core (its unclustered tokens)"
+    )
+    token_map.add_argument("--out", type=Path, required=True)
+
+
+def _export(args: argparse.Namespace) -> int:
+    if args.export_kind == "medusa":
+        return _export_medusa(args)
+    if args.export_kind == "token-map":
+        return _export_token_map(args)
+    return _export_eagle(args)
+
+
+def _export_token_map(args: argparse.Namespace) -> int:
+    import torch
+
+    from quickdraft.vocab.shortlist import load_clusters, load_ranked
+
+    if args.core:
+        ids = torch.nonzero(load_clusters(args.shortlist_dir) == -1).flatten()
+        if ids.numel() == 0:
+            raise ValueError(f"shortlist_dir: {args.shortlist_dir} clusters every token (no core)")
+    else:
+        ranked = load_ranked(args.shortlist_dir)
+        if not 1 <= args.fr <= ranked.numel():
+            raise ValueError(f"fr: must be in 1..{ranked.numel()}, got {args.fr}")
+        ids = ranked[: args.fr]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "token_map.pt"
+    torch.save(torch.sort(ids).values.long().clone(), path)
+    console.print(f"wrote {path} ({ids.numel():,} token ids)")
+    console.print(f"  SGLang (EAGLE-1/2 drafts): --speculative-token-map {path}", soft_wrap=True)
+    return 0
+
+
+def _export_medusa(args: argparse.Namespace) -> int:
+    from quickdraft import engines
+    from quickdraft.drafters.medusa_export import export_medusa
+    from quickdraft.drafters.medusa_net import heads_folder, load_heads
+    from quickdraft.drafters.picking import model_path
+    from quickdraft.models.loading import load_model
+
+    target, _ = load_model(args.target)
+    heads = load_heads(heads_folder(args.target, args.medusa_dir))
+    if heads.config.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"medusa_dir: heads for a vocabulary of {heads.config.vocab_size}, the target has "
+            f"{target.vocab_size}"
+        )
+    folder = export_medusa(heads, target.head_weight.float(), args.out)  # type: ignore[attr-defined]
+    console.print(f"wrote {folder} ({heads.config.num_heads} heads, for vllm)")
+    config = engines.medusa(heads.config.num_heads, ("", Path(folder)))[0]
+    console.print(f"  {config.command(model_path(args.target))}", soft_wrap=True)
+    return 0
+
+
+def _export_eagle(args: argparse.Namespace) -> int:
+    from quickdraft import engines
+    from quickdraft.drafters.eagle_export import export_eagle
+    from quickdraft.drafters.eagle_io import eagle_folder, load_eagle
+    from quickdraft.drafters.eagle_net import check_fits
+    from quickdraft.drafters.eagle_tree import DynamicTree
+    from quickdraft.drafters.picking import model_path
+    from quickdraft.models.loading import load_model
+
+    target, _ = load_model(args.target)
+    net = load_eagle(eagle_folder(args.target, args.eagle_dir), target.config.num_layers)
+    check_fits(net, target)  # an export must load where generate would
+    head = target.head_weight  # type: ignore[attr-defined]
+    folder = export_eagle(net, head.float(), args.out, args.engine, target.max_positions)
+    console.print(f"wrote {folder} ({net.config.variant}, for {args.engine})")
+    tree = DynamicTree.parse("default", "cuda")  # the engines run on GPUs
+    export = {engine: ("", Path(folder)) for engine in engines.ENGINES}
+    token_map = net.config.variant == "eagle1" and net.config.draft_vocab_size < target.vocab_size
+    configs = engines.eagle(
+        net.config.variant, tree.depth, tree.topk, tree.tokens, export, token_map=token_map
+    )
+    config = next(c for c in configs if c.engine == args.engine)
+    console.print(f"  {config.command(model_path(args.target))}", soft_wrap=True)
+    return 0

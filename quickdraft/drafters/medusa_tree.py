@@ -1,0 +1,114 @@
+"""Medusa's draft trees: the default sparse trees, trees fitted to the heads' measured rank
+accuracies (Medusa's construction), and the ``tree`` option's syntax (``default``, ``fit:N``,
+sibling counts per depth such as ``4,2,1``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH
+from quickdraft.tree import TreeShape
+
+DEFAULT_NODES = 16
+
+# Default trees (Medusa's sparse "choices"): wide where the heads are accurate (depth 1), narrow
+# deeper. 3 heads: 4 + 6 + 4 = 14 nodes.
+DEFAULT_PATHS: dict[int, tuple[tuple[int, ...], ...]] = {
+    1: ((0,), (1,), (2,), (3,)),
+    2: ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0)),
+    3: (
+        (0,), (1,), (2,), (3,),
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+    ),
+}  # fmt: skip
+
+
+def default_tree(num_heads: int) -> TreeShape:
+    """The default tree for ``num_heads`` heads: the 3-head tree cut, or extended by one top
+    candidate per further head."""
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    if num_heads in DEFAULT_PATHS:
+        return TreeShape.from_paths(DEFAULT_PATHS[num_heads])
+    paths = list(DEFAULT_PATHS[3])
+    for depth in range(4, num_heads + 1):
+        paths.append((0,) * depth)
+    return TreeShape.from_paths(paths)
+
+
+def fit_tree(rank_accuracy: Sequence[Sequence[float]], nodes: int) -> TreeShape:
+    """Medusa's tree construction: the ``nodes`` paths most likely to be accepted, taking head
+    d's r-th candidate to be right with probability rank_accuracy[d][r] independently of the
+    others. A path's probability is the product along it, so it never exceeds its prefix's
+    (nor, with accuracies falling with rank, its elder sibling's): the best paths always form
+    a tree. Its expected accepted length is 1 + the sum of the chosen paths' probabilities."""
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
+    if not rank_accuracy or not all(rank_accuracy):
+        raise ValueError("rank_accuracy: one non-empty list of accuracies per head")
+    chosen: list[tuple[int, ...]] = []
+    # (probability of the path, the path, probability of its parent path)
+    frontier = [(float(rank_accuracy[0][0]), (0,), 1.0)]
+    while frontier and len(chosen) < nodes:
+        frontier.sort(key=lambda item: -item[0])
+        probability, path, parent = frontier.pop(0)
+        chosen.append(path)
+        depth, rank = len(path), path[-1]
+        accuracy = rank_accuracy[depth - 1]
+        if rank + 1 < len(accuracy):  # the next sibling
+            frontier.append((parent * accuracy[rank + 1], (*path[:-1], rank + 1), parent))
+        if depth < len(rank_accuracy):  # the first child
+            frontier.append((probability * rank_accuracy[depth][0], (*path, 0), probability))
+    return TreeShape.from_paths(chosen)
+
+
+def check_tree(text: str) -> None:
+    """The syntax and size of a tree option (``default``, ``fit:N``, ``W1,W2,..``), by
+    arithmetic alone: nothing is built, so a typo such as 300,300,300 fails at once."""
+    if text == "default":
+        return
+    if text.startswith("fit:"):
+        if not re.fullmatch(r"[0-9]+", text[4:]) or not 1 <= int(text[4:]) <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"tree: expected fit:N with N in 1..{MAX_DRAFT_TOKENS}, got {text!r}")
+        return
+    parts = text.split(",")
+    if not all(re.fullmatch(r" *[0-9]+ *", part) for part in parts):
+        raise ValueError(f"tree: expected default or widths like 4,2,1, got {text!r}")
+    widths = [int(part) for part in parts]
+    if len(widths) > MAX_TREE_DEPTH or not all(1 <= w <= MAX_TREE_WIDTH for w in widths):
+        raise ValueError(
+            f"tree: at most {MAX_TREE_DEPTH} levels of 1..{MAX_TREE_WIDTH} children, got {text!r}"
+        )
+    nodes, level = 0, 1
+    for width in widths:
+        level *= width
+        nodes += level
+        if nodes > MAX_DRAFT_TOKENS:
+            raise ValueError(
+                f"tree: {text!r} has more than {MAX_DRAFT_TOKENS} nodes; use fewer or narrower "
+                "levels, or fit:N"
+            )
+
+
+def parse_tree(
+    text: str | None, num_heads: int, rank_accuracy: Sequence[Sequence[float]] | None = None
+) -> TreeShape:
+    """``None`` or ``default``: fitted to the heads' measured accuracies with 16 nodes when
+    they are known, else ``default_tree``; ``fit:N``: fitted with N nodes; ``W1,W2,..``: a
+    full tree of those widths, at most one depth per head."""
+    if text is None or text == "default":
+        if rank_accuracy:
+            return fit_tree(rank_accuracy, DEFAULT_NODES)
+        return default_tree(num_heads)
+    check_tree(text)
+    if text.startswith("fit:"):
+        nodes = int(text[4:])
+        if not rank_accuracy:
+            raise ValueError("tree: fit:N needs heads with measured rank accuracies")
+        return fit_tree(rank_accuracy, nodes)
+    widths = [int(w) for w in text.split(",")]
+    if len(widths) > num_heads:
+        raise ValueError(f"tree: {len(widths)} levels but the heads predict only {num_heads}")
+    return TreeShape.from_branching(widths)
