@@ -5,8 +5,9 @@
 2. Candidates: every registered method's (``picker.options``). Chains (``PickSupport.chain``:
    draft_model, ngram) run once at their largest k per configuration; the acceptance by
    position a_i and the share of steps proposing at least i tokens p_i predict every smaller
-   k: E(k) = 1 + sum_{i<=k} p_i a_1..a_i, with the draft's time per token (a draft model) or
-   per step (a lookup) and v(k + 1). Other candidates (trees, lookahead) are run each: their
+   k: E(k) = 1 + sum_{i<=k} p_i a_1..a_i, with the draft's time per token (a draft model, as
+   measured in that run: a shortlisted head's saving counts) or per step (a lookup) and
+   v(k + 1). Other candidates (trees, lookahead) are run each: their
    mean accepted length E, draft and verify seconds per step.
 3. Predicted speedup = E * v(1) / (draft + verify per step). The best and the runner-up (the
    best of another method) then run beside plain decoding on the same prompts, interleaved
@@ -171,12 +172,11 @@ def calibrate(
     used = max(1, min(len(prompts), int(affordable)))
     chosen_prompts = prompts[:used]
     sampling = _sampling(workload, max_new_tokens, stop_token_ids)
-    draft_forward = forward_costs(draft, context_tokens, [1])[1] if draft is not None else 0.0
     measured: list[Measured] = []
     done = 0
     for spec in chains:
         stats = _run(target, chosen_prompts, sampling, spec, draft)
-        profile = _chain_profile(stats, spec, draft_forward)
+        profile = _chain_profile(stats, spec)
         for option in candidates:
             if _is_chain(option) and _chain_key(option.spec) == _chain_key(spec):
                 k = option.spec.num_speculative_tokens
@@ -279,10 +279,13 @@ def _chain_groups(candidates: list[Option]) -> list[SpecConfig]:
     return [dataclasses.replace(key, num_speculative_tokens=k) for key, k in groups.items()]
 
 
-def _chain_profile(stats: Stats, spec: SpecConfig, draft_forward: float) -> ChainProfile:
+def _chain_profile(stats: Stats, spec: SpecConfig) -> ChainProfile:
+    """A draft model's time is per drafted token, measured in the run itself (so a shortlisted
+    head's saving counts); a lookup's is per step."""
     k = spec.num_speculative_tokens
     steps = max(len(stats.drafted), 1)
     uses_model = methods.get(spec.method).draft_model
+    draft_forward = stats.time_draft / max(sum(stats.drafted), 1)
     acceptance = [0.0 if a != a else a for a in stats.acceptance_by_position]
     acceptance += [0.0] * (k - len(acceptance))
     return ChainProfile(

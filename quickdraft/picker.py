@@ -42,7 +42,7 @@ class Workload:
     """task: a task kind or "other"; temperature: the target's; output_tokens: typical output
     length; concurrency: requests decoded together; memory_gb: memory free for a drafter
     (None: plenty); draft_gb: the draft model's size; methods: the registered methods to
-    consider (None: all); device: cpu or gpu."""
+    consider (None: all; plain decoding always is); device: cpu or gpu."""
 
     task: str = "other"
     temperature: float = 0.0
@@ -195,7 +195,8 @@ def options(
     reasons: list[str] = []
     found: list[Option] = []
     for entry in methods.entries():
-        if workload.methods is not None and entry.name not in workload.methods:
+        chosen = workload.methods is None or entry.name in workload.methods
+        if not chosen and entry.drafts:  # plain decoding is always the baseline
             continue
         if entry.pick is None:
             reasons.append(f"{entry.name}: the picker has no model of it; not ranked")
@@ -318,7 +319,7 @@ def finish(recommendation: Recommendation, context: PickContext) -> Recommendati
         # vLLM's batch policy has the same meaning (and needs at least 2); SGLang has none.
         if config.engine == "vllm" and config.speculative and threshold and threshold >= 2:
             config.speculative["disable_by_batch_size"] = threshold
-    from quickdraft.drafters.registry import model_path
+    from quickdraft.drafters.picking import model_path
 
     recommendation.target_path = model_path(context.target)
     return recommendation
