@@ -96,6 +96,18 @@ def ngram(k: int, lookup_min: int, lookup_max: int) -> list[EngineConfig]:
     return [EngineConfig("vllm", vllm), EngineConfig("sglang", sglang, note=note)]
 
 
+def medusa(heads: int, export: tuple[str, Path]) -> list[EngineConfig]:
+    """Medusa heads exported for vLLM (``export``: the export command and its folder), one
+    draft token per head; SGLang has no Medusa."""
+    command, folder = export
+    vllm = {"method": "medusa", "model": str(folder), "num_speculative_tokens": heads}
+    note = "vLLM drafts one chain of the heads' top tokens (quickdraft drafts a tree)"
+    return [
+        EngineConfig("vllm", vllm, (command,) if command else (), note),
+        unsupported("sglang", "SGLang has no Medusa"),
+    ]
+
+
 def export_folder(root: Path, target: str, kind: str, engine: str) -> Path:
     """Where a drafter of ``target`` is exported for ``engine`` under ``root``."""
     return Path(root) / f"{Path(target).name or 'target'}-{kind}-{engine}"
@@ -108,17 +120,20 @@ def eagle(
     tokens: int,
     export: dict[str, tuple[str, Path]],
     shortlist: str = "full",
+    token_map: bool = False,
 ) -> list[EngineConfig]:
     """An EAGLE drafter exported per engine (``export``: engine -> (export command, folder)):
     vLLM drafts a chain of ``depth`` tokens, SGLang the same dynamic tree (depth steps, top-k
-    per step, ``tokens`` verified)."""
+    per step, ``tokens`` verified). ``token_map``: an EAGLE-1 export with a draft vocabulary
+    (``token_map.pt``), which SGLang takes and vLLM cannot."""
     method = "eagle3" if variant == "eagle3" else "eagle"
     note = _shortlist_note(shortlist)
     command, folder = export["vllm"]
     vllm = {"method": method, "model": str(folder), "num_speculative_tokens": depth}
-    vllm_note = "; ".join(
-        n for n in ("vLLM drafts a chain of the tree's depth (its trees are static)", note) if n
-    )
+    notes = ["vLLM drafts a chain of the tree's depth (its trees are static)", note]
+    if token_map:
+        notes.append("vLLM's EAGLE-1 scores the whole head (it takes no draft vocabulary)")
+    vllm_note = "; ".join(n for n in notes if n)
     configs = [EngineConfig("vllm", vllm, (command,), vllm_note)]
     command, folder = export["sglang"]
     sglang = [
@@ -126,6 +141,8 @@ def eagle(
         "--speculative-num-steps", str(depth), "--speculative-eagle-topk", str(topk),
         "--speculative-num-draft-tokens", str(tokens),
     ]  # fmt: skip
+    if token_map:
+        sglang += ["--speculative-token-map", str(folder / "token_map.pt")]
     configs.append(EngineConfig("sglang", sglang, (command,), note))
     return configs
 

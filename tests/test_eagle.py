@@ -496,3 +496,153 @@ def test_a_drafter_trained_on_a_subset_scores_the_whole_head(targets, tmp_path):
     for prompt in PROMPTS:
         out = generate(target, prompt, sampling=GREEDY, draft=drafter)
         assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
+
+
+def _drafts_and_lengths(target, net) -> tuple[list, list]:
+    drafter = EagleDrafter(target, net, DynamicTree(3, 2, 5), lookup=0)
+    drafts: list = []
+    propose = drafter.propose
+
+    def recording(batch):
+        draft = propose(batch)
+        drafts.append(draft.tokens.tolist())
+        return draft
+
+    drafter.propose = recording
+    lengths = [generate(target, p, sampling=GREEDY, draft=drafter).stats.accepted_drafts
+               for p in PROMPTS]  # fmt: skip
+    return drafts, lengths
+
+
+@pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
+def test_an_exported_drafter_imports_back_and_drafts_the_same(targets, tmp_path, variant):
+    """Export for each engine, then --eagle-dir on the exported folder: the same network, the
+    same drafts and the same accepted lengths (EAGLE-1's draft vocabulary travels as
+    token_map.pt, EAGLE-3's as d2t/t2d, and an LM head copied from the target is read as
+    the target's)."""
+    from quickdraft.drafters import build_drafter
+    from quickdraft.drafters.eagle_export import export_eagle
+
+    target = targets["llama-untied"]
+    save_eagle(tmp_path / "saved", random_net(target, variant, draft_vocab=40))
+    original = load_eagle(tmp_path / "saved")  # fp16 weights, as shipped
+    expected = _drafts_and_lengths(target, original)
+    for engine in ("vllm", "sglang"):
+        folder = export_eagle(original, target.head_weight.float(), tmp_path / engine, engine,
+                              target.max_positions)  # fmt: skip
+        imported = load_eagle(folder, target.config.num_layers)
+        assert imported.config.own_head is False
+        assert imported.config.feature_layers == original.config.feature_layers
+        assert sorted(imported.draft_vocab.tolist()) == sorted(original.draft_vocab.tolist())
+        assert _drafts_and_lengths(target, imported) == expected, engine
+        spec = SpecConfig(method="eagle", eagle_dir=str(folder), tree="3,2,5", eagle_lookup=0)
+        drafter = build_drafter(spec, target)
+        assert isinstance(drafter, EagleDrafter)
+
+
+def test_a_third_party_eagle3_checkpoint_scores_its_own_head(targets, tmp_path):
+    """An EAGLE-3 folder trained elsewhere: its own LM head over the draft vocabulary (d2t),
+    fused layers named the SGLang way; the output stays plain decoding's. Shortlists, which
+    cut the target's rows, are refused; broken folders are named."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from quickdraft.drafters.eagle_export import export_eagle
+
+    target = targets["llama-untied"]
+    net = random_net(target, "eagle3", draft_vocab=40)
+    folder = export_eagle(net, target.head_weight.float(), tmp_path / "third", "sglang")
+    config = json.loads((folder / "config.json").read_text())
+    del config["quickdraft_head"], config["eagle_aux_hidden_state_layer_ids"]
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = load_file(folder / "model.safetensors")
+    weights["lm_head.weight"] = torch.randn_like(weights["lm_head.weight"].float()).half()
+    save_file(weights, folder / "model.safetensors")
+    imported = load_eagle(folder)
+    assert imported.config.own_head and imported.config.feature_layers == net.config.feature_layers
+    drafter = EagleDrafter(target, imported, DynamicTree(3, 2, 5), lookup=0)
+    for prompt in PROMPTS:
+        out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+        assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
+    shortlist = random_shortlists(target.vocab_size, target.config.hidden_size)["fr"]
+    with pytest.raises(ValueError, match="LM head of its own"):
+        EagleDrafter(target, imported, shortlist=shortlist)
+    weights["t2d"] = torch.zeros_like(weights["t2d"])
+    save_file(weights, folder / "model.safetensors")
+    with pytest.raises(ValueError, match="t2d disagrees"):
+        load_eagle(folder)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"no model\.safetensors"):
+        load_eagle(folder)
+
+
+def test_a_speculators_eagle3_folder_imports(targets, tmp_path):
+    """The ``speculators`` layout (vLLM's other EAGLE-3 format): the layer's shape nested in
+    transformer_layer_config, weights under layers.0.*; a residual taken after the norm,
+    which quickdraft's layer does not compute, is refused by name."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from quickdraft.drafters.eagle_export import export_eagle
+
+    target = targets["llama-untied"]
+    net = random_net(target, "eagle3", draft_vocab=40)
+    folder = export_eagle(net, target.head_weight.float(), tmp_path / "spec", "vllm")
+    flat = json.loads((folder / "config.json").read_text())
+    layer_keys = (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "rms_norm_eps", "rope_theta", "vocab_size", "num_hidden_layers",
+    )  # fmt: skip
+    config = {
+        "speculators_model_type": "eagle3",
+        "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": {k: flat[k] for k in layer_keys},
+        "draft_vocab_size": flat["draft_vocab_size"],
+        "eagle_aux_hidden_state_layer_ids": flat["eagle_aux_hidden_state_layer_ids"],
+        "norm_before_residual": False,
+        "speculators_config": {"algorithm": "eagle3"},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = {k.replace("midlayer.", "layers.0."): v
+               for k, v in load_file(folder / "model.safetensors").items()}  # fmt: skip
+    save_file(weights, folder / "model.safetensors")
+    imported = load_eagle(folder)
+    assert imported.config.own_head and imported.config.feature_layers == net.config.feature_layers
+    for name, tensor in net.state_dict().items():
+        if name.startswith("layers.0."):
+            assert torch.equal(imported.state_dict()[name], tensor.half().float()), name
+    drafter = EagleDrafter(target, imported, DynamicTree(3, 2, 5), lookup=0)
+    out = generate(target, PROMPTS[0], sampling=GREEDY, draft=drafter)
+    assert out.token_ids == generate(target, PROMPTS[0], sampling=GREEDY).token_ids
+    (folder / "config.json").write_text(json.dumps({**config, "norm_before_residual": True}))
+    with pytest.raises(ValueError, match="norm_before_residual"):
+        load_eagle(folder)
+
+
+def test_an_eagle1_checkpoint_with_a_bias_imports_and_exports_only_where_it_loads(
+    targets, tmp_path
+):
+    """The original EAGLE-1 checkpoints have a bias on fc (SGLang's layout); vLLM's EAGLE-1
+    has none, so exporting such a drafter for vLLM is refused by name."""
+    from safetensors.torch import load_file, save_file
+
+    from quickdraft.drafters.eagle_export import export_eagle
+
+    target = targets["llama-untied"]
+    net = random_net(target, "eagle1", draft_vocab=40)
+    folder = export_eagle(net, target.head_weight.float(), tmp_path / "sglang", "sglang")
+    weights = load_file(folder / "model.safetensors")
+    weights["fc.bias"] = torch.randn_like(weights["fc.bias"].float()).half()
+    save_file(weights, folder / "model.safetensors")
+    imported = load_eagle(folder)
+    assert imported.config.fc_bias and imported.draft_vocab.numel() == 40
+    drafter = EagleDrafter(target, imported, DynamicTree(3, 2, 5), lookup=0)
+    for prompt in PROMPTS:
+        out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+        assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
+    with pytest.raises(ValueError, match="no fc bias"):
+        export_eagle(imported, target.head_weight.float(), tmp_path / "vllm", "vllm")
+    again = export_eagle(imported, target.head_weight.float(), tmp_path / "again", "sglang")
+    assert torch.equal(load_file(again / "model.safetensors")["fc.bias"], weights["fc.bias"])

@@ -16,6 +16,8 @@ The lists below were read from the engines' sources (no engine runs on these mac
 import json
 import shlex
 
+import torch
+
 from quickdraft import engines, methods
 from quickdraft.methods import PickContext
 
@@ -101,3 +103,168 @@ def test_every_candidate_of_every_method_prints_configs_the_engines_define(tmp_p
                     ]
     assert {("draft_model", "vllm"), ("draft_model", "sglang"), ("ngram", "vllm"),
             ("ngram", "sglang"), ("eagle", "vllm"), ("eagle", "sglang")} <= seen  # fmt: skip
+
+
+def _layer(prefix: str, h: int, inner: int, q: int, kv: int, width: int) -> dict:
+    """A decoder layer's checkpoint names and shapes: attention over ``width`` inputs."""
+    return {
+        f"{prefix}self_attn.q_proj.weight": (q, width),
+        f"{prefix}self_attn.k_proj.weight": (kv, width),
+        f"{prefix}self_attn.v_proj.weight": (kv, width),
+        f"{prefix}self_attn.o_proj.weight": (h, q),
+        f"{prefix}mlp.gate_proj.weight": (inner, h),
+        f"{prefix}mlp.up_proj.weight": (inner, h),
+        f"{prefix}mlp.down_proj.weight": (h, inner),
+        f"{prefix}post_attention_layernorm.weight": (h,),
+    }
+
+
+def loader_names(engine: str, variant: str, config) -> tuple[dict, set[str]]:
+    """(names the engine's loader reads -> shapes, the names among them it cannot do without),
+    for a one-layer Llama drafter of ``config`` (``EagleConfig``). Read from (file @ commit):
+
+    - vLLM EAGLE-3: ``vllm/model_executor/models/llama_eagle3.py`` @ 00bd1493b3e8
+      (``Eagle3LlamaForCausalLM.load_weights``: ``midlayer.`` -> ``layers.0.``, ``d2t`` ->
+      ``draft_id_to_target_id``, ``t2d`` skipped, ``fc`` without bias, unknown names raise);
+    - vLLM EAGLE-1: ``vllm/model_executor/models/llama_eagle.py`` @ e1c4a55214c6
+      (layer 0 has no ``input_layernorm``; ``fc`` [H, 2H] without bias; the target's head);
+    - SGLang EAGLE-3: ``python/sglang/srt/models/llama_eagle3.py`` @ d737979cbd17
+      (only ``midlayer.*`` matches, ``layers.0.*`` is dropped silently; ``d2t`` -> hot ids);
+    - SGLang EAGLE-1: ``python/sglang/srt/models/llama_eagle.py`` @ 3b64d5dee075
+      (``fc`` has a bias by default, left random if the checkpoint lacks it; layer 0 without
+      ``input_layernorm``; a checkpoint ``lm_head`` is ignored).
+    """
+    h, inner = config.hidden_size, config.intermediate_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    if variant == "eagle3":
+        names = {
+            "fc.weight": (h, 3 * h), "norm.weight": (h,),
+            "lm_head.weight": (config.draft_vocab_size, h), "d2t": (config.draft_vocab_size,),
+            "t2d": (config.vocab_size,),
+            **_layer("midlayer.", h, inner, q, kv, 2 * h),
+            "midlayer.input_layernorm.weight": (h,), "midlayer.hidden_norm.weight": (h,),
+        }  # fmt: skip
+        required = set(names) - {"d2t", "t2d"}
+        return names, required
+    names = {"fc.weight": (h, 2 * h), **_layer("layers.0.", h, inner, q, kv, h)}
+    if engine == "sglang":
+        names["fc.bias"] = (h,)
+    return names, set(names)
+
+
+def test_exported_eagle_tensors_are_the_names_each_loader_reads(tmp_path):
+    """Every tensor an export writes is one the engine's loader reads, with its shape, and
+    nothing a loader needs is missing: SGLang drops names it does not know without a word,
+    so a renaming slip would serve random weights."""
+    from safetensors.torch import load_file
+
+    from quickdraft.drafters.eagle_export import export_eagle
+    from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
+
+    for variant in ("eagle1", "eagle3"):
+        config = EagleConfig(
+            variant=variant, hidden_size=64, intermediate_size=96, num_heads=4, num_kv_heads=2,
+            head_dim=16, vocab_size=300, draft_vocab_size=120,
+            feature_layers=(1, 2, 3) if variant == "eagle3" else (),
+        )  # fmt: skip
+        net = EagleNet(config)
+        net.draft_vocab = torch.randperm(300)[:120]
+        head = torch.randn(300, 64)
+        for engine in ("vllm", "sglang"):
+            folder = export_eagle(net, head, tmp_path / f"{variant}-{engine}", engine)
+            weights = load_file(folder / "model.safetensors")
+            names, required = loader_names(engine, variant, config)
+            written = {name: tuple(t.shape) for name, t in weights.items()}
+            assert set(written) <= set(names), (variant, engine, set(written) - set(names))
+            assert required <= set(written), (variant, engine, required - set(written))
+            for name, shape in written.items():
+                assert shape == names[name], (variant, engine, name)
+            config_json = json.loads((folder / "config.json").read_text())
+            if variant == "eagle3":  # each engine's own key for the fused layers
+                assert config_json["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM
+                assert config_json["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+                    0,
+                    1,
+                    2,
+                ]  # SGLang adds one
+            else:  # the draft vocabulary: SGLang's --speculative-token-map, a 1-D id tensor
+                ids = torch.load(folder / "token_map.pt", weights_only=True)
+                assert ids.dim() == 1
+                assert sorted(ids.tolist()) == sorted(net.draft_vocab.tolist())
+
+
+def test_exported_medusa_heads_are_the_names_vllms_loader_reads(tmp_path):
+    """vLLM's Medusa (``vllm/model_executor/models/medusa.py`` @ 09cddad8f032 and its
+    ``transformers_utils/configs/medusa.py``): ``blocks.{h}.layers.{l}.weight`` [H, H] with a
+    ``.bias`` when ``medusa_fc_bias``, ``lm_heads.{h}.weight`` [truncated_vocab_size, H] and
+    ``token_map`` when the vocabulary is truncated; unknown names are ignored silently, so each
+    written one is checked here. ``model_type: "medusa"`` is how vLLM detects the method."""
+    from safetensors.torch import load_file
+
+    from quickdraft.drafters.medusa_export import export_medusa
+    from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads
+
+    hidden, vocab = 32, 200
+    head = torch.randn(vocab, hidden)
+    for own, rows in ((False, None), (True, torch.randperm(vocab)[:50])):
+        config = MedusaConfig(hidden, vocab, num_heads=3, num_layers=2, own_head=own)
+        heads = MedusaHeads(config, head)
+        heads.vocab = rows
+        folder = export_medusa(heads, head, tmp_path / f"own-{own}")
+        record = json.loads((folder / "config.json").read_text())
+        assert record["model_type"] == "medusa" and record["architectures"] == ["MedusaModel"]
+        truncated = record["truncated_vocab_size"]
+        assert truncated == (vocab if rows is None else 50)
+        names = {"token_map": (truncated,)} if rows is not None else {}
+        for h in range(record["num_heads"]):
+            names[f"lm_heads.{h}.weight"] = (truncated, hidden)
+            for layer in range(record["num_hidden_layers"]):
+                names[f"blocks.{h}.layers.{layer}.weight"] = (hidden, hidden)
+                if record["medusa_fc_bias"]:
+                    names[f"blocks.{h}.layers.{layer}.bias"] = (hidden,)
+        written = {k: tuple(v.shape) for k, v in load_file(folder / "model.safetensors").items()}
+        assert written == names
+        weights = load_file(folder / "model.safetensors")
+        expected = head if rows is None else head[rows]
+        if not own:  # heads that score the target's rows carry those rows
+            assert torch.equal(weights["lm_heads.0.weight"], expected.half())
+        check_vllm_config({"method": "medusa", "model": str(folder), "num_speculative_tokens": 3})
+
+
+def test_shortlists_export_as_sglang_token_maps(tmp_path, capsys):
+    """FR-Spec lists and a DynaSpec artifact's core as ``--speculative-token-map`` files: what
+    SGLang's ``load_token_map`` reads (``torch.load(..., weights_only=True)`` of token ids;
+    ``python/sglang/srt/speculative/spec_utils.py`` @ 2dd501d14955)."""
+    from quickdraft.cli import main
+    from quickdraft.vocab.shortlist import load_ranked, save_clusters, save_frequency
+
+    save_frequency(tmp_path, torch.rand(500), {})
+    assignment = torch.arange(500) % 4
+    assignment[load_ranked(tmp_path)[:30]] = -1
+    save_clusters(tmp_path, assignment, {})
+    assert main(["export", "token-map", "--shortlist-dir", str(tmp_path), "--fr", "64",
+                 "--out", str(tmp_path / "fr")]) == 0  # fmt: skip
+    ids = torch.load(tmp_path / "fr" / "token_map.pt", weights_only=True)
+    assert ids.dtype == torch.int64 and set(ids.tolist()) == set(
+        load_ranked(tmp_path)[:64].tolist()
+    )
+    assert main(["export", "token-map", "--shortlist-dir", str(tmp_path), "--core",
+                 "--out", str(tmp_path / "core")]) == 0  # fmt: skip
+    core = torch.load(tmp_path / "core" / "token_map.pt", weights_only=True)
+    assert set(core.tolist()) == set(torch.nonzero(assignment == -1).flatten().tolist())
+    assert "--speculative-token-map" in capsys.readouterr().out
+    assert (
+        main(
+            [
+                "export",
+                "token-map",
+                "--shortlist-dir",
+                str(tmp_path),
+                "--fr",
+                "9999",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )

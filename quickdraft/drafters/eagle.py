@@ -35,6 +35,7 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -109,12 +110,20 @@ class EagleDrafter:
             if shortlist is not None and shortlist.uses_context
             else None
         )
+        if shortlist is not None and config.own_head:
+            raise ValueError(
+                "draft_shortlist: this EAGLE drafter scores an LM head of its own; shortlists "
+                "cut the target's head rows (train one with --score-full-vocab)"
+            )
         if shortlist is None:
             vocab = net.draft_vocab
             self.draft_vocab = vocab.to(self.device)
-            head = target.head_weight[vocab].to(torch.float32)
-            # Packed once: the draft vocabulary's rows.
-            self.head: Linear | None = Linear(head.contiguous(), int8=int8)
+            self.head: Any = None
+            if config.own_head:  # packed with the rest of the network
+                self.head = self.net.lm_head
+            else:  # packed once: the target's rows of the draft vocabulary
+                head = target.head_weight[vocab].to(torch.float32)
+                self.head = Linear(head.contiguous(), int8=int8)
         else:  # the shortlist packs the target's rows in segments of its own
             shortlist.bind(target.head_weight, target.embed, self.vocab_size, int8)
             self.head = None
@@ -434,7 +443,7 @@ def build_eagle(
     device = target.device.type
     return EagleDrafter(
         target,
-        load_eagle(folder),
+        load_eagle(folder, getattr(getattr(target, "config", None), "num_layers", None)),
         DynamicTree.parse(tree, device),
         int8=int8,
         lookup=lookup,

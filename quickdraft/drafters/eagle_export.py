@@ -5,12 +5,17 @@ The layouts follow the loaders of vLLM (``model_executor/models/llama_eagle.py``
 
 * EAGLE-1: ``fc.weight`` [d, 2d] over [embedding, feature], the decoder layer as
   ``layers.0.*`` without its input norm; embedding and LM head come from the target. vLLM's
-  ``fc`` has no bias and rejects one; SGLang's has one, so its export adds a zero bias and
-  names the architecture ``LlamaForCausalLMEagle``.
+  ``fc`` has no bias and rejects one; SGLang's has one, so its export adds a zero bias (or the
+  drafter's own) and names the architecture ``LlamaForCausalLMEagle``. A draft vocabulary
+  smaller than the target's is written as ``token_map.pt`` (its token ids, SGLang's
+  ``--speculative-token-map``), so the engine scores the rows quickdraft trained and measured;
+  vLLM's EAGLE-1 has no such map and scores the whole head.
 * EAGLE-3 (one folder for both): ``fc.weight`` [d, 3d], the layer as ``midlayer.*`` with
   ``input_layernorm`` (embedding) and ``hidden_norm`` (fused feature), ``norm.weight``, the
   draft vocabulary's LM head rows as ``lm_head.weight``, ``d2t`` (target id = i + d2t[i]) and
-  ``t2d``. The fused layers: vLLM reads ``eagle_aux_hidden_state_layer_ids`` as the layers
+  ``t2d``; ``quickdraft_head: "target"`` in ``config.json`` marks LM head rows copied from
+  the target (engines ignore the key; ``eagle_import`` reads them back as the target's). The
+  fused layers: vLLM reads ``eagle_aux_hidden_state_layer_ids`` as the layers
   whose inputs it captures; SGLang reads ``eagle_config.eagle_aux_hidden_state_layer_ids``
   and adds one to each.
 
@@ -29,6 +34,7 @@ from safetensors.torch import save_file
 from quickdraft.drafters.eagle_net import EagleNet, EagleVariant
 
 ENGINES = ("vllm", "sglang")
+TOKEN_MAP = "token_map.pt"  # an EAGLE-1 draft vocabulary, for SGLang and for import
 
 
 def export_eagle(
@@ -69,8 +75,14 @@ def export_eagle(
         "torch_dtype": "float16",
     }
     if eagle3:
-        vocab = torch.sort(net.draft_vocab).values  # ascending, as EAGLE's own d2t
-        weights["lm_head.weight"] = lm_head[vocab].half().contiguous()
+        # The network's own row order (d2t maps any order; EAGLE's own sorts ascending): the
+        # rows keep their places, so an import scores them in the same order, bit for bit.
+        vocab = net.draft_vocab
+        if config.own_head:
+            weights["lm_head.weight"] = net.lm_head.weight.detach().half().contiguous()
+        else:
+            weights["lm_head.weight"] = lm_head[vocab].half().contiguous()
+            record["quickdraft_head"] = "target"
         weights["d2t"] = vocab - torch.arange(vocab.numel())
         t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
         t2d[vocab] = True
@@ -84,12 +96,17 @@ def export_eagle(
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers]},
         }
     elif engine == "sglang":
-        weights["fc.bias"] = torch.zeros(config.hidden_size, dtype=torch.float16)
+        if not config.fc_bias:
+            weights["fc.bias"] = torch.zeros(config.hidden_size, dtype=torch.float16)
         record["architectures"] = ["LlamaForCausalLMEagle"]
     else:
+        if config.fc_bias:
+            raise ValueError("engine: vLLM's EAGLE-1 has no fc bias; export for sglang")
         record["architectures"] = ["LlamaForCausalLM"]  # vLLM maps it to its EAGLE model
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    if not eagle3 and config.draft_vocab_size < config.vocab_size:
+        torch.save(net.draft_vocab.clone(), folder / TOKEN_MAP)  # row order kept
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(record, indent=2) + "\n")
     return folder

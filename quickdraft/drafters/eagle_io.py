@@ -36,6 +36,10 @@ def save_eagle(folder: str | Path, net: EagleNet, metadata: dict | None = None) 
 def read_eagle_config(folder: str | Path) -> EagleConfig:
     """The drafter's config alone (no weights), for describing it."""
     folder = Path(folder)
+    if not (folder / CONFIG_FILE).exists() and (folder / "config.json").exists():
+        from quickdraft.drafters.eagle_import import import_config
+
+        return import_config(folder, num_target_layers=64)  # the layers do not matter here
     if not (folder / CONFIG_FILE).exists():
         raise ValueError(f"eagle_dir: {folder} holds no {CONFIG_FILE}")
     remedy = "retrain the drafter (quickdraft train eagle) or copy the folder again"
@@ -43,10 +47,22 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
     return artifacts.build(folder / CONFIG_FILE, remedy, EagleConfig, record["config"])
 
 
-def load_eagle(folder: str | Path) -> EagleNet:
+def load_eagle(folder: str | Path, num_target_layers: int | None = None) -> EagleNet:
+    """A drafter saved by quickdraft (``eagle.json``), or an EAGLE-1/EAGLE-3 folder in the
+    layout vLLM and SGLang load (``config.json`` and ``model.safetensors``: exported by
+    ``quickdraft export eagle`` or trained elsewhere; ``eagle_import``).
+    ``num_target_layers``: the target's depth, for EAGLE-3 checkpoints that name no fused
+    layers (the engines' default 2, L/2, L-3)."""
     folder = Path(folder)
+    if not (folder / CONFIG_FILE).exists() and (folder / "config.json").exists():
+        from quickdraft.drafters.eagle_import import import_eagle
+
+        return import_eagle(folder, num_target_layers)
     if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():
-        raise ValueError(f"eagle_dir: {folder} holds no {CONFIG_FILE} and {WEIGHTS_FILE}")
+        raise ValueError(
+            f"eagle_dir: {folder} holds neither {CONFIG_FILE} and {WEIGHTS_FILE} (quickdraft's) "
+            "nor config.json (vLLM's and SGLang's layout)"
+        )
     remedy = "retrain the drafter (quickdraft train eagle) or copy the folder again"
     record = read_json(folder / CONFIG_FILE, remedy, required=("config",))
     net = EagleNet(artifacts.build(folder / CONFIG_FILE, remedy, EagleConfig, record["config"]))
@@ -66,6 +82,8 @@ def with_full_vocabulary(net: EagleNet) -> EagleNet:
     draft vocabulary was the rows it trained on, and since those rows are the target's own,
     its states rank the others too. The head is then most of the drafter's step on a large
     vocabulary, which is what a shortlist (``SpecConfig.draft_shortlist``) cuts."""
+    if net.config.own_head:
+        raise ValueError("eagle_dir: this drafter scores an LM head of its own, not the target's")
     full = EagleNet(replace(net.config, draft_vocab_size=net.config.vocab_size))
     state = {**net.state_dict(), "draft_vocab": torch.arange(net.config.vocab_size)}
     full.load_state_dict(state)

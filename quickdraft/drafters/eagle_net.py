@@ -46,6 +46,9 @@ class EagleConfig:
     numbering of vLLM's ``eagle_aux_hidden_state_layer_ids``; EAGLE-1 reads the final normed
     state.
     draft_vocab_size: how many of the most frequent tokens the draft scores.
+    own_head: the network has an LM head of its own over its draft vocabulary (EAGLE-3
+        checkpoints trained elsewhere, imported); False: it scores the target's own rows.
+    fc_bias: EAGLE-1's fc has a bias (the original checkpoints' and SGLang's layout).
     """
 
     variant: EagleVariant
@@ -59,6 +62,8 @@ class EagleConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     feature_layers: tuple[int, ...] = field(default=())
+    own_head: bool = False
+    fc_bias: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -197,9 +202,12 @@ class EagleNet(nn.Module):
             self.fc = nn.Linear(3 * size, size, bias=False)
             self.norm = RMSNorm(size, config.rms_norm_eps)
         else:
-            # No bias: the layout vLLM loads (SGLang's export adds a zero one).
-            self.fc = nn.Linear(2 * size, size, bias=False)
+            # No bias in quickdraft's training (the layout vLLM loads); imported EAGLE-1
+            # checkpoints may have one.
+            self.fc = nn.Linear(2 * size, size, bias=config.fc_bias)
         self.layers = nn.ModuleList([DecoderLayer(config)])
+        if config.own_head:  # rows in the order of ``draft_vocab``
+            self.lm_head = nn.Linear(size, config.draft_vocab_size, bias=False)
         # The frequent tokens the draft scores, in the target's ids (set by training).
         self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
         dim = config.head_dim
