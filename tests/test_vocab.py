@@ -603,3 +603,45 @@ def test_corpus_is_deterministic_and_leaves_out_what_the_tasks_quote(tmp_path):
     with pytest.raises(SystemExit) as parsed:  # argparse's one line, exit 2
         main(["data", "corpus", "--out", str(tmp_path / "e"), "--sources", "poetry"])
     assert parsed.value.code == 2
+
+
+def test_data_regenerate_writes_the_targets_replies_and_resumes(tmp_path, smollm2):
+    """Chats whose replies are the target's own greedy output, kinds in turn; a second run
+    skips what is answered, and a line cut off mid-write is answered again."""
+    from conftest import tiny_folder_and_corpus
+
+    from quickdraft.cli import main
+    from quickdraft.models.loading import load_model
+
+    folder, _ = tiny_folder_and_corpus(tmp_path, smollm2, "llama-tied")
+    prompts = tmp_path / "prompts.jsonl"
+    records = [
+        {"kind": "code", "messages": [{"role": "user", "content": f"def f{i}():"},
+                                      {"role": "assistant", "content": "reference"}]}
+        for i in range(3)
+    ] + [{"kind": "chat", "prompt": f"hello {i}"} for i in range(3)]  # fmt: skip
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "replies.jsonl"
+    argv = ["data", "regenerate", "--target", str(folder), "--prompts", str(prompts), "--out",
+            str(out), "--max-new-tokens", "5", "--batch-size", "2"]  # fmt: skip
+    assert main([*argv, "--limit", "3"]) == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["kind"] for r in written] == ["chat/generated", "code/generated", "chat/generated"]
+    model, tokenizer = load_model(folder)
+    for record in written:
+        prompt = record["messages"][:-1]
+        assert record["messages"][-1]["role"] == "assistant" and prompt[-1]["role"] == "user"
+        ids = generate(
+            model,
+            tokenizer.apply_chat(prompt),
+            sampling=SamplingParams(
+                temperature=0, max_new_tokens=5, stop_token_ids=tokenizer.eos_token_ids
+            ),
+        ).token_ids
+        assert record["messages"][-1]["content"] == tokenizer.decode(ids)  # fmt: skip
+    with out.open("a") as handle:
+        handle.write('{"index": 3, "kind": "cut')  # an interrupted write
+    assert main(argv) == 0
+    again = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["index"] for r in again) == list(range(6)) and again[:3] == written
+    assert main([*argv[:5], str(tmp_path / "none.jsonl"), *argv[6:]]) == 2

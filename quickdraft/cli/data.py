@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from quickdraft.cli.common import _positive_int, console
+from quickdraft.cli.common import _positive_int, _progress_columns, _stages, _threads, console
 
 
 def _add_data(commands: argparse._SubParsersAction) -> None:
@@ -36,8 +36,78 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     )
     corpus.add_argument("--seed", type=int, default=0, help="the order files are taken in")
 
+    regenerate = kinds.add_parser(
+        "regenerate",
+        help="the target's own replies to prompts, as chats for train eagle / medusa / router",
+        description="Writes one chat record per prompt (the prompt's turns and the target's "
+        "reply) to --out, batch by batch; run again, it skips the prompts already answered. "
+        "Prompts: .jsonl with messages or prompt (and an optional kind: kinds are taken in "
+        "turn, so --limit covers every kind), or one prompt per line.",
+    )
+    regenerate.add_argument("--target", required=True, help="the model that replies")
+    regenerate.add_argument("--prompts", type=Path, required=True)
+    regenerate.add_argument(
+        "--out", dest="out_file", type=Path, required=True, help="the .jsonl file written"
+    )
+    regenerate.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    regenerate.add_argument(
+        "--temperature", type=float, default=0.0, help="0: greedy replies (default)"
+    )
+    regenerate.add_argument("--batch-size", type=_positive_int, default=8)
+    regenerate.add_argument("--limit", type=_positive_int, default=None, help="prompts at most")
+    regenerate.add_argument(
+        "--int8",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="int8 weights for the target (faster on CPU; the replies are then the int8 "
+        "model's; default off)",
+    )
+    regenerate.add_argument("--seed", type=int, default=0)
+    regenerate.add_argument("--threads", type=_threads, default=None)
+
 
 def _data(args: argparse.Namespace) -> int:
+    if args.data_kind == "regenerate":
+        return _regenerate(args)
+    return _corpus(args)
+
+
+def _regenerate(args: argparse.Namespace) -> int:
+    import torch
+    from rich.progress import Progress
+
+    from quickdraft.artifacts import check_output
+    from quickdraft.config import SamplingParams
+    from quickdraft.models.loading import load_model
+    from quickdraft.train.replies import read_prompts, regenerate
+
+    check_output(args.out_file)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    prompts = read_prompts(args.prompts)[: args.limit]
+    model, tokenizer = load_model(args.target, int8=args.int8)
+    sampling = SamplingParams(
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        stop_token_ids=tokenizer.eos_token_ids,
+    )  # fmt: skip
+    with Progress(*_progress_columns(), console=console, transient=True) as progress:
+        advance = _stages(progress)
+
+        def replied(done: int, total: int) -> None:
+            advance("replies", done, total)
+
+        counts = regenerate(
+            model, tokenizer, prompts, args.out_file, sampling, name=args.target,
+            batch_size=args.batch_size, progress=replied,
+        )  # fmt: skip
+    console.print(
+        f"wrote {args.out_file}: {counts['answered']:,} replies ({counts['tokens']:,} tokens); "
+        f"{counts['skipped']:,} were there already"
+    )
+    return 0
+
+
+def _corpus(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn
 
     from quickdraft.vocab.sources import build_corpus
