@@ -34,7 +34,7 @@ from quickdraft.config import Method, SamplingParams, SpecConfig
 from quickdraft.engine import generate
 from quickdraft.methods import PickContext, StepPrior
 from quickdraft.models.base import Model
-from quickdraft.picker import Option, Recommendation, Workload, choose, options
+from quickdraft.picker import Option, Recommendation, Workload, choose, finish, options
 from quickdraft.stats import Stats
 
 Progress = Callable[[str, int, int], None]
@@ -240,19 +240,20 @@ def _confirm(calibration, target, prompts, sampling, draft, rescored, workload, 
         calibration.confirmed[label] = statistics.median(ratios) if ratios else float("nan")
     best_label = max(calibration.confirmed, key=lambda label: calibration.confirmed[label])
     if calibration.confirmed[best_label] < 1.0:
-        calibration.choice = choose(
-            [o for o in rescored if o.spec.method is Method.AR],
-            [*choice.reasons, "confirmed: no candidate beat plain decoding on these prompts"],
-            workload,
-            context,
-        )
+        why = "confirmed: no candidate beat plain decoding on these prompts"
+        plain = Recommendation("ar", SpecConfig(method=Method.AR), 1.0,
+                               [why, *choice.reasons], rescored)  # fmt: skip
+        calibration.choice = finish(plain, context)
     elif best_label != choice.label and runner is not None:
-        reasons = [
+        # The runner-up as measured, first among the rest: choose() keeps it.
+        measured = dataclasses.replace(runner, speedup=calibration.confirmed[best_label])
+        others = [o for o in rescored if o.label != runner.label]
+        calibration.choice = choose([measured, *others], [], workload, context)
+        calibration.choice.reasons.insert(
+            0,
             f"confirmed: {runner.label} measured {calibration.confirmed[best_label]:.2f}x "
             f"against {calibration.confirmed[choice.label]:.2f}x for {choice.label}",
-            *choice.reasons,
-        ]
-        calibration.choice = choose([runner], reasons, workload, context)
+        )
     else:
         choice.reasons.insert(
             0, f"confirmed: {calibration.confirmed[choice.label]:.2f}x over plain decoding"

@@ -121,13 +121,19 @@ def eagle(
     export: dict[str, tuple[str, Path]],
     shortlist: str = "full",
     token_map: bool = False,
+    lookup: int = 0,
 ) -> list[EngineConfig]:
     """An EAGLE drafter exported per engine (``export``: engine -> (export command, folder)):
     vLLM drafts a chain of ``depth`` tokens, SGLang the same dynamic tree (depth steps, top-k
     per step, ``tokens`` verified). ``token_map``: an EAGLE-1 export with a draft vocabulary
-    (``token_map.pt``), which SGLang takes and vLLM cannot."""
+    (``token_map.pt``), which SGLang takes and vLLM cannot. ``lookup``: quickdraft's
+    prompt-lookup graft, which neither engine has. SGLang counts the root in
+    ``--speculative-num-draft-tokens``, so it is ``tokens + 1``."""
     method = "eagle3" if variant == "eagle3" else "eagle"
     note = _shortlist_note(shortlist)
+    if lookup:
+        graft = f"no prompt-lookup graft there (quickdraft grafts up to {lookup} tokens)"
+        note = "; ".join(n for n in (note, graft) if n)
     command, folder = export["vllm"]
     vllm = {"method": method, "model": str(folder), "num_speculative_tokens": depth}
     notes = ["vLLM drafts a chain of the tree's depth (its trees are static)", note]
@@ -139,7 +145,7 @@ def eagle(
     sglang = [
         "--speculative-algorithm", method.upper(), "--speculative-draft-model-path", str(folder),
         "--speculative-num-steps", str(depth), "--speculative-eagle-topk", str(topk),
-        "--speculative-num-draft-tokens", str(tokens),
+        "--speculative-num-draft-tokens", str(tokens + 1),
     ]  # fmt: skip
     if token_map:
         sglang += ["--speculative-token-map", str(folder / "token_map.pt")]

@@ -48,9 +48,16 @@ def import_config(folder: Path, num_target_layers: int | None = None) -> EagleCo
             raise ArtifactError(
                 path, f"is a {record['speculators_model_type']!r} speculator", "only eagle3 is read"
             )
-        if record.get("norm_before_residual"):
-            raise ArtifactError(path, "takes its residual after the norm (norm_before_residual)",
+        # vLLM reads a missing norm_before_residual as True: only an explicit False is ours.
+        if record.get("norm_before_residual", True):
+            raise ArtifactError(path, "takes its residual after the norm (norm_before_residual "
+                                "true or absent, as vLLM reads it)",
                                 "quickdraft's EAGLE-3 layer adds the raw feature")  # fmt: skip
+        extra = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if record.get(k)]
+        if extra:
+            raise ArtifactError(
+                path, f"sets {', '.join(extra)}", "quickdraft's layer has no such norm"
+            )
         layer = record.get("transformer_layer_config")
         if not isinstance(layer, dict):
             raise ArtifactError(path, "has no transformer_layer_config", REMEDY)

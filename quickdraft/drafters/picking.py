@@ -15,7 +15,7 @@ from quickdraft import engines, methods
 from quickdraft.config import SpecConfig
 from quickdraft.drafters import priors
 from quickdraft.drafters.eagle_io import eagle_folder, read_eagle_config
-from quickdraft.drafters.eagle_tree import DynamicTree
+from quickdraft.drafters.eagle_tree import DEFAULT_LOOKUP, DynamicTree
 from quickdraft.drafters.medusa_net import heads_folder, read_heads_config
 from quickdraft.methods import PickContext, PickSupport, StepPrior
 from quickdraft.vocab import artifact_folder
@@ -160,10 +160,13 @@ def _eagle_engines(spec: SpecConfig, context: PickContext) -> list[engines.Engin
         )
         export[engine] = (command, out)
     config = read_eagle_config(folder)
-    token_map = config.variant == "eagle1" and config.draft_vocab_size < config.vocab_size
+    token_map = config.variant == "eagle1" and (
+        config.draft_vocab_size < config.vocab_size or (folder / "token_map.pt").exists()
+    )
+    lookup = DEFAULT_LOOKUP if spec.eagle_lookup is None else spec.eagle_lookup
     return engines.eagle(
         config.variant, tree.depth, tree.topk, tree.tokens, export, spec.draft_shortlist,
-        token_map=token_map,
+        token_map=token_map, lookup=lookup,
     )  # fmt: skip
 
 

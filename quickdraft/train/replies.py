@@ -72,6 +72,8 @@ def answered(out: Path) -> set[int]:
     lines = out.read_text(encoding="utf-8").splitlines(keepends=True)
     done, kept = set(), []
     for line in lines:
+        if not line.endswith("\n"):
+            break  # no newline: cut off mid-write, even if it parses
         try:
             done.add(int(json.loads(line)["index"]))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):

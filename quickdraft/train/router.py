@@ -359,7 +359,8 @@ def build_artifacts(
     }
     if eagle:
         assert settings.eagle_dir is not None
-        source: DrafterSource | EagleSource = EagleSource(draft, load_eagle(settings.eagle_dir))
+        net = load_eagle(settings.eagle_dir, draft.config.num_layers)  # type: ignore[attr-defined]
+        source: DrafterSource | EagleSource = EagleSource(draft, net)
         feature_settings["eagle_dir"] = str(settings.eagle_dir)
         feature_settings["int8"] = False  # the target runs in float
     else:

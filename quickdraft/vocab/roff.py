@@ -78,8 +78,9 @@ BREAK_MACROS = {"PP", "P", "LP", "Sp", "sp", "br", "TP", "TQ", "HP", "RS", "RE",
 
 def page_text(source: str, unknown: set[str] | None = None) -> str:
     """A whole man page as plain text: section titles and paragraphs separated by blank
-    lines, each paragraph's lines joined; an ``.IP`` tag starts its paragraph. Tables and
-    requests that only lay out the page (``.TH``, ``.IX``, ``.de`` ...) leave no text."""
+    lines, each paragraph's lines joined; an ``.IP`` tag starts its paragraph. A table keeps its
+    rows as text (its format lines go); requests that only lay out the page (``.TH``,
+    ``.IX``, ``.de`` ...) leave no text."""
     paragraphs: list[str] = []
     current: list[str] = []
 
