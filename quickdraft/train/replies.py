@@ -23,6 +23,7 @@ from pathlib import Path
 from quickdraft.config import SamplingParams
 from quickdraft.engine import generate_batch
 from quickdraft.models.base import Model
+from quickdraft.vocab.corpus import jsonl_objects
 
 Progress = Callable[[int, int], None]
 
@@ -32,16 +33,8 @@ def read_prompts(path: Path) -> list[dict]:
     if not path.is_file():
         raise ValueError(f"prompts: {path} is not a file")
     by_kind: dict[str, list[dict]] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"prompts: {path}:{number} is not JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"prompts: {path}:{number} is not a JSON object")
+    if path.suffix == ".jsonl":
+        for number, record in jsonl_objects(path, "prompts"):
             if "messages" in record:
                 turns = list(record["messages"])
                 first = next(
@@ -55,9 +48,16 @@ def read_prompts(path: Path) -> list[dict]:
             if not messages:
                 raise ValueError(f"prompts: {path}:{number} starts with an assistant turn")
             kind = str(record.get("kind", "text"))
-        else:
-            messages, kind = [{"role": "user", "content": line}], "text"
-        by_kind.setdefault(kind, []).append({"line": number, "messages": messages, "kind": kind})
+            by_kind.setdefault(kind, []).append(
+                {"line": number, "messages": messages, "kind": kind}
+            )
+    else:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                messages = [{"role": "user", "content": line}]
+                by_kind.setdefault("text", []).append(
+                    {"line": number, "messages": messages, "kind": "text"}
+                )
     if not by_kind:
         raise ValueError(f"prompts: {path} holds no prompts")
     groups = [by_kind[kind] for kind in sorted(by_kind)]

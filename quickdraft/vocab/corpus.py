@@ -48,20 +48,27 @@ def read_records(paths: list[str | Path]) -> list[dict]:
 
 def _file_records(file: Path) -> Iterator[dict]:
     if file.suffix == ".jsonl":
-        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"data: {file}:{number} is not JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"data: {file}:{number} is not a JSON object")
+        for number, record in jsonl_objects(file, "data"):
             if "messages" not in record and "text" not in record:
                 raise ValueError(f"data: {file}:{number} has neither 'messages' nor 'text'")
             yield record
     elif file.suffix in TEXT_SUFFIXES:
         yield {"text": file.read_text(encoding="utf-8", errors="replace"), "kind": file.suffix}
+
+
+def jsonl_objects(path: Path, field: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file; a line that is not a
+    JSON object is a ValueError naming ``field``, the file and the line."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{field}: {path}:{number} is not JSON ({error.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{field}: {path}:{number} is not a JSON object")
+        yield number, record
 
 
 def tokenize(record: dict, tokenizer: Tokenizer, max_tokens: int) -> Sequence:
