@@ -355,7 +355,7 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_net(targets,
     )
     vocab = torch.arange(101)
     embed, head = target.embed.float(), target.head_weight.float()
-    net, metrics = train_net(features, config, vocab, embed, head, settings, tmp_path / "a.pt")
+    net, metrics = train_net(features, config, vocab, embed, head, settings, tmp_path / "a")
     untrained = EagleNet(config).eval()
     untrained.draft_vocab = vocab
     held = list(range(len(features)))[:4]
@@ -372,16 +372,16 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_net(targets,
 
     with pytest.raises(Stop):
         train_net(
-            features, config, vocab, embed, head, settings, tmp_path / "b.pt", stop_at_step_20
+            features, config, vocab, embed, head, settings, tmp_path / "b", stop_at_step_20
         )
-    resumed, _ = train_net(features, config, vocab, embed, head, settings, tmp_path / "b.pt")
+    resumed, _ = train_net(features, config, vocab, embed, head, settings, tmp_path / "b")
     for (name, a), (_, b) in zip(
         net.state_dict().items(), resumed.state_dict().items(), strict=True
     ):
         torch.testing.assert_close(a, b, msg=name)
     other = EagleTraining(steps=1, draft_vocab=101, epochs=6, batch_size=4, checkpoint_every=7)
     with pytest.raises(ValueError, match="checkpoint"):
-        train_net(features, config, vocab, embed, head, other, tmp_path / "b.pt")
+        train_net(features, config, vocab, embed, head, other, tmp_path / "b")
 
 
 def test_bad_training_settings_name_the_field():

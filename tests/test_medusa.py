@@ -163,7 +163,7 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_heads(tmp_pa
     settings = MedusaTraining(
         num_heads=2, epochs=3, batch_size=64, lr=1e-2, checkpoint_every=7, soft_labels=False
     )
-    heads, metrics = train_heads(features, lm_head, settings, tmp_path / "a.pt")
+    heads, metrics = train_heads(features, lm_head, settings, tmp_path / "a")
     _, held = split(features, settings.validation_fraction, settings.seed)
     untrained = evaluate(MedusaHeads(heads.config), features, held, lm_head, 2)
     assert metrics["held_out"][0]["top1"] > untrained[0]["top1"] + 0.3, (metrics, untrained)
@@ -176,8 +176,8 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_heads(tmp_pa
             raise Stop
 
     with pytest.raises(Stop):
-        train_heads(features, lm_head, settings, tmp_path / "b.pt", stop_at_step_20)
-    resumed, _ = train_heads(features, lm_head, settings, tmp_path / "b.pt")
+        train_heads(features, lm_head, settings, tmp_path / "b", stop_at_step_20)
+    resumed, _ = train_heads(features, lm_head, settings, tmp_path / "b")
     for (name, a), (_, b) in zip(
         heads.state_dict().items(), resumed.state_dict().items(), strict=True
     ):
@@ -186,7 +186,7 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_heads(tmp_pa
         num_heads=2, epochs=4, batch_size=64, checkpoint_every=7, soft_labels=False
     )
     with pytest.raises(ValueError, match="checkpoint"):
-        train_heads(features, lm_head, other, tmp_path / "b.pt")
+        train_heads(features, lm_head, other, tmp_path / "b")
 
 
 def test_train_medusa_command_then_generate_with_its_heads(tmp_path, smollm2, capsys):

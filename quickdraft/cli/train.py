@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quickdraft.cli.common import _positive_int, _progress_columns, _stages, _threads, console
+
+if TYPE_CHECKING:
+    from quickdraft.train.common import Scaling
 
 DEFAULT_CACHE = Path.home() / ".cache" / "quickdraft" / "train"
 
@@ -106,7 +110,8 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
         "own later tokens)",
         description="Writes medusa.json, medusa.safetensors and metrics.json into --out. "
         "Features and checkpoints are cached under --cache, so an interrupted run resumes "
-        "where it stopped.",
+        "where it stopped. Runs unchanged under `accelerate launch`; --batch-size is the "
+        "global batch.",
     )
     medusa.add_argument("--target", required=True, help="the target model (native runner)")
     medusa.add_argument(
@@ -142,7 +147,32 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     medusa.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     medusa.add_argument("--threads", type=_threads, default=None)
     medusa.add_argument("--seed", type=int, default=0)
+    _add_scaling(medusa)
     _add_train_eagle(kinds)
+
+
+def _add_scaling(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--accumulation-steps",
+        type=_positive_int,
+        default=1,
+        help="cut each process's share of a batch into N pieces, one backward pass each "
+        "(less memory; the same result)",
+    )
+    parser.add_argument(
+        "--mixed-precision",
+        choices=["auto", "no", "bf16", "fp16"],
+        default="auto",
+        help="precision of the training passes (auto: bf16 on a GPU that has it, else full)",
+    )
+
+
+def _scaling(args: argparse.Namespace) -> tuple[Scaling, bool]:
+    """The run's scaling, and whether this process is the one that writes and reports."""
+    from quickdraft.train.common import Scaling, running_processes
+
+    scaling = Scaling(args.accumulation_steps, args.mixed_precision)
+    return scaling, running_processes().is_main_process
 
 
 def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
@@ -152,8 +182,9 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
         "fused features and training-time test)",
         description="Writes eagle.json, eagle.safetensors and metrics.json into --out. The "
         "target's features are cached in fp16 under --cache (within --max-cache-gb) and "
-        "checkpoints too, so an interrupted run resumes where it stopped. On several GPUs, "
-        "run it unchanged under `accelerate launch`.",
+        "checkpoints too, so an interrupted run resumes where it stopped. For several processes "
+        "(GPUs, or CPU processes with --cpu), run it unchanged under `accelerate launch`: "
+        "--batch-size is the global batch, so the result does not change with their number.",
     )
     eagle.add_argument("--target", required=True, help="the target model (native runner)")
     eagle.add_argument(
@@ -200,6 +231,7 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
     eagle.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     eagle.add_argument("--threads", type=_threads, default=None)
     eagle.add_argument("--seed", type=int, default=0)
+    _add_scaling(eagle)
 
 
 def _train_eagle(args: argparse.Namespace) -> int:
@@ -217,12 +249,17 @@ def _train_eagle(args: argparse.Namespace) -> int:
         lr=args.lr,
         seed=args.seed,
     )
-    with Progress(*_progress_columns(), console=console, transient=True) as progress:
+    scaling, reporting = _scaling(args)
+    with Progress(
+        *_progress_columns(), console=console, transient=True, disable=not reporting
+    ) as progress:
         advance = _stages(progress)
         metrics = build_eagle(
             args.target, args.data, training, args.out, args.cache, args.budget_tokens,
-            args.max_tokens, args.context, args.max_cache_gb, advance,
+            args.max_tokens, args.context, args.max_cache_gb, advance, scaling,
         )  # fmt: skip
+    if not reporting:  # under `accelerate launch`, the first process writes and reports
+        return 0
     if args.score_full_vocab:
         from quickdraft.drafters.eagle_io import load_eagle, save_eagle, with_full_vocabulary
 
@@ -302,12 +339,17 @@ def _train_medusa(args: argparse.Namespace) -> int:
         seed=args.seed,
         train_vocab=args.train_vocab,
     )
-    with Progress(*_progress_columns(), console=console, transient=True) as progress:
+    scaling, reporting = _scaling(args)
+    with Progress(
+        *_progress_columns(), console=console, transient=True, disable=not reporting
+    ) as progress:
         advance = _stages(progress)
         metrics = build_heads(
             args.target, args.data, training, args.out, args.cache,
-            args.budget_tokens, args.max_tokens, advance,
+            args.budget_tokens, args.max_tokens, advance, scaling,
         )  # fmt: skip
+    if not reporting:  # under `accelerate launch`, the first process writes and reports
+        return 0
     console.print(
         f"wrote {args.out} ({metrics['train_positions']} training positions, "
         f"{metrics['held_positions']} held out)"

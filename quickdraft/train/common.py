@@ -1,14 +1,40 @@
-"""What every drafter training loop shares: its schedule and its resumable checkpoint."""
+"""What every drafter training loop shares: its schedule, its global batches, and one run
+through accelerate (processes, gradient accumulation, mixed precision, resumable state).
+
+A run's result does not depend on how it is cut. ``batch_size`` is the global batch of one
+optimizer step; each process takes ``batch[rank::processes]`` of it and cuts its share into
+``accumulation_steps`` pieces. Every loss is a sum over its piece's scored positions divided
+by the count over the whole global batch (which every process can compute from the batch
+itself), times ``processes * accumulation_steps`` to undo the mean that
+DistributedDataParallel and ``Accelerator.backward`` each take. The gradient is then the
+global batch's mean whatever the process count, up to float summation order: one process
+with batch 8 and two with 4 each take the same steps.
+
+accelerate's prepared data loader is not used: its ``split_batches`` needs every batch
+divisible by the process count and pads an uneven one by repeating samples, which would
+change the objective; the slicing here does not.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import nn
 
-from quickdraft.artifacts import ArtifactError, read_checkpoint
+from quickdraft.artifacts import ArtifactError
+
+if TYPE_CHECKING:
+    from accelerate import PartialState
+
+T = TypeVar("T")
+
+PRECISIONS = ("auto", "no", "bf16", "fp16")
 
 
 def one_cycle(
@@ -21,43 +47,172 @@ def one_cycle(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
-@dataclass
-class Checkpoint:
-    """A training run's state at ``path``: the module, optimizer and schedule, the history so
-    far and the step reached. ``identity`` (settings and data size) must match on resume."""
+def global_batches(items: Sequence[T], size: int) -> list[list[T]]:
+    """``items`` in consecutive batches of ``size``; a last batch under half the size joins
+    the one before it (a tiny batch would be a noisy step, and could not be cut among
+    processes)."""
+    batches = [list(items[i : i + size]) for i in range(0, len(items), size)]
+    if len(batches) > 1 and 2 * len(batches[-1]) < size:
+        batches[-2] += batches.pop()
+    return batches
 
-    path: Path
-    identity: dict
-    module: nn.Module
-    optimizer: torch.optim.Optimizer
-    schedule: torch.optim.lr_scheduler.LRScheduler
-    history: list[dict] = field(default_factory=list)
-    step: int = 0
+
+def running_processes() -> PartialState:
+    """The processes of this run: one, or those ``torchrun``/``accelerate launch`` started
+    (gloo on CPUs). Asked the same way everywhere, so the first question fixes the answer."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+@dataclass(frozen=True, slots=True)
+class Scaling:
+    """How a run is spread: ``accumulation_steps`` pieces per process and optimizer step
+    (memory, not arithmetic: the result is the same), and the precision of the forward and
+    backward passes: ``auto`` is bf16 on a GPU that has it, else full precision."""
+
+    accumulation_steps: int = 1
+    mixed_precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        steps = self.accumulation_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"accumulation_steps must be an integer >= 1, got {steps!r}")
+        if self.mixed_precision not in PRECISIONS:
+            raise ValueError(
+                f"mixed_precision must be one of {', '.join(PRECISIONS)}, "
+                f"got {self.mixed_precision!r}"
+            )
+
+    def precision(self) -> str:
+        if self.mixed_precision != "auto":
+            return self.mixed_precision
+        gpu = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return "bf16" if gpu else "no"
+
+
+class Run:
+    """One training run of ``module`` (whose forward returns the loss of a piece) through
+    accelerate. Its state (weights, optimizer, schedule, every process's random state, the
+    history) is saved under ``folder`` with ``identity`` (settings and data size), and a run
+    with the same identity resumes from it."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        schedule: torch.optim.lr_scheduler.LRScheduler,
+        folder: Path,
+        identity: dict,
+        scaling: Scaling,
+        clip: float | None = None,
+    ):
+        from accelerate import Accelerator
+
+        precision = scaling.precision()
+        self.accelerator = Accelerator(
+            cpu=not torch.cuda.is_available(),
+            mixed_precision=precision,
+            gradient_accumulation_steps=scaling.accumulation_steps,
+            # The schedule counts optimizer steps: one step of it per optimizer step.
+            step_scheduler_with_optimizer=False,
+        )
+        self.model, self.optimizer, self.schedule = self.accelerator.prepare(
+            module, optimizer, schedule
+        )
+        # Stored as JSON, compared as JSON (tuples read back as lists).
+        self.identity = json.loads(json.dumps({**identity, "mixed_precision": precision}))
+        self.folder, self.clip = folder, clip
+        self.scaling = scaling
+        self.history: list[dict] = []
+        self.step = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def module(self) -> nn.Module:
+        """The module itself, unwrapped from DistributedDataParallel."""
+        return self.accelerator.unwrap_model(self.model)
+
+    @property
+    def scale(self) -> int:
+        """By how much a piece's loss is multiplied (see the module's docstring)."""
+        return self.accelerator.num_processes * self.scaling.accumulation_steps
+
+    def check(self, batches: list[list]) -> None:
+        """Every global batch must give every process a non-empty piece per accumulation step:
+        a process without a backward pass would leave the others waiting."""
+        smallest = min(len(b) for b in batches)
+        if smallest < self.scale:
+            raise ValueError(
+                f"batch_size: the smallest batch ({smallest}) cannot be cut for "
+                f"{self.accelerator.num_processes} processes x "
+                f"{self.scaling.accumulation_steps} accumulation steps; raise batch_size or "
+                "lower either"
+            )
+
+    def pieces(self, batch: list[T]) -> list[list[T]]:
+        """This process's share of a global batch, cut into one piece per accumulation step."""
+        mine = batch[self.accelerator.process_index :: self.accelerator.num_processes]
+        cuts = self.scaling.accumulation_steps
+        return [mine[i * len(mine) // cuts : (i + 1) * len(mine) // cuts] for i in range(cuts)]
+
+    def update(self, batch: list[T], loss_of: Callable[[list[T]], torch.Tensor]) -> float:
+        """One optimizer step over a global batch; ``loss_of(piece)`` runs the prepared model.
+        Returns the global batch's loss (the same figure on every process)."""
+        total = torch.zeros((), device=self.device)
+        for piece in self.pieces(batch):
+            with self.accelerator.accumulate(self.model):
+                loss = loss_of(piece)
+                self.accelerator.backward(loss)
+                total += loss.detach().float()
+                if self.accelerator.sync_gradients:
+                    if self.clip is not None:
+                        self.accelerator.clip_grad_norm_(self.model.parameters(), self.clip)
+                    self.optimizer.step()
+                    self.schedule.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+        return float(self.accelerator.reduce(total, reduction="sum")) / self.scale
 
     def resume(self) -> None:
         """Load the saved state, when there is one made with the same identity."""
-        if not self.path.exists():
+        pointer = self.folder / "latest"
+        if not pointer.exists():
             return
-        saved = read_checkpoint(self.path, "delete it to start the training over", trusted=True)
-        if not isinstance(saved, dict) or not {"identity", "module", "step"} <= saved.keys():
-            raise ArtifactError(self.path, "not a quickdraft training checkpoint", "delete it")
-        if saved["identity"] != self.identity:
-            raise ValueError(f"checkpoint: {self.path} was made with other settings or data")
-        self.module.load_state_dict(saved["module"])
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.schedule.load_state_dict(saved["schedule"])
-        self.history, self.step = saved["history"], saved["step"]
+        state = self.folder / pointer.read_text().strip()
+        try:
+            record = json.loads((state / "progress.json").read_text())
+            identity, history, step = record["identity"], record["history"], record["step"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ArtifactError(
+                state, f"not a quickdraft training state ({error})", "delete the folder"
+            ) from None
+        if identity != self.identity:
+            raise ValueError(f"checkpoint: {self.folder} was made with other settings or data")
+        self.accelerator.load_state(str(state))
+        self.history, self.step = history, step
 
     def save(self, step: int) -> None:
-        """Write the state after ``step`` steps (atomically: a temporary file, renamed)."""
+        """Write the state after ``step`` optimizer steps into a folder of its own, then point
+        ``latest`` at it (a rename, so an interruption leaves the previous state whole)."""
         self.step = step
-        state = {
-            "identity": self.identity,
-            "module": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "schedule": self.schedule.state_dict(),
-            "history": self.history,
-            "step": step,
-        }
-        torch.save(state, self.path.with_suffix(".tmp"))
-        self.path.with_suffix(".tmp").rename(self.path)
+        name = f"step-{step:07d}"
+        state = self.folder / name
+        self.accelerator.save_state(str(state))  # each process writes its random state
+        self.accelerator.wait_for_everyone()
+        if self.is_main:
+            record = {"identity": self.identity, "history": self.history, "step": step}
+            (state / "progress.json").write_text(json.dumps(record, indent=1) + "\n")
+            pointer = self.folder / "latest"
+            pointer.with_suffix(".tmp").write_text(name + "\n")
+            pointer.with_suffix(".tmp").rename(pointer)
+            for old in self.folder.glob("step-*"):
+                if old.name != name:
+                    shutil.rmtree(old)
+        self.accelerator.wait_for_everyone()

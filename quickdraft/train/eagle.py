@@ -14,25 +14,26 @@
    the feature regression (smooth L1 to the target's next feature) and noise on its input
    features, as in the paper. AdamW, one-cycle schedule, gradient clipping; checkpoints after
    every epoch and every ``checkpoint_every`` steps, which an interrupted run resumes from;
-   several GPUs through ``accelerate`` (each process takes an equal share of the batches;
-   their gradients are averaged);
+   any number of processes, gradient accumulation and mixed precision through accelerate
+   (``train.common.Run``: the result does not depend on the process count);
 4. metrics: on held-out sequences, each step's top-1 agreement with the target's own token.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet, EagleVariant
 from quickdraft.models.llama import LlamaRunner
-from quickdraft.train.common import Checkpoint, one_cycle
+from quickdraft.train.common import Run, Scaling, global_batches, one_cycle, running_processes
 from quickdraft.train.eagle_features import (
     EagleFeatures,
     draft_vocabulary,
@@ -88,8 +89,7 @@ def _split(count: int, fraction: float, seed: int) -> tuple[list[int], list[int]
 
 def _batches(lengths: list[int], indices: list[int], size: int, seed: int) -> list[list[int]]:
     """Sequences of similar length together (less padding), batches in random order."""
-    ordered = sorted(indices, key=lambda i: lengths[i])
-    batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    batches = global_batches(sorted(indices, key=lambda i: lengths[i]), size)
     order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed)).tolist()
     return [batches[i] for i in order]
 
@@ -101,7 +101,7 @@ def _collate(features: EagleFeatures, batch: list[int], steps: int, device: torc
     width = features.hidden[batch[0]].shape[-1]
     tokens = torch.zeros(len(batch), length + steps, dtype=torch.long)
     hidden = torch.zeros(len(batch), length, width)
-    real = torch.zeros(len(batch), length + steps, dtype=torch.bool)
+    real = _real([features.tokens[i].numel() for i in batch], length + steps)
     taps = None
     if features.taps[batch[0]] is not None:
         taps = torch.zeros(len(batch), length, features.taps[batch[0]].shape[1], width)
@@ -109,7 +109,6 @@ def _collate(features: EagleFeatures, batch: list[int], steps: int, device: torc
         n = features.tokens[i].numel()
         tokens[row, :n] = features.tokens[i]
         hidden[row, :n] = features.hidden[i].float()
-        real[row, :n] = True
         if taps is not None:
             taps[row, :n] = features.taps[i].float()
     start = torch.tensor([features.start[i] for i in batch])
@@ -117,12 +116,36 @@ def _collate(features: EagleFeatures, batch: list[int], steps: int, device: torc
     return {k: v.to(device) if v is not None else None for k, v in out.items()}
 
 
+def _real(lengths: list[int], width: int) -> torch.Tensor:
+    """[b, width] bool: which places of each padded row hold a token."""
+    return torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+
+
+def _scored(real: torch.Tensor, start: torch.Tensor, anchors: int, step: int) -> torch.Tensor:
+    """[b, anchors] bool: where unrolled step ``step`` is scored: token t + 2 + step (its
+    label's place t + 1 + step) is real and lies in the reply (or is its first token's
+    predecessor's successor: the place before the reply drafts the reply's first token)."""
+    label_at = torch.arange(anchors, device=real.device) + 1 + step
+    return real[:, label_at] & (label_at.unsqueeze(0) >= (start - 1).unsqueeze(1))
+
+
+def scored_counts(features: EagleFeatures, batch: list[int], steps: int) -> torch.Tensor:
+    """[steps]: how many positions each unrolled step scores over ``batch`` (the divisor of
+    the global batch's mean loss, the same on every process)."""
+    lengths = [features.tokens[i].numel() for i in batch]
+    real = _real(lengths, max(lengths) + steps)
+    start = torch.tensor([features.start[i] for i in batch])
+    anchors = max(lengths) - 1
+    return torch.tensor([float(_scored(real, start, anchors, j).sum()) for j in range(steps)])
+
+
 def step_losses(
     net: EagleNet, embed: torch.Tensor, head: torch.Tensor, batch: dict, settings: EagleTraining,
     noise: bool,
-) -> tuple[list[torch.Tensor], list[dict]]:  # fmt: skip
-    """Every unrolled step's loss, and what evaluation needs of it: the draft's and the
-    target's argmax over the draft vocabulary and the target's hidden state there.
+) -> tuple[dict[int, torch.Tensor], list[dict]]:  # fmt: skip
+    """Every unrolled step's summed loss over its scored positions (step j -> sum; a step
+    with none is left out), and what evaluation needs of it: the draft's and the target's
+    argmax over the draft vocabulary and the target's hidden state there.
 
     embed: the target's embedding [V, d]; head: its LM head rows of the draft vocabulary
     [S, d]. Step j at anchor t is scored where token t + 2 + j is a reply token; its label
@@ -136,23 +159,21 @@ def step_losses(
     features = net.fuse(feature, taps)
     embeds = embed[tokens[:, 1 : anchors + settings.steps]].float()  # e_{t+1+j}
     outputs = net.unroll(embeds, features, settings.steps, ~real[:, :anchors])
-    anchor = torch.arange(anchors, device=hidden.device)
-    losses, seen = [], []
+    losses, seen = {}, []
     for j, output in enumerate(outputs):
-        label_at = anchor + 1 + j  # [A]
-        valid = real[:, label_at] & (label_at.unsqueeze(0) >= (batch["start"] - 1).unsqueeze(1))
-        rows, columns = valid.nonzero(as_tuple=True)
+        rows, columns = _scored(real, batch["start"], anchors, j).nonzero(as_tuple=True)
         if rows.numel() == 0:
             continue
-        teacher = hidden[rows, label_at[columns]]  # [n, d]
+        teacher = hidden[rows, columns + 1 + j]  # [n, d]
         with torch.no_grad():
             target_logits = teacher @ head.T  # [n, S]
         drafted = output[rows, columns]
         draft_logits = net.head_input(drafted) @ head.T
-        loss = F.cross_entropy(draft_logits, target_logits.softmax(-1))
+        loss = F.cross_entropy(draft_logits, target_logits.softmax(-1), reduction="sum")
         if net.config.variant is EagleVariant.EAGLE1:
-            loss = 0.1 * loss + settings.regression_weight * F.smooth_l1_loss(drafted, teacher)
-        losses.append(loss * settings.decay**j)
+            regression = F.smooth_l1_loss(drafted, teacher, reduction="none").mean(-1).sum()
+            loss = 0.1 * loss + settings.regression_weight * regression
+        losses[j] = loss
         seen.append(
             {
                 "step": j,
@@ -164,6 +185,29 @@ def step_losses(
     return losses, seen
 
 
+class _Objective(nn.Module):
+    """The training loss as a module's forward, so that DistributedDataParallel (which syncs
+    gradients around ``forward``) sees the whole pass: the net's parts are called directly."""
+
+    def __init__(self, net: EagleNet, settings: EagleTraining):
+        super().__init__()
+        self.net, self.settings = net, settings
+
+    def forward(
+        self, batch: dict, embed: torch.Tensor, head: torch.Tensor, counts: torch.Tensor,
+        scale: int,
+    ) -> torch.Tensor:  # fmt: skip
+        """The piece's share of the global batch's loss: each step's sum over the piece
+        divided by its count over the global batch, weighted ``decay``^j, times ``scale``."""
+        sums, _ = step_losses(self.net, embed, head, batch, self.settings, noise=True)
+        # Every parameter takes part in every pass, as DistributedDataParallel requires,
+        # also in a piece where no step has anything to score.
+        loss = sum((p.sum() * 0 for p in self.parameters()), torch.zeros((), device=embed.device))
+        for j, total in sums.items():
+            loss = loss + total / counts[j] * self.settings.decay**j
+        return loss * scale
+
+
 def train_net(
     features: EagleFeatures,
     config: EagleConfig,
@@ -173,14 +217,11 @@ def train_net(
     settings: EagleTraining,
     checkpoint: Path,
     progress: Progress | None = None,
+    scaling: Scaling | None = None,
 ) -> tuple[EagleNet, dict]:
     """A draft net trained on the training split of ``features`` with the target's frozen
-    ``embed`` [V, d] and ``lm_head`` [V, d]; resumes from ``checkpoint`` when it exists.
-    Returns the net and its metrics."""
-    from accelerate import Accelerator
-
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    device = accelerator.device
+    ``embed`` [V, d] and ``lm_head`` [V, d]; its state lives in the folder ``checkpoint``,
+    which a run with the same settings resumes from. Returns the net and its metrics."""
     train_ids, held_ids = _split(len(features), settings.validation_fraction, settings.seed)
     if not train_ids:
         raise ValueError("features: too few sequences to train on and to hold out")
@@ -191,68 +232,51 @@ def train_net(
         net.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
     )
     lengths = [t.numel() for t in features.tokens]
-    # Every process takes an equal share of each epoch's batches: the gradient averaging below
-    # pairs their steps one to one.
-    processes = accelerator.num_processes
-    per_epoch = math.ceil(len(train_ids) / settings.batch_size) // processes
-    if per_epoch == 0:
-        raise ValueError(f"features: fewer batches than the {processes} training processes")
+    per_epoch = len(_batches(lengths, train_ids, settings.batch_size, settings.seed))
     total = settings.epochs * per_epoch
     schedule = one_cycle(optimizer, settings.lr, total)
     identity = {"settings": _settings_record(settings), "sequences": len(features)}
-    state = Checkpoint(checkpoint, identity, net, optimizer, schedule)
-    state.resume()
-    history, done = state.history, state.step
-    # Not wrapped for DistributedDataParallel: the training step calls the net's parts, not
-    # its forward, so gradients are averaged across processes by hand.
-    model = net.to(device)
+    run = Run(
+        _Objective(net, settings), optimizer, schedule, checkpoint, identity, scaling or Scaling(),
+        clip=settings.clip,
+    )  # fmt: skip
+    run.resume()
+    history, done = run.history, run.step
+    device = run.device
     embed, head = embed.to(device), lm_head[draft_vocab].to(device)
 
-    def save(step: int) -> None:
-        if accelerator.is_main_process:  # one writer across processes
-            state.save(step)
+    def loss_of(piece: list[int], counts: torch.Tensor) -> torch.Tensor:
+        batch = _collate(features, piece, settings.steps, device)
+        return run.model(batch, embed, head, counts.to(device), run.scale)
 
     for epoch in range(settings.epochs):
         batches = _batches(lengths, train_ids, settings.batch_size, settings.seed + epoch)
-        mine = batches[accelerator.process_index :: processes][:per_epoch]
-        model.train()
+        run.check(batches)
+        run.model.train()
         running, counted = 0.0, 0
-        for step, batch_ids in enumerate(mine):
+        for step, batch_ids in enumerate(batches):
             global_step = epoch * per_epoch + step
             if global_step < done:
                 continue
-            batch = _collate(features, batch_ids, settings.steps, device)
-            losses, _ = step_losses(model, embed, head, batch, settings, noise=True)
-            if losses:
-                loss = torch.stack(losses).sum()
-                running, counted = running + float(loss.detach()), counted + 1
-            else:  # nothing scored in this batch: a zero step keeps the processes paired
-                loss = sum((p * 0).sum() for p in model.parameters())
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if processes > 1:
-                for parameter in model.parameters():
-                    if parameter.grad is not None:
-                        parameter.grad = accelerator.reduce(parameter.grad, reduction="mean")
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip)
-            optimizer.step()
-            schedule.step()
-            if progress is not None:
+            counts = scored_counts(features, batch_ids, settings.steps).clamp_min(1)
+            running += run.update(batch_ids, partial(loss_of, counts=counts))
+            counted += 1
+            if progress is not None and run.is_main:
                 progress("draft layer", global_step + 1, total)
             if (global_step + 1) % settings.checkpoint_every == 0:
-                save(global_step + 1)
+                run.save(global_step + 1)
         if (epoch + 1) * per_epoch > done:
             history.append({"epoch": epoch + 1, "train_loss": running / max(counted, 1)})
-            save((epoch + 1) * per_epoch)
-    model.eval()
-    held = evaluate(model, features, held_ids, embed, lm_head.to(device), settings, device)
+            run.save((epoch + 1) * per_epoch)
+    net = run.module.net.eval()
+    held = evaluate(net, features, held_ids, embed, lm_head.to(device), settings, device)
     metrics = {
         "history": history,
         "train_sequences": len(train_ids),
         "held_sequences": len(held_ids),
         "held_out": held,
     }
-    return model.cpu(), metrics
+    return net.cpu(), metrics
 
 
 def _settings_record(settings: EagleTraining) -> dict:
@@ -312,9 +336,12 @@ def build_eagle(
     context: int | None = None,
     max_cache_gb: float = 8.0,
     progress: Progress | None = None,
+    scaling: Scaling | None = None,
 ) -> dict:
     """The whole command: sample the corpus, extract features, choose the draft vocabulary,
-    train, save the drafter (``drafters.eagle_io.save_eagle``) and metrics into ``out``."""
+    train, save the drafter (``drafters.eagle_io.save_eagle``) and metrics into ``out``.
+    Under ``accelerate launch`` the first process extracts the features (the others read its
+    shards) and writes the drafter."""
     from quickdraft.drafters.eagle_io import save_eagle
     from quickdraft.models.loading import load_model
     from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
@@ -353,20 +380,26 @@ def build_eagle(
         "seed": settings.seed,
     }
     folder = cache / f"eagle-features-{fingerprint(feature_settings)}"
-    features = extract(target, sample, config.feature_layers, context, folder, progress)
+    processes = running_processes()
+    with processes.main_process_first():
+        shown = progress if processes.is_main_process else None
+        features = extract(target, sample, config.feature_layers, context, folder, shown)
     vocab = draft_vocabulary(features, settings.draft_vocab, target.vocab_size)
     key = fingerprint({**feature_settings, **_settings_record(settings)})
     embed = target.embed.float()
     lm_head = target.head_weight.float()[: target.vocab_size]
     net, metrics = train_net(
-        features, config, vocab, embed, lm_head, settings, cache / f"eagle-{key}.pt", progress
-    )
+        features, config, vocab, embed, lm_head, settings, cache / f"eagle-{key}", progress,
+        scaling,
+    )  # fmt: skip
     record = {
         "target": target_name,
         "features": {**feature_settings, "sequences": len(sample), "bytes": size},
         "training": _settings_record(settings),
         **metrics,
     }
-    save_eagle(out, net, {"target": target_name, "training": _settings_record(settings)})
-    (out / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
+    if processes.is_main_process:
+        save_eagle(out, net, {"target": target_name, "training": _settings_record(settings)})
+        (out / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
+    processes.wait_for_everyone()
     return record

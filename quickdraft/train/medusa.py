@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,7 +27,7 @@ from torch import nn
 from quickdraft.artifacts import read_checkpoint
 from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads
 from quickdraft.models.llama import LlamaRunner
-from quickdraft.train.common import Checkpoint, one_cycle
+from quickdraft.train.common import Run, Scaling, global_batches, one_cycle, running_processes
 from quickdraft.vocab.corpus import Sequence
 
 Progress = Callable[[str, int, int], None]
@@ -173,15 +173,37 @@ def split(features: HeadFeatures, fraction: float, seed: int) -> tuple[torch.Ten
     return ~held, held
 
 
+class _Objective(nn.Module):
+    """The training loss as a module's forward, so that DistributedDataParallel (which syncs
+    gradients around ``forward``) sees the whole pass."""
+
+    def __init__(self, heads: MedusaHeads):
+        super().__init__()
+        self.heads = heads
+
+    def forward(
+        self, hidden: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
+        loss_head: torch.Tensor, weights: torch.Tensor, scale: float,
+    ) -> torch.Tensor:  # fmt: skip
+        """The piece's share of the global batch's loss. hidden [b, d]; labels [b, H, V]
+        (distributions) or [b, H] (tokens); mask [b, H], already divided by each head's count
+        of valid positions over the global batch."""
+        logits = self.heads.logits(self.heads(hidden), loss_head)  # [b, H, V]
+        losses = F.cross_entropy(logits.flatten(0, 1), labels.flatten(0, 1), reduction="none")
+        return (losses.view(mask.shape) * mask * weights).sum() * scale
+
+
 def train_heads(
     features: HeadFeatures,
     lm_head: torch.Tensor,
     settings: MedusaTraining,
     checkpoint: Path,
     progress: Progress | None = None,
+    scaling: Scaling | None = None,
 ) -> tuple[MedusaHeads, dict]:
     """Heads trained on the training split of ``features`` through the frozen ``lm_head``
-    [V, d]; resumes from ``checkpoint`` when it exists. Returns them and the metrics."""
+    [V, d]; their state lives in the folder ``checkpoint``, which a run with the same
+    settings resumes from. Returns them and the metrics."""
     train_mask, held_mask = split(features, settings.validation_fraction, settings.seed)
     labels, valid = head_labels(features, settings.num_heads, settings.label_offset)
     rows = torch.nonzero(train_mask & valid[:, 0]).flatten()
@@ -199,7 +221,7 @@ def train_heads(
     optimizer = torch.optim.AdamW(
         heads.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
     )
-    steps_per_epoch = math.ceil(rows.numel() / settings.batch_size)
+    steps_per_epoch = len(global_batches(range(rows.numel()), settings.batch_size))
     total = settings.epochs * steps_per_epoch
     schedule = one_cycle(optimizer, settings.lr, total)
     weights = settings.decay ** torch.arange(settings.num_heads, dtype=torch.float32)
@@ -210,46 +232,45 @@ def train_heads(
         heads.vocab = order[: settings.train_vocab].clone()
         loss_head = lm_head[heads.vocab]
     identity = {"settings": asdict(settings), "positions": len(features)}
-    state = Checkpoint(checkpoint, identity, heads, optimizer, schedule)
-    state.resume()
-    history, done = state.history, state.step
+    run = Run(_Objective(heads), optimizer, schedule, checkpoint, identity, scaling or Scaling())
+    run.resume()
+    history, done = run.history, run.step
+    device = run.device
+    loss_head, weights = loss_head.to(device), weights.to(device)
+
+    def loss_of(piece: list[int], counts: torch.Tensor) -> torch.Tensor:
+        batch = torch.tensor(piece, dtype=torch.long)
+        if settings.soft_labels:
+            wanted = soft_targets(features, batch, loss_head, settings)  # [b, H, V]
+        else:
+            wanted = labels[batch]
+        mask = valid[batch].float() / counts
+        hidden = features.hidden[batch].float().to(device)
+        return run.model(hidden, wanted.to(device), mask.to(device), loss_head, weights, run.scale)
 
     generator = torch.Generator().manual_seed(settings.seed)
     for epoch in range(settings.epochs):
         order = rows[torch.randperm(rows.numel(), generator=generator)]  # same shuffles on resume
-        heads.train()
-        running = 0.0
-        for step, batch in enumerate(order.split(settings.batch_size)):
+        batches = global_batches(order.tolist(), settings.batch_size)
+        run.check(batches)
+        run.model.train()
+        running, counted = 0.0, 0
+        for step, batch in enumerate(batches):
             global_step = epoch * steps_per_epoch + step
             if global_step < done:
                 continue
-            states = heads(features.hidden[batch].float())  # [b, H, d]
-            logits = heads.logits(states, loss_head)  # [b, H, V]
-            if settings.soft_labels:
-                targets = soft_targets(features, batch, loss_head, settings)  # [b, H, V]
-                losses = F.cross_entropy(
-                    logits.flatten(0, 1), targets.flatten(0, 1), reduction="none"
-                ).view(len(batch), -1)
-            else:
-                losses = F.cross_entropy(
-                    logits.flatten(0, 1), labels[batch].flatten(), reduction="none"
-                ).view(len(batch), -1)
-            mask = valid[batch].float()
-            per_head = (losses * mask).sum(0) / mask.sum(0).clamp_min(1)
-            loss = (per_head * weights).sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            running += float(loss.detach())
-            if progress is not None:
+            # Each head's valid positions over the whole global batch: the mean's divisor.
+            counts = valid[batch].sum(0).float().clamp_min(1)
+            running += run.update(batch, partial(loss_of, counts=counts))
+            counted += 1
+            if progress is not None and run.is_main:
                 progress("heads", global_step + 1, total)
             if (global_step + 1) % settings.checkpoint_every == 0:
-                state.save(global_step + 1)
+                run.save(global_step + 1)
         if (epoch + 1) * steps_per_epoch > done:
-            history.append({"epoch": epoch + 1, "train_loss": running / steps_per_epoch})
-            state.save((epoch + 1) * steps_per_epoch)
-    heads.eval()
+            history.append({"epoch": epoch + 1, "train_loss": running / max(counted, 1)})
+            run.save((epoch + 1) * steps_per_epoch)
+    heads = run.module.heads.cpu().eval()
     metrics = {
         "history": history,
         "train_positions": int(rows.numel()),
@@ -270,7 +291,8 @@ def soft_targets(
     last = len(features) - 1
     shifts = torch.arange(settings.num_heads) + settings.label_offset  # [H]
     where = (batch.unsqueeze(1) + shifts).clamp_max(last)  # [b, H]
-    return torch.softmax(F.linear(features.hidden[where].float(), lm_head), dim=-1)
+    hidden = features.hidden[where].to(lm_head.device).float()
+    return torch.softmax(F.linear(hidden, lm_head), dim=-1)
 
 
 @torch.inference_mode()
@@ -321,9 +343,11 @@ def build_heads(
     budget_tokens: int = 60_000,
     max_tokens: int = 512,
     progress: Progress | None = None,
+    scaling: Scaling | None = None,
 ) -> dict:
     """The whole command: sample the corpus, extract features, train, save heads and
-    metrics into ``out``. Returns the metrics."""
+    metrics into ``out``. Returns the metrics. Under ``accelerate launch`` the first process
+    extracts the features (the others read its shards) and writes the heads."""
     from quickdraft.drafters.medusa_net import save_heads
     from quickdraft.models.loading import load_model
     from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
@@ -344,10 +368,14 @@ def build_heads(
         "seed": training.seed,
     }
     folder = cache / f"medusa-features-{fingerprint(feature_settings)}"
-    features = extract(target, sample, folder, progress)
+    processes = running_processes()
+    with processes.main_process_first():
+        features = extract(target, sample, folder, progress if processes.is_main_process else None)
     key = fingerprint({**feature_settings, **asdict(training)})
     lm_head = target.head_weight.float()[: target.vocab_size]
-    heads, metrics = train_heads(features, lm_head, training, cache / f"medusa-{key}.pt", progress)
+    heads, metrics = train_heads(
+        features, lm_head, training, cache / f"medusa-{key}", progress, scaling
+    )
     record = {
         "target": target_name,
         "features": {**feature_settings, "positions": len(features), "sequences": len(sample)},
@@ -355,10 +383,11 @@ def build_heads(
         **metrics,
     }
     accuracy = [row["rank_accuracy"] for row in metrics["held_out"]]
-    save_heads(
-        out, heads, {"target": target_name, "training": asdict(training), "rank_accuracy": accuracy}
-    )
-    (out / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
+    if processes.is_main_process:
+        metadata = {"target": target_name, "training": asdict(training), "rank_accuracy": accuracy}
+        save_heads(out, heads, metadata)
+        (out / "metrics.json").write_text(json.dumps(record, indent=2) + "\n")
+    processes.wait_for_everyone()
     return record
 
 
@@ -386,6 +415,6 @@ def train_exit(
         pruned, sequences, cache / f"exit-features-{fingerprint(key)}", progress, target
     )
     lm_head = target.head_weight.float()[: target.vocab_size]
-    checkpoint = cache / f"exit-{fingerprint({**key, **dataclasses.asdict(settings)})}.pt"
+    checkpoint = cache / f"exit-{fingerprint({**key, **dataclasses.asdict(settings)})}"
     heads, metrics = train_heads(features, lm_head, settings, checkpoint, progress)
     return heads.blocks[0], metrics

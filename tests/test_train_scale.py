@@ -1,0 +1,78 @@
+"""Drafter training across processes: two CPU processes (gloo, started by torchrun as any
+launcher would) train the same EAGLE layer and Medusa heads as one process on the same
+global batch, also when each cuts its share into accumulation steps."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import tiny_folder_and_corpus
+from safetensors.torch import load_file
+
+from quickdraft.cli import main
+
+
+def launch_two(argv: list[str], cwd) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "2", "-m", "quickdraft", *argv]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("wrote ") == 1, done.stdout  # the first process reports alone
+
+
+def assert_same_weights(one, two) -> None:
+    assert one.keys() == two.keys()
+    for name in one:
+        torch.testing.assert_close(one[name], two[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_two_processes_train_what_one_does(tmp_path, smollm2, capsys, kind):
+    folder, corpus = tiny_folder_and_corpus(tmp_path, smollm2, "llama-tied")
+    argv = ["train", kind, "--target", str(folder), "--data", str(corpus),
+            "--budget-tokens", "300", "--epochs", "2", "--threads", "1"]  # fmt: skip
+    if kind == "eagle":
+        argv += ["--draft-vocab", "256", "--batch-size", "8"]
+    else:
+        argv += ["--batch-size", "32"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main([*argv, "--out", str(one), "--cache", str(tmp_path / "cache-one")]) == 0
+    capsys.readouterr()
+    # Two processes, each cutting its half of every batch in two: four backward passes.
+    launch_two(
+        [*argv, "--out", str(two), "--cache", str(tmp_path / "cache-two"),
+         "--accumulation-steps", "2"],
+        tmp_path,
+    )  # fmt: skip
+    weights = f"{kind}.safetensors"
+    assert_same_weights(load_file(one / weights), load_file(two / weights))
+    histories = [json.loads((run / "metrics.json").read_text())["history"] for run in (one, two)]
+    for a, b in zip(*histories, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+    # Every process's random state was saved: the two-process run resumes as itself.
+    state = next((tmp_path / "cache-two").glob(f"{kind}-[0-9a-f]*/latest")).parent
+    saved = state / (state / "latest").read_text().strip()
+    assert {p.name for p in saved.glob("random_states_*.pkl")} == {
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+    }
+
+
+def test_a_batch_too_small_to_cut_names_the_field(tmp_path):
+    from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads
+    from quickdraft.train.common import Run, Scaling
+
+    heads = MedusaHeads(MedusaConfig(8, 16, 1, 1, False))
+    optimizer = torch.optim.AdamW(heads.parameters())
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    run = Run(heads, optimizer, schedule, tmp_path / "state", {}, Scaling(accumulation_steps=3))
+    with pytest.raises(ValueError, match="batch_size"):
+        run.check([[1, 2, 3], [4, 5]])
+    with pytest.raises(ValueError, match="accumulation_steps"):
+        Scaling(accumulation_steps=0)
+    with pytest.raises(ValueError, match="mixed_precision"):
+        Scaling(mixed_precision="fp8")
