@@ -645,3 +645,38 @@ def test_data_regenerate_writes_the_targets_replies_and_resumes(tmp_path, smollm
     again = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["index"] for r in again) == list(range(6)) and again[:3] == written
     assert main([*argv[:5], str(tmp_path / "none.jsonl"), *argv[6:]]) == 2
+
+
+def test_code_prompts_are_standard_library_functions_the_tasks_do_not_quote(tmp_path):
+    """HumanEval-form prompts from a standard library (here a tiny one): public functions
+    with a docstring only, none from a file the task sets quote, the same for the same seed."""
+    from quickdraft.cli import main
+    from quickdraft.vocab.sources import code_prompts
+
+    lib = tmp_path / "Lib"
+    (lib / "test").mkdir(parents=True)
+    doc = '    """' + "Return the thing this function is documented to return." + '"""\n'
+    (lib / "kept.py").write_text(
+        "def shown(a, b=2):\n" + doc + "    return a\n\n"
+        "def _private():\n" + doc + "\nclass C:\n    def method(self):\n" + "    " + doc
+        + "\ndef undocumented():\n    return 1\n"
+    )  # fmt: skip
+    (lib / "quoted.py").write_text("def quoted():\n" + doc)
+    (lib / "test" / "test_x.py").write_text("def check():\n" + doc)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    quote = {"source": "cpython==3.11 Lib/quoted.py"}
+    (tasks / "code.jsonl").write_text(json.dumps(quote) + "\n")
+    prompts = code_prompts(10, seed=1, task_dir=tasks, root=lib)
+    assert sorted(p["source"] for p in prompts) == ["Lib/kept.py:1 shown", "Lib/kept.py:9 method"]
+    shown = next(p for p in prompts if p["source"].endswith("shown"))
+    assert shown["prompt"] == (
+        "Complete the following Python function:\n\ndef shown(a, b=2):\n" + doc
+    )
+    assert {p["kind"] for p in prompts} == {"code"}
+    assert code_prompts(10, seed=1, task_dir=tasks, root=lib) == prompts
+    out = tmp_path / "prompts.jsonl"
+    assert main(["data", "code-prompts", "--out", str(out), "--count", "4"]) == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(written) == 4 and all(r["prompt"].startswith("Complete the") for r in written)
+    assert main(["data", "code-prompts", "--out", str(tmp_path), "--count", "4"]) == 2

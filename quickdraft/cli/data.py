@@ -36,6 +36,20 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     )
     corpus.add_argument("--seed", type=int, default=0, help="the order files are taken in")
 
+    prompts = kinds.add_parser(
+        "code-prompts",
+        help="code-completion prompts from the standard library's functions, for regenerate",
+        description="Writes --count prompts in HumanEval's form (a public standard-library "
+        "function's signature and docstring to complete) as .jsonl records with kind, prompt "
+        "and source. Files the bench's task sets quote are left out. Then: quickdraft data "
+        "regenerate --target MODEL --prompts OUT --out REPLIES.jsonl",
+    )
+    prompts.add_argument(
+        "--out", dest="out_file", type=Path, required=True, help="the .jsonl file written"
+    )
+    prompts.add_argument("--count", type=_positive_int, default=500)
+    prompts.add_argument("--seed", type=int, default=0, help="which functions are taken")
+
     regenerate = kinds.add_parser(
         "regenerate",
         help="the target's own replies to prompts, as chats for train eagle / medusa / router",
@@ -69,7 +83,24 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
 def _data(args: argparse.Namespace) -> int:
     if args.data_kind == "regenerate":
         return _regenerate(args)
+    if args.data_kind == "code-prompts":
+        return _code_prompts(args)
     return _corpus(args)
+
+
+def _code_prompts(args: argparse.Namespace) -> int:
+    import json
+
+    from quickdraft.artifacts import check_output
+    from quickdraft.vocab.sources import code_prompts
+
+    check_output(args.out_file)
+    records = code_prompts(args.count, args.seed)
+    args.out_file.parent.mkdir(parents=True, exist_ok=True)
+    args.out_file.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    note = "" if len(records) == args.count else f" (all there are; {args.count:,} asked)"
+    console.print(f"wrote {args.out_file}: {len(records):,} prompts{note}")
+    return 0
 
 
 def _regenerate(args: argparse.Namespace) -> int:

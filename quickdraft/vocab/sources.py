@@ -15,16 +15,21 @@ its files are shuffled with a fixed seed and taken whole in that order until the
 sample spreads over the whole source instead of its first letters of the alphabet. The same
 machine and arguments give the same bytes; ``corpus.json`` beside it records the
 files taken and the output's sha256.
+
+``quickdraft data code-prompts`` makes code-completion prompts from the same standard library
+(``code_prompts``), for ``data regenerate`` to have the target answer.
 """
 
 from __future__ import annotations
 
+import ast
 import gzip
 import hashlib
 import json
 import random
 import re
 import sysconfig
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,3 +170,52 @@ def build_corpus(
     manifest["sha256"] = digest.hexdigest()
     (out / "corpus.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+CODE_PROMPT = "Complete the following Python function:\n\n{header}\n"
+
+
+def _function_headers(path: Path, root: Path) -> Iterator[tuple[str, str]]:
+    """(where, header) for each public function of ``path`` with a docstring of 40 characters
+    or more: its signature and docstring as written, dedented, under 1,500 characters."""
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return
+    lines = source.splitlines()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(node, clean=False)
+        if not doc or len(doc) < 40 or not node.body:
+            continue
+        header = "\n".join(lines[node.lineno - 1 : node.body[0].end_lineno])
+        header = textwrap.dedent(header)
+        if len(header) < 1500:
+            yield f"{path.relative_to(root).as_posix()}:{node.lineno} {node.name}", header
+
+
+def code_prompts(
+    count: int, seed: int = 0, task_dir: Path | None = None, root: Path | None = None
+) -> list[dict]:
+    """``count`` code-completion prompts in HumanEval's form ("Complete the following Python
+    function:", a signature and its docstring) made from the standard library's public
+    functions, as ``{"kind": "code", "prompt", "source"}`` records for ``data regenerate``.
+    Tests, IDLE and the files the task sets quote are left out; a seeded shuffle picks them."""
+    if task_dir is None:
+        from quickdraft.bench.tasks import TASK_DIR
+
+        task_dir = TASK_DIR
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    found = [
+        (where, header)
+        for path in stdlib_files(task_files(Path(task_dir)), root)
+        if not {"test", "tests", "idlelib"} & set(path.relative_to(root).parts)
+        for where, header in _function_headers(path, root)
+    ]
+    random.Random(seed).shuffle(found)
+    return [
+        {"kind": "code", "prompt": CODE_PROMPT.format(header=header), "source": f"Lib/{where}"}
+        for where, header in found[:count]
+    ]
