@@ -371,9 +371,7 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_net(targets,
             raise Stop
 
     with pytest.raises(Stop):
-        train_net(
-            features, config, vocab, embed, head, settings, tmp_path / "b", stop_at_step_20
-        )
+        train_net(features, config, vocab, embed, head, settings, tmp_path / "b", stop_at_step_20)
     resumed, _ = train_net(features, config, vocab, embed, head, settings, tmp_path / "b")
     for (name, a), (_, b) in zip(
         net.state_dict().items(), resumed.state_dict().items(), strict=True
