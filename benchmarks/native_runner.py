@@ -1,5 +1,9 @@
 """Forward cost against tokens per forward: quickdraft's native runner beside transformers.
 
+Three backends on the same weights: the native runner as ``load_model`` builds it (fused,
+prepacked), the native runner on a transformers model's own tensors (``from_transformers``,
+shared: no copy), and transformers itself.
+
 Speculation on a CPU pays only if a (k+1)-token verify costs little more than a 1-token decode
 step. For each thread count, after a fixed-length context, this times forwards of T new tokens
 (the cache is cropped back after each, so every call sees the same context), sizes interleaved
@@ -12,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 from pathlib import Path
 
 import torch
 
+from quickdraft.bench.machine import describe_machine
 from quickdraft.calibrate import forward_costs
 from quickdraft.models.hf import HFModel
-from quickdraft.models.loading import load_model, resolve
+from quickdraft.models.loading import from_transformers, load_model, resolve
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -43,13 +47,16 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     native, _ = load_model(args.model)
-    hf = HFModel(
-        AutoModelForCausalLM.from_pretrained(str(resolve(args.model)), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(resolve(args.model)), dtype=torch.float32)
+    backends = (
+        ("quickdraft native", native),
+        ("quickdraft from_transformers (shared)", from_transformers(model)),
+        ("transformers", HFModel(model)),
     )
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
-        for name, model in (("quickdraft native", native), ("transformers", hf)):
+        for name, model in backends:
             medians = medians_ms(model, args.context, args.sizes, args.repeats)
             rows.append(
                 {
@@ -63,8 +70,7 @@ def main() -> None:
         "model": args.model,
         "context": args.context,
         "repeats": args.repeats,
-        "machine": f"{platform.machine()}, {torch.get_num_interop_threads()} interop "
-        f"threads, torch {torch.__version__}",
+        "machine": describe_machine(),
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

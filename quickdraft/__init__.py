@@ -9,6 +9,7 @@ from quickdraft.engine import (
     generate,
     generate_batch,
 )
+from quickdraft.models.loading import from_transformers, load_model
 
 __all__ = [
     "AcceptRule",
@@ -19,7 +20,9 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
     "SpecConfig",
+    "from_transformers",
     "generate",
     "generate_batch",
+    "load_model",
 ]
 __version__ = "0.1.0"

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from quickdraft.models import int8 as int8_ops
 from quickdraft.models.base import ModelOutput
 from quickdraft.models.kv_cache import KVCache
-from quickdraft.models.ops import Linear, prefix_tree_mask, rms_norm, rotate
+from quickdraft.models.ops import Joined, Linear, prefix_tree_mask, rms_norm, rotate
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -110,14 +110,23 @@ def _rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
 
 
 class _Layer:
-    def __init__(self, weights: dict[str, torch.Tensor], prefix: str, bias: bool, linear: Callable):
+    def __init__(
+        self, weights: dict[str, torch.Tensor], prefix: str, bias: bool, linear: Callable,
+        fused: bool = True,
+    ):  # fmt: skip
         attn, mlp = prefix + "self_attn.", prefix + "mlp."
-        qkv = torch.cat([weights[attn + f"{p}_proj.weight"] for p in "qkv"])
-        qkv_bias = torch.cat([weights[attn + f"{p}_proj.bias"] for p in "qkv"]) if bias else None
-        gate_up = torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]])
-        self.qkv = linear(qkv, qkv_bias)
+        qkv = [weights[attn + f"{p}_proj.weight"] for p in "qkv"]
+        qkv_bias = [weights[attn + f"{p}_proj.bias"] for p in "qkv"] if bias else [None] * 3
+        gate_up = [weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]
+        self.qkv: Linear | Joined
+        self.gate_up: Linear | Joined
+        if fused:  # one product each: fewer, larger kernels
+            self.qkv = linear(torch.cat(qkv), None if not bias else torch.cat(qkv_bias))
+            self.gate_up = linear(torch.cat(gate_up))
+        else:  # the tensors as given, no copy
+            self.qkv = Joined(*(linear(w, b) for w, b in zip(qkv, qkv_bias, strict=True)))
+            self.gate_up = Joined(*(linear(w) for w in gate_up))
         self.o = linear(weights[attn + "o_proj.weight"])
-        self.gate_up = linear(gate_up)
         self.down = linear(weights[mlp + "down_proj.weight"])
         self.attn_norm = weights[prefix + "input_layernorm.weight"]
         self.mlp_norm = weights[prefix + "post_attention_layernorm.weight"]
@@ -135,6 +144,8 @@ class LlamaRunner:
     projection's outlier input channels (kept in float); None keeps none.
     probe: [T] token ids to compare the int8 model with its float self on; the result is
     ``quant_check`` (None without a probe).
+    shared: compute with the given tensors themselves (no fused or prepacked copies), so the
+    runner holds no weights of its own (``from_transformers``).
     """
 
     def __init__(
@@ -146,7 +157,10 @@ class LlamaRunner:
         int8: bool = False,
         calibration: torch.Tensor | None = None,
         probe: torch.Tensor | None = None,
+        shared: bool = False,
     ):
+        if shared and int8:
+            raise ValueError("int8: quantized weights are a copy; they cannot be shared")
         self.config = config
         self.name: str | None = None  # the alias it was loaded from (``load_model``)
         self.vocab_size = config.vocab_size
@@ -158,9 +172,9 @@ class LlamaRunner:
         self.embed = weights["model.embed_tokens.weight"]
         self.dtype, self.device = self.embed.dtype, self.embed.device
         # int8 builds float layers first: they keep their dense weights to be quantized.
-        linear = partial(Linear, prepack=not int8)
+        linear = partial(Linear, prepack=not (int8 or shared))
         self.layers = [
-            _Layer(weights, f"model.layers.{i}.", config.attention_bias, linear)
+            _Layer(weights, f"model.layers.{i}.", config.attention_bias, linear, fused=not shared)
             for i in range(config.num_layers)
         ]
         self.norm = weights["model.norm.weight"]
@@ -215,6 +229,39 @@ class LlamaRunner:
             for name, tensor in state_dict.items()
         }
         return cls(config, weights, **kwargs)
+
+    @classmethod
+    def from_transformers(
+        cls, model: Any, *, shared: bool = True, tap_layers: tuple[int, ...] = ()
+    ) -> LlamaRunner:
+        """The native runner of a Llama-family transformers model (Llama, Mistral, Qwen2,
+        SmolLM2: ``model_type`` llama, mistral or qwen2), on its device and in its dtype, so
+        that EAGLE, Medusa, trees and batches run on it.
+
+        shared (default): the runner computes with the model's own parameter tensors and holds
+        no weights of its own; an update to the model (a fine-tuning step) is seen by the next
+        call. shared=False builds the layout ``load_model`` builds (fused q/k/v and gate/up
+        products, prepacked for oneDNN on CPU in float32): a copy of every projection. Which
+        is faster depends on the CPU: on an AVX2 EPYC the prepacked product keeps a 5-token
+        verify near a 1-token step's cost, where plain ``F.linear`` pays 3.5 times; on an
+        AVX-512 Xeon the shared layout's SmolLM2 step took 31 ms against 51 ms prepacked
+        (``benchmarks/results/native_runner_from_transformers.md``).
+        """
+        config = getattr(model, "config", None)
+        if config is None or not callable(getattr(model, "state_dict", None)):
+            raise ValueError(
+                f"model: expected a transformers model with a config, got {type(model).__name__}"
+            )
+        if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model: model_type {getattr(config, 'model_type', None)!r} has no native "
+                f"runner ({', '.join(SUPPORTED_MODEL_TYPES)}); use models.hf.HFModel"
+            )
+        state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+        if "lm_head.weight" not in state and not config.tie_word_embeddings:
+            raise ValueError("model: no lm_head.weight (pass the ...ForCausalLM model)")
+        llama = LlamaConfig.from_hf(config.to_dict())
+        return cls(llama, state, shared=shared, tap_layers=tap_layers)
 
     def truncated(self, num_layers: int) -> LlamaRunner:
         """A cheaper model sharing this one's weights: its first ``num_layers`` decoder layers,

@@ -157,6 +157,19 @@ def load_model(
     return _named(runner, name_or_path), tokenizer
 
 
+def from_transformers(
+    model: Any, *, shared: bool = True, tap_layers: tuple[int, ...] = ()
+) -> LlamaRunner:
+    """A Llama-family transformers model as the native runner, so EAGLE, Medusa, trees and
+    batched decoding work on it: a model object (sharing its weights by default, see
+    ``LlamaRunner.from_transformers``) or a Hugging Face folder (loaded natively)."""
+    if isinstance(model, (str, Path)):
+        runner, _ = load_model(model, backend="native", tap_layers=tap_layers)
+        assert isinstance(runner, LlamaRunner)
+        return runner
+    return LlamaRunner.from_transformers(model, shared=shared, tap_layers=tap_layers)
+
+
 def _check_device(device: str | torch.device) -> None:
     try:
         kind = torch.device(device).type

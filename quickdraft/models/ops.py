@@ -83,6 +83,18 @@ class Linear:
         return out.view(*x.shape[:-1], self.out_features)
 
 
+class Joined:
+    """Several linear layers on one input, their outputs side by side: what a fused product
+    computes, for weights that must stay where they are (a model shared with transformers)."""
+
+    def __init__(self, *parts: Linear):
+        self.parts = parts
+        self.out_features = sum(part.out_features for part in parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     variance = x.float().pow(2).mean(-1, keepdim=True)
     return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype) * weight
