@@ -76,3 +76,24 @@ def test_a_batch_too_small_to_cut_names_the_field(tmp_path):
         Scaling(accumulation_steps=0)
     with pytest.raises(ValueError, match="mixed_precision"):
         Scaling(mixed_precision="fp8")
+
+
+def test_bf16_mixed_precision_trains_on_cpu_too(tmp_path):
+    """The mixed-precision path (autocast through accelerate) runs and learns where the device
+    has bf16; CPUs have it, so the path is exercised here, not only on a GPU."""
+    from test_medusa import synthetic_features
+
+    from quickdraft.drafters.medusa_net import MedusaHeads
+    from quickdraft.train.common import Scaling
+    from quickdraft.train.medusa import MedusaTraining, evaluate, split, train_heads
+
+    features, lm_head = synthetic_features()
+    settings = MedusaTraining(num_heads=2, epochs=2, batch_size=64, lr=1e-2, soft_labels=False)
+    heads, metrics = train_heads(
+        features, lm_head, settings, tmp_path / "bf16", scaling=Scaling(mixed_precision="bf16")
+    )
+    _, held = split(features, settings.validation_fraction, settings.seed)
+    untrained = evaluate(MedusaHeads(heads.config), features, held, lm_head, 2)
+    assert metrics["held_out"][0]["top1"] > untrained[0]["top1"] + 0.3, (metrics, untrained)
+    saved = json.loads(next((tmp_path / "bf16").glob("step-*/progress.json")).read_text())
+    assert saved["identity"]["mixed_precision"] == "bf16"

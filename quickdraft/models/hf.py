@@ -66,7 +66,7 @@ class HFModel:
         out = self.model(
             input_ids=tokens.to(device),
             position_ids=positions.to(device),
-            past_key_values=cache.hf_cache,
+            **{self._cache_argument: cache.hf_cache},
             use_cache=True,
             output_hidden_states=True,
         )

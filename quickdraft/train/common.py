@@ -18,6 +18,7 @@ change the objective; the slicing here does not.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -108,8 +109,13 @@ class Run:
         clip: float | None = None,
     ):
         from accelerate import Accelerator
+        from accelerate.state import AcceleratorState
 
         precision = scaling.precision()
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            # accelerate keeps one state per process and refuses another precision once set;
+            # one process may train several drafters (a notebook, a test run), each its own way.
+            AcceleratorState._reset_state(reset_partial_state=True)
         self.accelerator = Accelerator(
             cpu=not torch.cuda.is_available(),
             mixed_precision=precision,
