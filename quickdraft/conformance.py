@@ -73,6 +73,9 @@ class Case:
     shortlist: str = "full"
     tree: str = ""  # "" for a chain of k, else a ``toy_tree`` spec; k is then its depth
     serving: bool = False  # requests join at random steps, ragged prompts, mixed sampling
+    # The EAGLE rows' Llama target: "float", or "int8" weights (``models.int8``): speculation
+    # must sample the quantized target's own distribution, which is the exact one here.
+    target: str = "float"
 
     @property
     def sampling(self) -> SamplingParams:
@@ -98,9 +101,10 @@ class CaseResult:
 def quick_cases() -> list[Case]:
     """The default proof, a minute or two on 2 cores: every lossless rule with every kind of
     drafter (chain draft model, each shortlist family, sampled and top-ranked trees, EAGLE's
-    dynamic tree with floor and grafted lookup and with a DynaSpec shortlist, lookahead),
+    dynamic tree with floor and grafted lookup, with a DynaSpec shortlist and on an int8
+    target, lookahead),
     plain and with temperature, top-k and top-p together. ``full_cases`` adds the whole
-    sampling grid and every variant (86 rows): the EAGLE rows cost most (a 50,000-row batch
+    sampling grid and every variant (88 rows): the EAGLE rows cost most (a 50,000-row batch
     through a Llama and its drafter, ~15 s each)."""
     plain, shaped = (1.0, 0, 1.0), (0.6, 5, 0.9)
     cases = []
@@ -111,6 +115,7 @@ def quick_cases() -> list[Case]:
         cases += [Case(rule, *shaped, toy_tree(t).max_depth, tree=t) for t in TREE_ROWS]
         cases.append(Case(rule, *plain, 3, tree=EAGLE_ROWS[-1]))
         cases.append(Case(rule, *shaped, 3, "dyna-pa:2", tree=EAGLE_ROWS[0]))
+        cases.append(Case(rule, *shaped, 3, tree=EAGLE_ROWS[0], target="int8"))
         cases.append(Case(rule, *shaped, 3, tree=LOOKAHEAD_ROWS[0]))
         cases.append(Case(rule, *shaped, 4, serving=True))
     cases.append(Case(LOSSLESS_RULES[0], *shaped, 3, tree=TREE_ROWS[0], serving=True))
@@ -133,6 +138,8 @@ def full_cases() -> list[Case]:
         cases.append(Case(rule, t, top_k, top_p, int(tree[6:].split(",")[0]), tree=tree))
     for rule, shortlist in itertools.product(LOSSLESS_RULES, EAGLE_SHORTLIST_ROWS):
         cases.append(Case(rule, 0.6, 5, 0.9, 3, shortlist, tree=EAGLE_ROWS[0]))
+    for rule in LOSSLESS_RULES:  # a quantized target
+        cases.append(Case(rule, 0.6, 5, 0.9, 3, tree=EAGLE_ROWS[0], target="int8"))
     lookahead = itertools.product(LOSSLESS_RULES, LOOKAHEAD_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
     for rule, tree, (t, top_k, top_p) in lookahead:
         cases.append(Case(rule, t, top_k, top_p, int(tree.split(",")[1]) - 1, tree=tree))
@@ -212,7 +219,7 @@ def run_case(
     start = time.perf_counter()
     target, draft = toy_pair(seed)
     if case.tree.startswith("eagle"):
-        target = toy_llama(seed, device)
+        target = toy_llama(seed, device, int8=case.target == "int8")
         drafter = drafter or toy_eagle(target, case.tree, seed, case.shortlist)
     if case.tree.startswith("lookahead") and drafter is None:
         from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter

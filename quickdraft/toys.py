@@ -32,8 +32,9 @@ TOY_DRAFT_DISTANCE = 0.6
 TOY_CLUSTERS = 4
 
 
-def toy_llama(seed: int = 0, device: str = "cpu") -> Model:
-    """A 2-layer Llama over the toy vocabulary with random, peaked weights (native runner)."""
+def toy_llama(seed: int = 0, device: str = "cpu", int8: bool = False) -> Model:
+    """A 2-layer Llama over the toy vocabulary with random, peaked weights (native runner);
+    ``int8``: int8 weights (``models.int8``), a quantized target."""
     from quickdraft.models.llama import LlamaRunner
 
     config = {
@@ -59,7 +60,7 @@ def toy_llama(seed: int = 0, device: str = "cpu") -> Model:
         weights[prefix + "post_attention_layernorm.weight"] = torch.ones(32)
     weights["model.norm.weight"] = torch.ones(32)
     weights["lm_head.weight"] = weight(TOY_VOCAB, 32, 1.5)  # about the n-gram toy's spread
-    return LlamaRunner.from_state_dict(config, weights, device=device)
+    return LlamaRunner.from_state_dict(config, weights, device=device, int8=int8)
 
 
 def toy_eagle(target: Model, tree: str, seed: int = 0, shortlist: str = "full") -> Drafter:

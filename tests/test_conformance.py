@@ -36,7 +36,7 @@ CASES = full_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 86
+    assert len(CASES) == 88
     assert {case.rule for case in CASES} == set(LOSSLESS_RULES)
     shortlisted = {case.shortlist for case in CASES} - {"full"}
     kinds = {s.split(":")[0] for s in shortlisted}
@@ -52,6 +52,7 @@ def test_grid_covers_both_rules_and_every_setting():
     assert any("+" in case.tree for case in eagle)  # prompt lookup grafted on
     eagle_shortlists = {case.shortlist.split(":")[0] for case in eagle} - {"full"}
     assert eagle_shortlists == {"fr", "fr-pa", "dyna", "dyna-pa"}
+    assert {case.rule for case in eagle if case.target == "int8"} == set(LOSSLESS_RULES)
     lookahead = [case for case in CASES if case.tree.startswith("lookahead")]
     assert {case.rule for case in lookahead} == set(LOSSLESS_RULES)
     assert {case.temperature for case in lookahead} == {1.0, 0.6}
@@ -77,6 +78,7 @@ QUICK = set(quick_cases())
         f"{c.rule.value}-T{c.temperature}-topk{c.top_k}-topp{c.top_p}-k{c.k}-{c.shortlist}"
         + (f"-tree{c.tree.split(':')[0]}" if c.tree else "")
         + ("-serving" if c.serving else "")
+        + ("" if c.target == "float" else f"-{c.target}")
     ),
 )
 def test_lossless_rule_matches_the_target_distribution(case):

@@ -9,7 +9,14 @@ from typing import Any
 from rich.progress import Progress
 from rich.table import Table
 
-from quickdraft.cli.common import _positive_int, _progress_columns, _stages, _threads, console
+from quickdraft.cli.common import (
+    _positive_int,
+    _progress_columns,
+    _stages,
+    _threads,
+    add_quant,
+    console,
+)
 
 
 def _add_bench(commands: argparse._SubParsersAction) -> None:
@@ -22,6 +29,7 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         "is checked against autoregressive decoding. Writes results.json, report.md and plots.",
     )
     bench.add_argument("--target", default=DEFAULT_MODEL)
+    add_quant(bench)
     bench.add_argument("--draft", default=None, help="draft model for draft_model")
     bench.add_argument(
         "--methods",
@@ -91,13 +99,14 @@ def _bench(args: argparse.Namespace) -> int:
     )
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    target, tokenizer = load_model(args.target)
+    target, tokenizer = load_model(args.target, quant=args.quant)
     draft = draft_tokenizer = None
     if args.draft:
         draft, draft_tokenizer = load_model(args.draft, int8=args.draft_int8)
     trained = args.draft or any(m.spec.method in (Method.MEDUSA, Method.EAGLE) for m in methods)
     meta = {
         "target": args.target,
+        "target_weights": args.quant or "float",
         "draft": args.draft,
         "draft_weights": "int8" if args.draft_int8 and trained else "as loaded",
         "methods": [m.label for m in methods],

@@ -73,7 +73,8 @@ def _conformance(args: argparse.Namespace) -> int:
             f"{case.top_p:g}",
             str(case.k),
             case.shortlist,
-            _draft_shape(case.tree, case.k),
+            _draft_shape(case.tree, case.k)
+            + ("" if case.target == "float" else f", {case.target} target"),
             f"{result.mean_accepted_length:.2f}",
             str(result.bins),
             f"{result.p_value:.3g}",

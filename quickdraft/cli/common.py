@@ -56,9 +56,11 @@ def load_speculation(
     device: str,
     backend: str,
     draft_int8: bool,
+    quant: str | None = None,
 ) -> tuple[Model, HFTokenizer, Drafter | None]:
-    """The target, its tokenizer and the drafter ``spec`` asks for (loading the draft model
-    for draft_model: int8 weights on the native CPU runner when ``draft_int8``)."""
+    """The target (``quant``: its weights quantized, ``load_model``), its tokenizer and the
+    drafter ``spec`` asks for (loading the draft model for draft_model: int8 weights on the
+    native CPU runner when ``draft_int8``)."""
     from quickdraft import methods
     from quickdraft.drafters import build_drafter, same_vocabulary
     from quickdraft.models.loading import load_model
@@ -68,7 +70,7 @@ def load_speculation(
         raise ValueError(f"draft: a draft model is used by method draft_model, not {entry.name}")
     if entry.draft_model and not draft_name:
         raise ValueError(f"draft: method {entry.name} needs a draft model (--draft MODEL)")
-    target, tokenizer = load_model(target_name, device=device, backend=backend)
+    target, tokenizer = load_model(target_name, device=device, backend=backend, quant=quant)
     if not entry.draft_model:
         return target, tokenizer, build_drafter(spec, target, target_name=target_name)
     int8 = draft_int8 and device == "cpu" and backend != "hf"
@@ -81,6 +83,16 @@ def load_speculation(
         draft_name=draft_name,
     )
     return target, tokenizer, drafter
+
+
+def add_quant(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quant",
+        choices=["int8"],
+        default=None,
+        help="the target's weights quantized (int8, CPU); speculation stays exact with respect "
+        "to the quantized target, and the load checks it against its float original",
+    )
 
 
 def _progress_columns() -> tuple:

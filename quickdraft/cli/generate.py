@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 
 from quickdraft import methods
-from quickdraft.cli.common import _threads, auto_method, console, load_speculation
+from quickdraft.cli.common import _threads, add_quant, auto_method, console, load_speculation
 
 DEFAULT_PROMPT = (
     "Write a Python function is_palindrome(text) that ignores case and "
@@ -122,6 +122,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument("--threads", type=_threads, default=None, help="torch intra-op threads")
     generate.add_argument("--device", default="cpu")
     generate.add_argument("--backend", default="auto", choices=["auto", "native", "hf"])
+    add_quant(generate)
     generate.add_argument(
         "--chat",
         action=argparse.BooleanOptionalAction,
@@ -181,6 +182,7 @@ def _generate(args: argparse.Namespace) -> int:
         device=args.device,
         backend=args.backend,
         draft_int8=args.draft_int8,
+        quant=args.quant,
     )
     chat = args.chat if args.chat is not None else args.prompt is None
     text = args.prompt if args.prompt is not None else DEFAULT_PROMPT

@@ -11,7 +11,14 @@ import signal
 import threading
 from typing import Any
 
-from quickdraft.cli.common import _positive_int, _threads, auto_method, console, load_speculation
+from quickdraft.cli.common import (
+    _positive_int,
+    _threads,
+    add_quant,
+    auto_method,
+    console,
+    load_speculation,
+)
 
 # Keys of --speculative-config besides SpecConfig's fields: the draft model (vLLM calls it
 # "model"), and int8 weights for it.
@@ -96,6 +103,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--threads", type=_threads, default=None, help="torch intra-op threads")
     serve.add_argument("--device", default="cpu")
     serve.add_argument("--backend", default="auto", choices=["auto", "native", "hf"])
+    add_quant(serve)
     serve.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
@@ -196,8 +204,9 @@ def _serve(args: argparse.Namespace) -> int:
     )
     entry = methods.get(spec.method)
     target, tokenizer, drafter = load_speculation(
-        args.target, spec, draft, device=args.device, backend=args.backend, draft_int8=int8
-    )
+        args.target, spec, draft, device=args.device, backend=args.backend, draft_int8=int8,
+        quant=args.quant,
+    )  # fmt: skip
     engine = Engine(
         target,
         drafter,

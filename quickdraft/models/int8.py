@@ -16,7 +16,10 @@ on a calibration probe rather than at every call):
 
 1. Per-row activation scales. Each row of x is divided by its own absolute maximum before the
    kernel quantizes it, and the output row multiplied back (a linear map commutes with a row
-   scale). The kernel's one scale then serves every row equally: per-token quantization.
+   scale). Two anchor channels (+1, -1, zero weights) fix the kernel's one scale at [-1, 1],
+   which then serves every row equally: per-token quantization, the same for a row alone or
+   in any batch (what a quantized *target* needs: its verify pass must give each token the
+   logits its one-token step does).
 2. 7-bit weights (``WEIGHT_MAX``): with 8-bit activations no pair sum can reach 2^15, so the
    int32 result is the same with and without VNNI.
 3. Outlier input channels stay in float: the ``outliers`` input channels with the largest
@@ -58,6 +61,15 @@ CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85)
 SCALE_BLOCK_ROWS = 1024
 
 
+# Two input channels appended to every row, +1 and -1, with zero weights. The kernel quantizes
+# its input with one scale and zero point from the whole tensor's minimum and maximum; rows
+# scaled to an absolute maximum of 1 then span [-1, 1] only if some row reaches both ends, so a
+# row's codes (and its output) would depend on the rows beside it: a verify pass would not give
+# a token the logits a one-token step gives it. With the anchors every call spans exactly
+# [-1, 1], and each row is quantized the same alone or in any batch.
+_ANCHORS = torch.tensor([[1.0, -1.0]])
+
+
 @dataclass(frozen=True, slots=True)
 class Int8Weights:
     """packed: the int8 weights [out, in] (outlier columns zeroed), prepacked for fbgemm;
@@ -92,6 +104,7 @@ def pack(
     limit = (scale * WEIGHT_MAX).unsqueeze(1)
     weight = torch.maximum(torch.minimum(weight, limit), -limit)
     scale = scale.double()
+    weight = torch.cat([weight, weight.new_zeros(weight.shape[0], _ANCHORS.shape[1])], dim=1)
     with warnings.catch_warnings():  # quantized tensor constructors warn of future removal
         warnings.simplefilter("ignore", UserWarning)
         quantized = torch.quantize_per_channel(
@@ -124,13 +137,15 @@ def _block_scales(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weights: Int8Weights) -> torch.Tensor:
-    """x: [N, in] float32, contiguous -> [N, out]."""
+    """x: [N, in] float32, contiguous -> [N, out]. Each row's result does not depend on the
+    other rows (see ``_ANCHORS``)."""
     outlier_part = None
     if weights.columns is not None:
         outlier_part = x.index_select(1, weights.columns) @ weights.dense_columns
         x = x.index_fill(1, weights.columns, 0.0)  # a copy: the caller's x is left alone
     row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)  # [N, 1]
-    scaled = x.div_(row_scale) if outlier_part is not None else x / row_scale
+    anchors = _ANCHORS.expand(x.shape[0], -1)
+    scaled = torch.cat([x / row_scale, anchors], dim=1)
     out = torch.ops.quantized.linear_dynamic(scaled, weights.packed, False).mul_(row_scale)
     if outlier_part is not None:
         out += outlier_part

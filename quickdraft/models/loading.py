@@ -39,6 +39,7 @@ from quickdraft.models.llama import SUPPORTED_MODEL_TYPES, LlamaConfig, LlamaRun
 from quickdraft.models.tokenizer import HFTokenizer
 
 DEFAULT_MODEL = "smollm2-135m"
+QUANTS = ("int8",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,7 @@ def load_model(
     tap_layers: tuple[int, ...] = (),
     int8: bool = False,
     int8_fallback: bool = True,
+    quant: str | None = None,
 ) -> tuple[Model, HFTokenizer]:
     """Load a model and its tokenizer.
 
@@ -94,7 +96,21 @@ def load_model(
     int8 model is compared with its float original on a fixed probe at load; if it agrees on
     fewer than 95% of top-1 tokens, ``int8_fallback`` loads float weights instead with a
     one-line warning (a draft), else raises ValueError (a model that must not drift).
+    quant: "int8" keeps a model's weights quantized whatever its role, a target included:
+    the same int8 weights, checked the same way, and a failed check raises. Speculation is
+    then exact with respect to the quantized model (its own plain decoding), as it is for any
+    target. Only int8 is offered: PyTorch's int4 and int8 weight-only CPU kernels ran slower
+    than float here (``benchmarks/results/quant_kernels.md``).
     """
+    if quant is not None:
+        if quant not in QUANTS:
+            raise ValueError(
+                f"quant: {quant!r} is not offered ({', '.join(QUANTS)}); int4 and GGUF-native "
+                "kernels ran slower than float on CPU (benchmarks/results/quant_kernels.md)"
+            )
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"quant: int8 weights run on CPU kernels, not on {device}")
+        int8, int8_fallback = True, False
     if backend not in ("auto", "native", "hf"):
         raise ValueError(f"backend must be auto, native or hf, got {backend!r}")
     _check_device(device)
@@ -110,7 +126,8 @@ def load_model(
         )
     if backend == "hf" or not native:
         if int8:
-            raise ValueError("int8: only the native runner has int8 weights")
+            field = "quant" if quant else "int8"
+            raise ValueError(f"{field}: only the native runner has int8 weights")
         return _hf_model(folder, dtype, device), tokenizer
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(folder.glob("*.safetensors")):
@@ -144,7 +161,10 @@ def load_model(
     check = runner.quant_check
     if check is not None and not check.passed:
         if not int8_fallback:
-            raise ValueError(f"int8: {name_or_path} quantized fails its check: {check.describe()}")
+            field = "quant" if quant else "int8"
+            raise ValueError(
+                f"{field}: {name_or_path} quantized fails its check: {check.describe()}"
+            )
         warnings.warn(
             f"int8: {name_or_path} quantized fails its check ({check.describe()}); "
             "using float weights",

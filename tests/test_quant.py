@@ -1,0 +1,101 @@
+"""Quantized targets: int8 weights on the target itself. Speculation must reproduce the
+quantized target's own plain decoding (its verify passes give each token the logits its
+one-token steps do), with every method, alone and in batches."""
+
+import pytest
+import torch
+from conftest import FAMILIES, tiny_folder_and_corpus, tiny_hf_model
+from test_eagle import random_net
+from test_medusa import random_heads
+
+from quickdraft import SamplingParams, generate, generate_batch
+from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.eagle_tree import DynamicTree
+from quickdraft.drafters.lookahead import LookaheadDrafter
+from quickdraft.drafters.medusa import MedusaDrafter
+from quickdraft.drafters.medusa_tree import parse_tree
+from quickdraft.drafters.ngram import NGramDrafter
+from quickdraft.models.llama import LlamaRunner
+from quickdraft.models.ops import Linear
+
+GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
+PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7, 7, 7]]
+
+
+def int8_target(family: str) -> LlamaRunner:
+    """A tiny model with int8 weights, its outlier channels calibrated as load_model does."""
+    model = tiny_hf_model(family, layers=3)
+    return LlamaRunner.from_state_dict(
+        model.config.to_dict(), model.state_dict(), int8=True,
+        calibration=torch.arange(40) % model.config.vocab_size,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_an_int8_row_is_the_same_alone_or_in_any_batch(calibrated):
+    """The kernel quantizes its whole input with one scale; without the anchor channels a
+    row's codes would follow the other rows' extremes."""
+    torch.manual_seed(0)
+    weight = torch.randn(96, 64) * 0.05
+    linear = Linear(weight, int8=True, prepack=not calibrated)
+    if calibrated:
+        linear.observe()
+        linear(torch.randn(16, 64) * torch.linspace(0.1, 8.0, 64))
+        linear.quantize()
+    x = torch.randn(6, 64)
+    x[0] = x[0].abs()  # alone, this row would span [0, max] instead of [-1, 1]
+    alone = linear(x[:1])
+    together = linear(x)[:1]
+    if calibrated:  # the outlier channels' float product may round differently by batch size
+        torch.testing.assert_close(alone, together, rtol=1e-5, atol=1e-6)
+    else:
+        assert torch.equal(alone, together)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_method_reproduces_the_int8_targets_own_decoding(family):
+    target = int8_target(family)
+    assert target.int8
+    hidden, vocab = target.config.hidden_size, target.vocab_size
+    drafters = {
+        "draft_model": DraftModelDrafter(target.truncated(1), 4),
+        "ngram": NGramDrafter(vocab, 4),
+        "lookahead": LookaheadDrafter(vocab),
+        "medusa": MedusaDrafter(target, random_heads(hidden, vocab), parse_tree("default", 3)),
+        "eagle": EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 2, 6)),
+    }
+    for prompt in PROMPTS:
+        expected = generate(target, prompt, sampling=GREEDY).token_ids
+        for name, drafter in drafters.items():
+            out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+            assert out.token_ids == expected, (family, name, prompt)
+    rows = torch.tensor([p[:3] for p in PROMPTS])
+    batch = generate_batch(target, rows, sampling=GREEDY, draft=drafters["eagle"])
+    plain = [generate(target, row.tolist(), sampling=GREEDY).token_ids for row in rows]
+    assert batch.token_ids == plain
+
+
+def test_quant_is_int8_on_cpu_and_named_otherwise(tmp_path, smollm2, capsys):
+    import json
+
+    from quickdraft.cli import main
+    from quickdraft.models.loading import load_model
+
+    folder, _ = tiny_folder_and_corpus(tmp_path, smollm2, "llama-tied")
+    model, _ = load_model(folder, quant="int8")
+    assert model.int8 and model.quant_check is not None and model.quant_check.passed
+    for bad in ("int4", "gguf", "fp8"):
+        with pytest.raises(ValueError, match="quant"):
+            load_model(folder, quant=bad)
+    with pytest.raises(ValueError, match="quant: int8 weights run on CPU"):
+        load_model(folder, quant="int8", device="cuda")
+    with pytest.raises(ValueError, match="quant"):
+        load_model(folder, quant="int8", backend="hf")
+    runs = {}
+    for method in ("ar", "ngram"):
+        argv = ["generate", "Hello there", "--target", str(folder), "--quant", "int8",
+                "--method", method, "--max-new-tokens", "16", "--json"]  # fmt: skip
+        assert main(argv) == 0
+        runs[method] = json.loads(capsys.readouterr().out)["token_ids"]
+    assert runs["ar"] == runs["ngram"]
