@@ -1,0 +1,150 @@
+"""Which CPU kernel should a quantized target's projections use? Every candidate on the
+projections of Qwen2.5-Coder-1.5B, at the row counts a decode step (1) and a verify pass
+(6, 16) feed.
+
+Candidates: float32 ``F.linear``; float32 prepacked for oneDNN (the native runner's default);
+quickdraft's int8 (``models.int8``: fbgemm's dynamic int8 product with per-row activation
+scales, anchor channels and no outlier columns here); PyTorch's weight-only int8
+(``_weight_int8pack_mm``) and int4 (``_weight_int4pack_mm_for_cpu``, groups of 32) with
+float32 and with bfloat16 activations (their AVX-512 paths are written for bfloat16). Random
+weights of the real shapes; the kernels' cost does not depend on the values. Calls are
+interleaved candidate by candidate and the median of ``--repeats`` is reported, with the
+per-token total over the model's 28 layers and its head.
+
+    python benchmarks/quant_kernels.py --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from quickdraft.bench.machine import describe_machine
+from quickdraft.models.ops import Linear
+
+RESULTS = Path(__file__).parent / "results"
+LAYERS = 28
+# (name, out, in, times per token): Qwen2.5-Coder-1.5B, q/k/v and gate/up fused as the
+# native runner fuses them.
+SHAPES = (
+    ("qkv", 2048, 1536, LAYERS),
+    ("o", 1536, 1536, LAYERS),
+    ("gate_up", 17920, 1536, LAYERS),
+    ("down", 1536, 8960, LAYERS),
+    ("head", 151936, 1536, 1),
+)
+GROUP = 32
+
+
+def int4_weights(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's packed int4 weight and its [in / group, out, 2] scales and zeros: asymmetric
+    groups of 32, w = (q - 8) * scale + zero."""
+    out, inner = weight.shape
+    grouped = weight.view(out, inner // GROUP, GROUP)
+    high, low = grouped.amax(-1, keepdim=True), grouped.amin(-1, keepdim=True)
+    scale = ((high - low) / 15).clamp_min(1e-8)
+    codes = ((grouped - low) / scale).round().clamp(0, 15).to(torch.int32).view(out, inner)
+    zero = low + 8 * scale
+    pairs = torch.stack([scale.view(out, -1).t(), zero.view(out, -1).t()], -1).contiguous()
+    return torch._convert_weight_to_int4pack_for_cpu(codes, 1), pairs.to(dtype)
+
+
+def candidates(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    packed = Linear(weight.clone())
+    int8 = Linear(weight.clone(), int8=True)
+    scale8 = weight.abs().amax(1) / 127
+    codes8 = (weight / scale8.unsqueeze(1)).round().to(torch.int8)
+    int4_f, pairs_f = int4_weights(weight, torch.float32)
+    int4_b, pairs_b = int4_weights(weight, torch.bfloat16)
+    scale8_b = scale8.bfloat16()
+    return {
+        "float32 F.linear": lambda x: F.linear(x, weight),
+        "float32 prepacked": lambda x: packed(x),
+        "quickdraft int8": lambda x: int8(x),
+        "int8 weight-only (fp32)": lambda x: torch._weight_int8pack_mm(x, codes8, scale8),
+        "int8 weight-only (bf16)": lambda x: torch._weight_int8pack_mm(
+            x.bfloat16(), codes8, scale8_b
+        ),
+        "int4 weight-only (fp32)": lambda x: torch._weight_int4pack_mm_for_cpu(
+            x, int4_f, GROUP, pairs_f
+        ),
+        "int4 weight-only (bf16)": lambda x: torch._weight_int4pack_mm_for_cpu(
+            x.bfloat16(), int4_b, GROUP, pairs_b
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 6, 16])
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--out", type=Path, default=RESULTS / "quant_kernels.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    per_token: dict[str, dict[int, float]] = {}
+    rows = []
+    for name, out, inner, count in SHAPES:
+        weight = torch.randn(out, inner) * 0.02
+        kernels = candidates(weight)
+        inputs = {n: torch.randn(n, inner) for n in args.rows}
+        samples: dict[tuple[str, int], list[float]] = {}
+        for _ in range(args.repeats + 2):  # two warm-up rounds, dropped below
+            for n in args.rows:
+                for kernel, call in kernels.items():
+                    start = time.perf_counter()
+                    call(inputs[n])
+                    samples.setdefault((kernel, n), []).append(time.perf_counter() - start)
+        for (kernel, n), times in samples.items():
+            ms = 1000 * statistics.median(times[2:])
+            rows.append({"shape": name, "out": out, "in": inner, "kernel": kernel, "rows": n,
+                         "median_ms": round(ms, 4)})  # fmt: skip
+            per_token.setdefault(kernel, {}).setdefault(n, 0.0)
+            per_token[kernel][n] += ms * count
+        del kernels
+    report = {
+        "model": "Qwen2.5-Coder-1.5B projections (random weights of the real shapes)",
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "machine": describe_machine(),
+        "rows": rows,
+        "per_token_ms": {
+            kernel: {str(n): round(ms, 2) for n, ms in by_rows.items()}
+            for kernel, by_rows in per_token.items()
+        },
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        "# Quantized kernels on CPU: Qwen2.5-Coder-1.5B's projections",
+        "",
+        f"{report['machine']}; {args.threads} threads; median of {args.repeats} interleaved "
+        "calls. Per token: every projection of the 28 layers and the head, once.",
+        "",
+        "| kernel | " + " | ".join(f"{n} row{'s' * (n > 1)} ms" for n in args.rows) + " |",
+        "|---|" + "---|" * len(args.rows),
+    ]
+    for kernel, by_rows in per_token.items():
+        lines.append(f"| {kernel} | " + " | ".join(f"{by_rows[n]:.1f}" for n in args.rows) + " |")
+    lines += ["", "Per shape:", "", "| shape | kernel | " + " | ".join(
+        f"{n} ms" for n in args.rows) + " |", "|---|---|" + "---|" * len(args.rows)]  # fmt: skip
+    median = {(r["shape"], r["kernel"], r["rows"]): r["median_ms"] for r in rows}
+    for name, *_ in SHAPES:
+        for kernel in per_token:
+            cells = [median[name, kernel, n] for n in args.rows]
+            lines.append(f"| {name} | {kernel} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    text = "\n".join(lines) + "\n"
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
