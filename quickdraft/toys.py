@@ -60,7 +60,7 @@ def toy_llama(seed: int = 0, device: str = "cpu", int8: bool = False) -> Model:
         weights[prefix + "post_attention_layernorm.weight"] = torch.ones(32)
     weights["model.norm.weight"] = torch.ones(32)
     weights["lm_head.weight"] = weight(TOY_VOCAB, 32, 1.5)  # about the n-gram toy's spread
-    return LlamaRunner.from_state_dict(config, weights, device=device, int8=int8)
+    return LlamaRunner.from_state_dict(config, weights, device=device, int8=int8, invariant=int8)
 
 
 def toy_eagle(target: Model, tree: str, seed: int = 0, shortlist: str = "full") -> Drafter:

@@ -24,12 +24,42 @@ PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7, 7, 7]]
 
 
 def int8_target(family: str) -> LlamaRunner:
-    """A tiny model with int8 weights, its outlier channels calibrated as load_model does."""
+    """A tiny model with int8 weights, its outlier channels calibrated, batch-invariant: what
+    load_model(quant="int8") builds."""
     model = tiny_hf_model(family, layers=3)
     return LlamaRunner.from_state_dict(
-        model.config.to_dict(), model.state_dict(), int8=True,
+        model.config.to_dict(), model.state_dict(), int8=True, invariant=True,
         calibration=torch.arange(40) % model.config.vocab_size,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["llama-untied", "qwen2-bias"])
+def test_a_quantized_target_gives_a_token_the_same_logits_in_any_pass(family):
+    """A one-token step and the same token inside a chain verify or a tree verify: equal
+    bit for bit (the draft model and n-gram drafters verify chains, EAGLE and Medusa trees)."""
+    target = int8_target(family)
+    prompt = torch.tensor([[5, 17, 3, 99, 42, 5, 17, 8]])
+    following = torch.tensor([[23, 4, 61, 9, 30]])
+
+    def cache():
+        made = target.new_cache(1, 16)
+        target.forward(prompt, torch.arange(8).unsqueeze(0), made)
+        made.lengths += 8
+        return made
+
+    alone = target.forward(following[:, :1], torch.tensor([[8]]), cache()).logits[0, 0]
+    chain = target.forward(following, torch.arange(8, 13).unsqueeze(0), cache()).logits[0, 0]
+    assert torch.equal(alone, chain)
+    # A tree: root, two children of it, a grandchild under the second child.
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    nodes = torch.tensor([[23, 4, 61, 9]])
+    depth = torch.tensor([[8, 9, 9, 10]])
+    verified = target.forward(nodes, depth, cache(), tree_mask=tree).logits[0]
+    path = target.forward(torch.tensor([[23, 61, 9]]), torch.arange(8, 11).unsqueeze(0), cache())
+    assert torch.equal(verified[0], alone)
+    assert torch.equal(verified[2], path.logits[0, 1]) and torch.equal(
+        verified[3], path.logits[0, 2]
+    )
 
 
 @pytest.mark.parametrize("calibrated", [False, True])

@@ -84,6 +84,33 @@ class LlamaConfig:
         )
 
 
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gqa: bool
+) -> torch.Tensor:
+    """q [B, H, T, D] over keys/values [B, Hkv, S, D] where mask [B, 1, T, S] allows."""
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+
+
+def _attend_each(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gqa: bool
+) -> torch.Tensor:
+    """``_attend``, one query at a time over exactly the keys it sees, in cache order: the
+    same call, on the same numbers, as when that token is decoded alone (a committed path's
+    keys are contiguous, a tree node's ancestors come in depth order), so its result does not
+    depend on what else the pass holds."""
+    out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        for t in range(q.shape[2]):
+            seen = mask[b, 0, t].nonzero().squeeze(1)
+            out[b : b + 1, :, t : t + 1] = F.scaled_dot_product_attention(
+                q[b : b + 1, :, t : t + 1],
+                keys[b : b + 1, :, seen],
+                values[b : b + 1, :, seen],
+                enable_gqa=gqa,
+            )
+    return out
+
+
 def _rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     dim = config.head_dim
     inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
@@ -146,6 +173,11 @@ class LlamaRunner:
     ``quant_check`` (None without a probe).
     shared: compute with the given tensors themselves (no fused or prepacked copies), so the
     runner holds no weights of its own (``from_transformers``).
+    invariant: every token's logits are the same bit for bit whatever else the pass holds
+    (other tokens, rows, tree nodes): integer outlier products in int8 layers, and each query
+    attends over exactly the keys it sees, in order. A quantized target needs it: rounding
+    activations to 8 bits turns the last-bit differences of batch-dependent float kernels into
+    whole quantization steps, and its verify passes would not reproduce its own decoding.
     """
 
     def __init__(
@@ -158,6 +190,7 @@ class LlamaRunner:
         calibration: torch.Tensor | None = None,
         probe: torch.Tensor | None = None,
         shared: bool = False,
+        invariant: bool = False,
     ):
         if shared and int8:
             raise ValueError("int8: quantized weights are a copy; they cannot be shared")
@@ -183,6 +216,7 @@ class LlamaRunner:
         self.head_weight = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
         self.head = linear(self.head_weight)
         self.int8 = int8
+        self.invariant = invariant
         self.inv_freq = _rope_inv_freq(config).to(self.device)
         self.quant_check: int8_ops.QuantCheck | None = None
         if int8:
@@ -195,6 +229,8 @@ class LlamaRunner:
         """Every projection and the head to int8, in place; ``calibration`` first runs in
         float to find each one's outlier input channels."""
         usual, down = int8_ops.OUTLIER_DIVISOR, int8_ops.DOWN_OUTLIER_DIVISOR
+        if self.invariant:  # integer outlier products cost no more bytes: keep more apart
+            usual = down = int8_ops.INVARIANT_OUTLIER_DIVISOR
         linears = [(self.head, usual)]
         for layer in self.layers:
             linears += [(layer.qkv, usual), (layer.o, usual), (layer.gate_up, usual)]
@@ -204,7 +240,7 @@ class LlamaRunner:
                 linear.observe()
             self._logits(calibration)
         for linear, divisor in linears:
-            linear.quantize(divisor)
+            linear.quantize(divisor, invariant=self.invariant)
 
     def _logits(self, ids: torch.Tensor) -> torch.Tensor:
         """[T] token ids -> [T, V] logits of one fresh pass."""
@@ -348,9 +384,8 @@ class LlamaRunner:
             k = rotate(k.view(batch, num_new, kv_heads, dim), cos, sin)
             cache.write(index, k, v.view(batch, num_new, kv_heads, dim), slots)
             keys, values = cache.view(index, used)
-            attended = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=heads != kv_heads
-            )
+            attend = _attend_each if self.invariant else _attend
+            attended = attend(q.transpose(1, 2), keys, values, mask, heads != kv_heads)
             x = x + layer.o(attended.transpose(1, 2).reshape(batch, num_new, heads * dim))
             h = rms_norm(x, layer.mlp_norm, config.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)

@@ -152,6 +152,7 @@ def load_model(
             int8=int8,
             calibration=calibration,
             probe=probe,
+            invariant=quant is not None,
         )
     except KeyError as error:
         raise ArtifactError(folder, f"lacks the weight {error}", remedy) from None

@@ -53,16 +53,18 @@ class Linear:
     def observe(self) -> None:
         self._observing = True
 
-    def quantize(self, divisor: int = int8_ops.OUTLIER_DIVISOR) -> None:
-        """To int8 in place, keeping in float the in // ``divisor`` input channels
-        ``observe`` saw largest."""
+    def quantize(self, divisor: int = int8_ops.OUTLIER_DIVISOR, invariant: bool = False) -> None:
+        """To int8 in place, the in // ``divisor`` input channels ``observe`` saw largest
+        apart (in float, or with ``invariant`` in a batch-invariant integer product)."""
         if self.weight is None:
             raise ValueError("quantize() needs the dense weight: build with prepack=False")
         self._observing = False
         if self.weight.device.type != "cpu" or self.weight.dtype != torch.float32:
             return  # the int8 kernels are CPU float32 ones: elsewhere it stays as it is
         try:
-            self._int8 = int8_ops.pack(self.weight, self.bias, self.channel_amax, divisor)
+            self._int8 = int8_ops.pack(
+                self.weight, self.bias, self.channel_amax, divisor, invariant=invariant
+            )
         except (AttributeError, RuntimeError):  # a build without the int8 kernels: float
             return
         self.weight = None
