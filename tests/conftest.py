@@ -56,6 +56,13 @@ def tiny_hf_model(family: str, *, vocab_size: int = 101, layers: int = 3, seed: 
     return model
 
 
+def prompt_logits(model, prompt: list[int]) -> torch.Tensor:
+    """[1, T, V]: a model's logits over ``prompt`` in one fresh pass."""
+    tokens = torch.tensor([prompt])
+    positions = torch.arange(len(prompt)).unsqueeze(0)
+    return model.forward(tokens, positions, model.new_cache(1, len(prompt))).logits
+
+
 def tiny_runners(layers: int) -> dict:
     """Every tiny family as the native runner, by family name."""
     from quickdraft.models.llama import LlamaRunner

@@ -4,7 +4,7 @@ decoding of it."""
 
 import pytest
 import torch
-from conftest import FAMILIES, tiny_hf_model
+from conftest import FAMILIES, prompt_logits, tiny_hf_model
 from test_eagle import random_net
 from test_medusa import random_heads
 
@@ -17,12 +17,6 @@ from quickdraft.models.llama import LlamaRunner
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=16)
 PROMPTS = [[5, 17, 3, 99, 42], [1, 2, 3, 1, 2], [8, 8, 8, 8, 8]]
-
-
-def logits_of(runner: LlamaRunner, prompt: list[int]) -> torch.Tensor:
-    tokens = torch.tensor([prompt])
-    positions = torch.arange(len(prompt)).unsqueeze(0)
-    return runner.forward(tokens, positions, runner.new_cache(1, len(prompt))).logits
 
 
 def transformers_greedy(model, prompt: list[int]) -> list[int]:
@@ -41,7 +35,7 @@ def test_a_transformers_model_drafts_and_batches_as_transformers_decodes(family,
     prompt = PROMPTS[0]
     with torch.no_grad():
         expected = model(torch.tensor([prompt])).logits
-    got = logits_of(runner, prompt)
+    got = prompt_logits(runner, prompt)
     assert float((got - expected).abs().max() / expected.abs().max()) < 1e-5
     hidden = runner.config.hidden_size
     drafters = {
@@ -71,7 +65,7 @@ def test_a_shared_runner_holds_no_weights_of_its_own_and_sees_updates():
     with torch.no_grad():  # a training step on the model, in place
         attention.v_proj.weight.mul_(0.5)
         expected = model(torch.tensor([PROMPTS[0]])).logits
-    got = logits_of(runner, PROMPTS[0])
+    got = prompt_logits(runner, PROMPTS[0])
     assert float((got - expected).abs().max() / expected.abs().max()) < 1e-5
 
 

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_hf_model
+from conftest import prompt_logits, tiny_hf_model
 
 from quickdraft import SamplingParams, SpecConfig, generate
 from quickdraft.models.hf import HFModel
@@ -85,11 +85,7 @@ def test_a_gguf_file_loads_to_the_model_it_was_written_from(tmp_path, monkeypatc
     prompt = tokenizer.encode("def add(a, b):")
     with torch.no_grad():
         expected = reference(torch.tensor([prompt])).logits
-    got = native.forward(
-        torch.tensor([prompt]),
-        torch.arange(len(prompt)).unsqueeze(0),
-        native.new_cache(1, len(prompt)),
-    ).logits
+    got = prompt_logits(native, prompt)
     assert float((got - expected).abs().max() / expected.abs().max()) < 1e-5
     assert resolve(path) == resolve(path)  # converted once, then found by its sha256
 
@@ -103,11 +99,7 @@ def test_smollm2_runs_natively_as_transformers_runs_its_gguf(smollm2):
     prompt = tokenizer.encode("def fibonacci(n):\n    ")
     with torch.no_grad():
         expected = adapter.model(torch.tensor([prompt])).logits
-    got = native.forward(
-        torch.tensor([prompt]),
-        torch.arange(len(prompt)).unsqueeze(0),
-        native.new_cache(1, len(prompt)),
-    ).logits
+    got = prompt_logits(native, prompt)
     assert float((got - expected).abs().max() / expected.abs().max()) < 1e-5
 
 
@@ -143,11 +135,7 @@ def test_hf_folder_loads_natively_or_through_transformers(hf_folder):
     prompt = tokenizer.encode("def add(a, b):")
     with torch.no_grad():
         expected = reference(torch.tensor([prompt])).logits
-    got = native.forward(
-        torch.tensor([prompt]),
-        torch.arange(len(prompt)).unsqueeze(0),
-        native.new_cache(1, len(prompt)),
-    ).logits
+    got = prompt_logits(native, prompt)
     assert float((got - expected).abs().max() / expected.abs().max()) < 1e-4
     greedy = SamplingParams(temperature=0, max_new_tokens=12)
     assert (

@@ -200,11 +200,10 @@ class _Objective(nn.Module):
         """The piece's share of the global batch's loss: each step's sum over the piece
         divided by its count over the global batch, weighted ``decay``^j, times ``scale``."""
         sums, _ = step_losses(self.net, embed, head, batch, self.settings, noise=True)
-        # Every parameter takes part in every pass, as DistributedDataParallel requires,
-        # also in a piece where no step has anything to score.
-        loss = sum((p.sum() * 0 for p in self.parameters()), torch.zeros((), device=embed.device))
-        for j, total in sums.items():
-            loss = loss + total / counts[j] * self.settings.decay**j
+        if not sums:  # nothing to score: a zero loss every parameter takes part in, as
+            # DistributedDataParallel requires of every pass
+            return sum(p.sum() * 0 for p in self.parameters())
+        loss = sum(total / counts[j] * self.settings.decay**j for j, total in sums.items())
         return loss * scale
 
 
