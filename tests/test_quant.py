@@ -62,6 +62,26 @@ def test_a_quantized_target_gives_a_token_the_same_logits_in_any_pass(family):
     )
 
 
+def test_a_token_gets_the_same_logits_beside_rows_of_other_lengths():
+    """Batch invariance across rows: rows of different lengths put their queries in different
+    attention groups, rows of equal length share a group; each token's logits are the ones it
+    gets alone."""
+    target = int8_target("qwen2-bias")
+    prompts = torch.tensor([[5, 17, 3, 99, 42, 5, 17, 8], [1, 2, 3, 4, 5, 6, 7, 8]] * 2)
+    lengths = torch.tensor([8, 5, 8, 6])
+    step = torch.tensor([[23], [4], [61], [9]])
+
+    def one_step(rows: list[int]) -> torch.Tensor:
+        cache = target.new_cache(len(rows), 16)
+        target.forward(prompts[rows], torch.arange(8).expand(len(rows), -1), cache)
+        cache.lengths += lengths[rows]
+        return target.forward(step[rows], lengths[rows].unsqueeze(1), cache).logits[:, 0]
+
+    together = one_step([0, 1, 2, 3])
+    for row in range(4):
+        assert torch.equal(one_step([row])[0], together[row]), row
+
+
 @pytest.mark.parametrize("calibrated", [False, True])
 def test_an_int8_row_is_the_same_alone_or_in_any_batch(calibrated):
     """The kernel quantizes its whole input with one scale; without the anchor channels a
