@@ -153,6 +153,9 @@ class SamplingParams:
         distribution: log-softmax of its logits, before temperature, top-k and top-p, as
         vLLM reports by default). Speculation leaves them exact: they are read off the verify
         pass at the emitted token's own position.
+    draft_steps: report every verify step's draft and verdict (``RequestOutput.new_steps``,
+        ``engine.requests.StepDetail``): what a page showing speculation reads. Off by
+        default: it reads the draft back to the host each step.
     """
 
     temperature: float = 1.0
@@ -164,6 +167,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
+    draft_steps: bool = False
 
     def __post_init__(self) -> None:
         check_temperature("temperature", self.temperature)
@@ -192,6 +196,10 @@ class SamplingParams:
                 raise ValueError(f"stop: {show_value(text)} is not valid Unicode text") from None
         if self.logprobs is not None:
             check_range("logprobs", self.logprobs, 0, MAX_LOGPROBS, integer=True)
+        if not isinstance(self.draft_steps, bool):
+            raise ValueError(
+                f"draft_steps must be True or False, got {show_value(self.draft_steps)}"
+            )
 
     @property
     def greedy(self) -> bool:

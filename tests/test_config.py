@@ -46,6 +46,8 @@ def test_defaults_are_valid_and_frozen():
         ("stop", ("",)),
         ("stop", (3,)),
         ("stop", "end"),
+        ("draft_steps", 1),
+        ("draft_steps", "yes"),
     ],
 )
 def test_sampling_params_reject_bad_values_naming_the_field(field, value):

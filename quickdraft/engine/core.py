@@ -20,7 +20,7 @@ import torch
 from quickdraft.accept import ACCEPT_RULES, TREE_RULES, AcceptFn, TreeAcceptFn
 from quickdraft.config import MAX_BATCH, MAX_SEED, SamplingParams, SpecConfig, check_range
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
-from quickdraft.engine.requests import Request, RequestOutput, Status
+from quickdraft.engine.requests import Request, RequestOutput, Status, step_details
 from quickdraft.engine.scheduler import Rows, Scheduler
 from quickdraft.engine.verify import accept_rows, emitted_logprobs, verify_inputs
 from quickdraft.models.base import FeatureModel, Model, Tokenizer
@@ -246,7 +246,8 @@ class Engine:
         chunk.scatter_(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
         tops = [r.sampling.logprobs for r in requests]
         logprobs = emitted_logprobs(out.logits, kept, chunk, tops)
-        self._append(batch, requests, chunk, num_accepted, draft.depth, logprobs)
+        emitted = self._append(batch, requests, chunk, num_accepted, draft.depth, logprobs)
+        self._detail(requests, draft, path, num_accepted, next_token, emitted)
 
         # 6. Observe: the drafter reads what it declared, at the kept positions.
         if self.drafter is not None:
@@ -275,22 +276,54 @@ class Engine:
         num_accepted: torch.Tensor,
         depth: int,
         logprobs: list,
-    ) -> None:
-        """Write each row's chunk after its length; the requests check their stops."""
+    ) -> list[int]:
+        """Write each row's chunk after its length; the requests check their stops. Returns
+        how many of its chunk's tokens each request kept."""
         width = chunk.shape[1]
         slots = batch.lengths.unsqueeze(1) + torch.arange(width, device=self.device)
         slots = slots.clamp_max(batch.capacity - 1)
         batch.tokens.scatter_(1, slots, chunk)
         batch.lengths.add_(num_accepted + 1)
         # The one read of the step's tokens to the host: outputs and stop checks.
+        emitted = []
         for request, row, accepted, row_logprobs in zip(
             requests, chunk.tolist(), num_accepted.tolist(), logprobs, strict=True
         ):
-            request.extend(row[: accepted + 1], accepted, row_logprobs)
+            emitted.append(request.extend(row[: accepted + 1], accepted, row_logprobs))
             request.stats.accepted_drafts.append(accepted)
             request.stats.drafted.append(depth)
         self.stats.accepted_drafts.extend(num_accepted.tolist())
         self.stats.drafted.extend([depth] * len(requests))
+        return emitted
+
+    def _detail(
+        self,
+        requests: list[Request],
+        draft: Draft,
+        path: torch.Tensor,
+        num_accepted: torch.Tensor,
+        next_token: torch.Tensor,
+        emitted: list[int],
+    ) -> None:
+        """The step's draft and verdict for the requests that asked (``draft_steps``).
+        path: [B, D]; num_accepted, next_token: [B]. A host read of those rows' draft, only
+        when some request asked."""
+        asking = [i for i, request in enumerate(requests) if request.steps is not None]
+        if not asking:
+            return
+        rows = torch.tensor(asking, device=self.device)
+        details = step_details(
+            draft.tokens.to(self.device)[rows].tolist(),
+            draft.parents.tolist(),
+            path[rows].tolist(),
+            num_accepted[rows].tolist(),
+            next_token[rows].tolist(),
+            [emitted[i] for i in asking],
+        )
+        for i, detail in zip(asking, details, strict=True):
+            steps = requests[i].steps
+            assert steps is not None
+            steps.append(detail)
 
     def _result(
         self, batch: Batch, out, kept: torch.Tensor, num_accepted: torch.Tensor, nodes: int

@@ -33,6 +33,58 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, slots=True)
+class StepDetail:
+    """One verify step of one request, as a page showing speculation draws it
+    (``SamplingParams.draft_steps``).
+
+    draft: the draft's token ids for this request, [] when the step drafted nothing.
+    parents: each draft node's parent (-1: a child of the pending token); a chain's are
+        -1, 0, 1, ...
+    accepted: the accepted nodes' indices into ``draft``, root first.
+    token: the target's own token after them.
+    origin: where ``token`` comes from: "corrected" when the target rejected every draft
+        child of the last accepted node (the token is drawn from the residual, or is the
+        target's argmax at temperature 0), "bonus" when the accepted path reached the end of
+        its branch, "plain" when nothing was drafted.
+    emitted: how many of the step's tokens (the accepted drafts, then ``token``) the output
+        kept: fewer when a stop token, a stop string or max_new_tokens ends it inside the
+        step.
+    """
+
+    draft: list[int]
+    parents: list[int]
+    accepted: list[int]
+    token: int
+    origin: str
+    emitted: int
+
+
+def step_details(
+    draft_tokens: list[list[int]],
+    parents: list[int],
+    paths: list[list[int]],
+    accepted: list[int],
+    tokens: list[int],
+    emitted: list[int],
+) -> list[StepDetail]:
+    """The ``StepDetail`` of each row of one step from its host copies: draft_tokens [R][N],
+    parents [N] (shared by the rows), paths [R][D] (-1 past the accepted count), accepted
+    [R], tokens [R] (the next token), emitted [R]."""
+    branching = set(parents)  # nodes with a child; -1 stands for the pending token
+    details = []
+    for row, path, count, token, kept in zip(
+        draft_tokens, paths, accepted, tokens, emitted, strict=True
+    ):
+        nodes = path[:count]
+        last = nodes[-1] if nodes else -1
+        origin = "corrected" if last in branching else "bonus"
+        if not row:
+            origin = "plain"
+        details.append(StepDetail(row, list(parents), nodes, token, origin, kept))
+    return details
+
+
+@dataclass(frozen=True, slots=True)
 class RequestOutput:
     """What one ``step`` did for one request.
 
@@ -43,6 +95,8 @@ class RequestOutput:
     when the engine has a tokenizer; None before (decode ``token_ids`` to stream text).
     new_logprobs: one ``TokenLogprob`` per new token when the request asked for them
     (``SamplingParams.logprobs``), else None.
+    new_steps: the verify steps since the last report (``StepDetail``) when the request asked
+    for them (``SamplingParams.draft_steps``), else None.
     """
 
     request_id: str
@@ -55,6 +109,7 @@ class RequestOutput:
     text: str | None
     stats: Stats
     new_logprobs: list[TokenLogprob] | None = None
+    new_steps: list[StepDetail] | None = None
 
 
 class Request:
@@ -83,7 +138,9 @@ class Request:
         self.output: list[int] = []
         self.from_draft: list[bool] = []
         self.logprobs: list[TokenLogprob] | None = None if sampling.logprobs is None else []
+        self.steps: list[StepDetail] | None = [] if sampling.draft_steps else None
         self.reported = 0  # output tokens already returned by step()
+        self.reported_steps = 0
         self.finish_reason: str | None = None
         self.stats = Stats(k=depth)
         self.arrival = time.perf_counter()
@@ -157,6 +214,10 @@ class Request:
         """The tokens since the last report, and the state now."""
         new = slice(self.reported, len(self.output))
         self.reported = len(self.output)
+        steps = None
+        if self.steps is not None:
+            steps = self.steps[self.reported_steps :]
+            self.reported_steps = len(self.steps)
         finished = self.status is Status.FINISHED
         if finished:
             self.stats.new_tokens = len(self.output)
@@ -172,4 +233,5 @@ class Request:
             self.text() if finished else None,
             self.stats,
             None if self.logprobs is None else self.logprobs[new],
+            steps,
         )
