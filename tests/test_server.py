@@ -40,10 +40,15 @@ def tokenizer(smollm2):
     return smollm2[1]
 
 
-@pytest.fixture(scope="module")
-def target(tokenizer) -> LlamaRunner:
+def tiny_target(tokenizer) -> LlamaRunner:
+    """A 3-layer random Llama over SmolLM2's vocabulary: the servers' model in tests."""
     hf = tiny_hf_model("llama-untied", vocab_size=len(tokenizer), layers=3)
     return LlamaRunner.from_state_dict(hf.config.to_dict(), hf.state_dict())
+
+
+@pytest.fixture(scope="module")
+def target(tokenizer) -> LlamaRunner:
+    return tiny_target(tokenizer)
 
 
 def drafter(target: LlamaRunner, method: str):
@@ -60,9 +65,10 @@ def drafter(target: LlamaRunner, method: str):
 
 
 @contextmanager
-def serving(engine: Engine, tokenizer, **options):
-    """The app on 127.0.0.1 at a free port, in a thread; yields its base URL."""
-    app = create_app(engine, tokenizer, ServerConfig(MODEL, **options))
+def serving(engine: Engine, tokenizer, others=None, **options):
+    """The app on 127.0.0.1 at a free port, in a thread; yields its base URL. others: the
+    methods a request may name besides the served one (``server.pool.OtherMethods``)."""
+    app = create_app(engine, tokenizer, ServerConfig(MODEL, **options), others)
     SERVED.append(app)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -99,6 +99,19 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         default=30.0,
         help="seconds running requests get to finish after SIGTERM (default 30)",
     )
+    serve.add_argument(
+        "--method-rows",
+        type=_positive_int,
+        default=2,
+        help="rows of the engine made for another method the first time a request names it "
+        "(quickdraft.method, as the playground's method menu and race do; default 2)",
+    )
+    serve.add_argument(
+        "--no-playground",
+        dest="playground",
+        action="store_false",
+        help="serve no playground page at / and run every request with the served method",
+    )
     serve.add_argument("--seed", type=int, default=None, help="seeds unseeded requests' draws")
     serve.add_argument("--threads", type=_threads, default=None, help="torch intra-op threads")
     serve.add_argument("--device", default="cpu")
@@ -226,11 +239,16 @@ def _serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         request_timeout=args.request_timeout,
     )
-    app = create_app(engine, tokenizer, config)
+    others = None
+    if args.playground:
+        others = _other_methods(args, target, tokenizer, engine, spec)
+    app = create_app(engine, tokenizer, config, others)
     console.print(
         f"quickdraft: serving {name!r} ({label}) on http://{args.host}:{args.port}/v1, "
         f"{args.max_batch} rows, context {engine.max_model_len}"
     )
+    if args.playground:
+        console.print(f"quickdraft: playground on http://{args.host}:{args.port}/")
     prometheus_client.disable_created_metrics()  # the *_created series only add noise
     server = _server_class(app.state.loop, args.shutdown_grace)(
         uvicorn.Config(
@@ -243,3 +261,44 @@ def _serve(args: argparse.Namespace) -> int:
     )
     server.run()
     return 0 if server.started else 1
+
+
+def _other_methods(args: argparse.Namespace, target, tokenizer, engine, spec):
+    """Every registry method as the playground offers it: whether it can run with what this
+    server has (the picker's own test: shipped or given artifacts, a draft model), and how
+    to make its engine: its default options, over the same target, with ``--method-rows``
+    rows. A draft model is loaded once, and only for the served method (``--draft``)."""
+    from quickdraft import methods
+    from quickdraft.config import SpecConfig
+    from quickdraft.drafters import build_drafter
+    from quickdraft.engine import Engine
+    from quickdraft.server.pool import MethodOption, OtherMethods
+
+    context = methods.PickContext(target=args.target, draft=None, device=args.device)
+    options = []
+    for entry in methods.entries():
+        reason = None
+        if entry.name == spec.method:
+            pass
+        elif entry.draft_model:
+            reason = "a draft model runs only as the served method (--draft)"
+        elif entry.pick is not None and not entry.pick.candidates(context):
+            reason = context.missing.get(entry.name, "nothing to draft with for this target")
+        options.append(MethodOption(entry.name, entry.description, reason))
+
+    def make(method: str) -> Engine:
+        entry = methods.get(method)
+        other = SpecConfig(method=method, num_speculative_tokens=entry.default_k)
+        drafter = build_drafter(other, target, target_name=args.target)
+        return Engine(
+            target,
+            drafter,
+            other,
+            tokenizer=tokenizer,
+            max_batch=args.method_rows,
+            max_model_len=engine.max_model_len,
+            prefill_chunk=args.prefill_chunk,
+            seed=args.seed,
+        )
+
+    return OtherMethods(tuple(options), make)

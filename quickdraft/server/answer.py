@@ -90,6 +90,8 @@ class Answer:
             if self.req.return_token_ids:
                 body["token_ids"] = c.token_ids
             body["quickdraft"] = c.extension()
+            if c.steps is not None:
+                body["quickdraft"]["steps"] = c.steps
             choices.append(body)
         return {
             **self._head("chat.completion" if self.chat else "text_completion"),
@@ -126,10 +128,13 @@ class Answer:
                 yield _sse(_failure_error(item).body())
                 break
             choice = self.by_id[item.request_id]
-            piece, logprobs = self._count(choice, item)
-            if piece or logprobs or item.finished:
+            piece, logprobs, steps = self._count(choice, item)
+            if piece or logprobs or steps or item.finished:
                 delta = {"content": piece} if self.chat else piece
-                yield _sse(self._chunk(kind, choice, delta, item.finish_reason, logprobs))
+                chunk = self._chunk(kind, choice, delta, item.finish_reason, logprobs)
+                if steps:  # a step whose text the detokenizer holds back still reports
+                    chunk.setdefault("quickdraft", {"index": choice.index})["steps"] = steps
+                yield _sse(chunk)
         else:
             options = self.req.stream_options
             if options is not None and options.include_usage:
@@ -174,11 +179,13 @@ class Answer:
     def _timeout_message(self) -> str:
         return f"the request ran past the server's timeout of {self.timeout:g} s"
 
-    def _count(self, choice: Choice, item: RequestOutput) -> tuple[str, list[TokenLogprob]]:
-        piece, logprobs = choice.add(item)
+    def _count(
+        self, choice: Choice, item: RequestOutput
+    ) -> tuple[str, list[TokenLogprob], list[dict[str, Any]]]:
+        added = choice.add(item)
         if item.finished:
             self.metrics.requests.labels(item.finish_reason).inc()
-        return piece, logprobs
+        return added
 
     def end(self) -> None:
         """Abort whatever still runs (the response ended early: the client left)."""

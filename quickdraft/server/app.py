@@ -24,8 +24,10 @@ from starlette.exceptions import HTTPException
 from quickdraft.engine.core import Engine
 from quickdraft.models.tokenizer import HFTokenizer
 from quickdraft.server.answer import Answer
-from quickdraft.server.loop import EngineLoop, QueueFull, Unavailable
+from quickdraft.server.loop import QueueFull, Unavailable
 from quickdraft.server.metrics import Metrics
+from quickdraft.server.page import playground_response
+from quickdraft.server.pool import EnginePool, OtherMethods
 from quickdraft.server.protocol import (
     ApiError,
     ChatRequest,
@@ -57,24 +59,31 @@ class ServerConfig:
     max_body_bytes: int = 4 << 20
 
 
-def create_app(engine: Engine, tokenizer: HFTokenizer, config: ServerConfig) -> FastAPI:
+def create_app(
+    engine: Engine,
+    tokenizer: HFTokenizer,
+    config: ServerConfig,
+    others: OtherMethods | None = None,
+) -> FastAPI:
+    """The app over ``engine`` (the served method's); ``others``: the methods a request may
+    name instead (``quickdraft.method``; ``server.pool``), None for the served one only."""
     if engine.tokenizer is None:
         raise ValueError("engine: the server needs an engine built with its tokenizer")
     metrics = Metrics(engine.needs.depth)
-    loop = EngineLoop(engine, metrics, engine.scheduler.num_rows + config.max_queue)
+    pool = EnginePool(engine, config.method, metrics, config.max_queue, others)
     texts = TokenTexts(tokenizer)
     created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loop.start()
+        pool.start()
         yield
-        await run_in_threadpool(loop.stop)
+        await run_in_threadpool(pool.stop)
 
     app = FastAPI(
         title="quickdraft", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
-    app.state.loop, app.state.metrics = loop, metrics
+    app.state.loop, app.state.metrics = pool, metrics
 
     # -- errors and authentication -------------------------------------------------------
 
@@ -108,11 +117,15 @@ def create_app(engine: Engine, tokenizer: HFTokenizer, config: ServerConfig) -> 
 
     # -- routes ----------------------------------------------------------------------------
 
+    @app.get("/", include_in_schema=False)
+    async def page() -> Response:
+        return playground_response()
+
     @app.get("/health")
     async def health() -> Response:
-        if loop.error is not None:
-            return JSONResponse({"status": "error", "message": loop.error}, status_code=503)
-        if loop.draining:
+        if pool.error is not None:
+            return JSONResponse({"status": "error", "message": pool.error}, status_code=503)
+        if pool.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
@@ -138,6 +151,11 @@ def create_app(engine: Engine, tokenizer: HFTokenizer, config: ServerConfig) -> 
             ],
         }
 
+    @app.get("/v1/methods")
+    async def method_list(request: Request) -> dict[str, Any]:
+        authorize(request)
+        return pool.listing()
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await _serve(request, CompletionRequest)
@@ -161,6 +179,7 @@ def create_app(engine: Engine, tokenizer: HFTokenizer, config: ServerConfig) -> 
                 code="model_not_found",
             )
         refuse_unsupported(req)
+        loop = await pool.loop_for(req.method)
         count = _prompt_count(req) * req.choices_per_prompt
         if count > loop.limit:  # could never run: say so, not "retry later", before any work
             field = "n" if req.choices_per_prompt > 1 else "prompt"
@@ -174,9 +193,9 @@ def create_app(engine: Engine, tokenizer: HFTokenizer, config: ServerConfig) -> 
         jobs = []
         for ids in prompts:
             for n in range(req.choices_per_prompt):
-                sampling = sampling_for(req, len(ids), engine.max_model_len, n)
+                sampling = sampling_for(req, len(ids), loop.engine.max_model_len, n)
                 try:
-                    engine.check_request(ids, sampling)
+                    loop.engine.check_request(ids, sampling)
                 except ValueError as error:
                     field = "messages" if isinstance(req, ChatRequest) else "prompt"
                     raise ApiError(400, str(error), field) from None
@@ -198,7 +217,7 @@ def create_app(engine: Engine, tokenizer: HFTokenizer, config: ServerConfig) -> 
             choices,
             inbox,
             model=config.model_name,
-            method=config.method,
+            method=req.method or config.method,
             timeout=config.request_timeout,
             loop=loop,
             metrics=metrics,

@@ -59,6 +59,18 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class QuickdraftOptions(BaseModel):
+    """The request's ``quickdraft`` object (an extension): ``method``, a method of the
+    registry to run this request with instead of the served one (``GET /v1/methods`` lists
+    those this server can run); ``steps``, every verify step's draft and verdict in the
+    response (streamed: with each chunk). Unknown keys are refused, unlike the top level's:
+    nobody else sends this object, so an unknown key is a typo."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    method: str | None = None
+    steps: bool = False
+
+
 class _Common(_Strict):
     """Fields both endpoints share."""
 
@@ -77,6 +89,7 @@ class _Common(_Strict):
     # Extensions (vLLM's names): generate past EOS; return the token ids beside the text.
     ignore_eos: bool | None = None
     return_token_ids: bool | None = None
+    quickdraft: QuickdraftOptions | None = None
     # Would change the distribution: accepted only at their no-op values.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -85,6 +98,14 @@ class _Common(_Strict):
     @property
     def choices_per_prompt(self) -> int:
         return 1 if self.n is None else self.n
+
+    @property
+    def method(self) -> str | None:
+        return None if self.quickdraft is None else self.quickdraft.method
+
+    @property
+    def steps(self) -> bool:
+        return self.quickdraft is not None and self.quickdraft.steps
 
 
 class CompletionRequest(_Common):
@@ -249,6 +270,7 @@ def sampling_for(
             stop=() if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop)),
             ignore_eos=bool(request.ignore_eos),
             logprobs=logprobs,
+            draft_steps=request.steps,
         )
     except ValueError as error:
         message = str(error)

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from quickdraft.config import SamplingParams
-from quickdraft.engine.requests import RequestOutput, TokenLogprob
+from quickdraft.engine.requests import RequestOutput, StepDetail, TokenLogprob
 from quickdraft.models.tokenizer import HFTokenizer
 from quickdraft.server.detok import TextStream
 from quickdraft.server.tokens import TokenTexts
@@ -38,16 +38,21 @@ class Choice:
         self.offset = 0  # characters of token text reported in logprobs (text_offset)
         self.finish_reason: str | None = None
         self.stats: Stats | None = None
+        self.steps: list[dict[str, Any]] | None = [] if sampling.draft_steps else None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def add(self, out: RequestOutput) -> tuple[str, list[TokenLogprob]]:
-        """(new text safe to send, new tokens' logprobs) from one step's output."""
+    def add(self, out: RequestOutput) -> tuple[str, list[TokenLogprob], list[dict[str, Any]]]:
+        """(new text safe to send, new tokens' logprobs, new verify steps as JSON) from one
+        step's output."""
         self.token_ids += out.new_token_ids
         new_logprobs = out.new_logprobs or []
         self.logprobs += new_logprobs
+        steps = [self.step_json(detail) for detail in out.new_steps or []]
+        if self.steps is not None:
+            self.steps += steps
         if out.finished:  # the final text, cut before a stop string the last tokens made
             self.finish_reason = out.finish_reason
             self.stats = out.stats
@@ -55,7 +60,23 @@ class Choice:
             piece = self.stream.finish(self.text)
         else:
             piece = self.stream.add(out.new_token_ids)
-        return piece, new_logprobs
+        return piece, new_logprobs, steps
+
+    def step_json(self, step: StepDetail) -> dict[str, Any]:
+        """One verify step as the ``steps`` extension sends it: each draft node (token, its
+        text, its parent), the accepted nodes, the target's own token and its origin, and how
+        many of the step's tokens the output kept."""
+        text = self.tokens.text
+        return {
+            "draft": [
+                {"id": token, "text": text(token), "parent": parent}
+                for token, parent in zip(step.draft, step.parents, strict=True)
+            ],
+            "accepted": step.accepted,
+            "token": {"id": step.token, "text": text(step.token)},
+            "origin": step.origin,
+            "emitted": step.emitted,
+        }
 
     # -- logprobs in the two endpoints' shapes ----------------------------------------------
 
@@ -109,6 +130,7 @@ class Choice:
             "accepted_length": _finite_or_none(stats.mean_accepted_length),
             "target_forwards": stats.target_forwards,
             "accepted_drafts": sum(stats.accepted_drafts),
+            "time_s": stats.time_total,
         }
 
 

@@ -1,0 +1,219 @@
+"""What the playground reads: each verify step's draft and verdict from the engine
+(``SamplingParams.draft_steps``), over HTTP as the ``quickdraft.steps`` extension, requests
+that name another method (``quickdraft.method``), ``GET /v1/methods`` and the page itself.
+The page in a real browser: ``test_playground_browser.py``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_server import MODEL, client, drafter, raw, serving, tiny_target
+
+from quickdraft import Engine, SamplingParams, SpecConfig
+from quickdraft.drafters import DraftModelDrafter
+from quickdraft.engine.requests import StepDetail, step_details
+from quickdraft.server.pool import MethodOption, OtherMethods
+
+ALWAYS = SpecConfig(disable_by_batch_size=None)
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2):
+    return smollm2[1]
+
+
+@pytest.fixture(scope="module")
+def target(tokenizer):
+    return tiny_target(tokenizer)
+
+
+def rebuilt(steps: list[StepDetail]) -> list[int]:
+    """The output the steps say they made: each step's accepted drafts, then its token."""
+    out: list[int] = []
+    for step in steps:
+        made = [step.draft[node] for node in step.accepted] + [step.token]
+        out += made[: step.emitted]
+    return out
+
+
+def run_with_steps(
+    target, tokenizer, draft, n: int = 24, steps: bool = True, **sampling
+) -> tuple[list, object]:
+    engine = Engine(target, draft, ALWAYS, tokenizer=tokenizer, max_batch=2)
+    params = SamplingParams(max_new_tokens=n, draft_steps=steps, **sampling)
+    engine.add_request(tokenizer.encode(PROMPT), params, "r")
+    made, last = [], None
+    while engine.has_unfinished():
+        for out in engine.step():
+            made += out.new_steps or []
+            last = out
+    return made, last
+
+
+def test_origins_on_hand_made_steps():
+    """A chain accepted to its end gives a bonus token, a rejection a corrected one, no
+    draft a plain one; in a tree, a leaf ends a branch, an inner node does not."""
+    chain = [-1, 0, 1]
+    tree = [-1, -1, 0, 0, 1]  # nodes 2, 3 under 0; node 4 under 1
+    details = step_details(
+        [[5, 6, 7], [5, 6, 7], [], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5]],
+        chain,
+        [[0, 1, 2], [0, -1, -1], [], [1, 4, -1], [0, -1, -1]],
+        [3, 1, 0, 2, 1],
+        [9, 9, 9, 9, 9],
+        [4, 2, 1, 3, 2],
+    )
+    assert [d.origin for d in details[:3]] == ["bonus", "corrected", "plain"]
+    assert details[1].accepted == [0]
+    trees = step_details(
+        [[1, 2, 3, 4, 5]] * 2, tree, [[1, 4, -1], [0, -1, -1]], [2, 1], [9, 9], [3, 2]
+    )
+    assert [d.origin for d in trees] == ["bonus", "corrected"]
+
+
+@pytest.mark.parametrize("method", ["ar", "ngram", "eagle", "lookahead", "self"])
+def test_steps_rebuild_the_output_one_step_per_target_pass(target, tokenizer, method):
+    """Every method's steps rebuild its output token for token, one step per verify pass;
+    a drafter that is the target itself is accepted whole at temperature 0 (draft tokens,
+    then a bonus token), plain decoding drafts nothing."""
+    draft = DraftModelDrafter(target, 3) if method == "self" else drafter(target, method)
+    steps, last = run_with_steps(target, tokenizer, draft, temperature=0)
+    assert rebuilt(steps) == last.token_ids
+    assert len(steps) == last.stats.target_forwards
+    origins = {step.origin for step in steps}
+    if method == "ar":
+        assert origins == {"plain"}
+    elif method == "self":
+        assert origins == {"bonus"} and all(len(s.accepted) == 3 for s in steps[:-1])
+    else:  # a lookup that finds no match drafts nothing: a plain step
+        assert origins <= {"bonus", "corrected", "plain"} and origins - {"plain"}
+    for step in steps:
+        assert len(step.parents) == len(step.draft)
+        assert all(-1 <= p < i for i, p in enumerate(step.parents))
+        # the accepted nodes form a path from the root
+        for parent, child in zip([-1, *step.accepted], step.accepted, strict=False):
+            assert step.parents[child] == parent
+
+
+def test_steps_cut_by_a_stop_string_or_max_tokens_say_so(target, tokenizer):
+    draft = DraftModelDrafter(target, 3)
+    steps, last = run_with_steps(target, tokenizer, draft, n=5, temperature=0)
+    assert rebuilt(steps) == last.token_ids and len(last.token_ids) == 5
+    assert steps[-1].emitted < len(steps[-1].accepted) + 1  # 5 = 4 + 1 of the second step
+    quiet, last = run_with_steps(target, tokenizer, draft, steps=False, temperature=0)
+    assert quiet == [] and last.new_steps is None
+
+
+def others_for(target, tokenizer) -> OtherMethods:
+    def make(method: str) -> Engine:
+        if method == "lookahead":
+            raise ValueError("lookahead: refused for the test")
+        draft = DraftModelDrafter(target, 3) if method == "draft_model" else drafter(target, method)
+        return Engine(target, draft, ALWAYS, tokenizer=tokenizer, max_batch=2)
+
+    options = [
+        MethodOption(m, f"{m} drafting") for m in ("ar", "ngram", "draft_model", "lookahead")
+    ]
+    options.append(MethodOption("medusa", "Medusa heads", "no Medusa heads for tiny"))
+    return OtherMethods(tuple(options), make)
+
+
+def test_a_request_names_its_method_and_streams_its_steps(target, tokenizer):
+    """Served: plain decoding. A request naming ngram or draft_model runs on that method's
+    engine, made on first use, and gives plain decoding's tokens at temperature 0; its
+    streamed steps rebuild its tokens; /v1/methods says what runs and why not."""
+    engine = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2)
+    with serving(engine, tokenizer, others=others_for(target, tokenizer)) as url:
+        api = client(url)
+        extra = {"return_token_ids": True}
+        plain = api.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, extra_body=extra
+        )
+        expected = plain.choices[0].model_extra["token_ids"]
+        assert plain.model_extra["quickdraft"]["method"] == "ar"
+        for method in ("ngram", "draft_model"):
+            options = {"method": method, "steps": True}
+            stream = api.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, stream=True,
+                extra_body={**extra, "quickdraft": options},
+            )  # fmt: skip
+            steps, ids, text = [], None, ""
+            for chunk in stream:
+                text += chunk.choices[0].text
+                ext = chunk.model_extra.get("quickdraft") or {}
+                steps += ext.get("steps", [])
+                ids = chunk.choices[0].model_extra.get("token_ids") or ids
+            assert ids == expected and text == plain.choices[0].text
+            made = []
+            for step in steps:
+                tokens = [step["draft"][node]["id"] for node in step["accepted"]]
+                made += [*tokens, step["token"]["id"]][: step["emitted"]]
+                # the draft model is the target itself: every draft accepted
+                allowed = {"bonus"} if method == "draft_model" else {"bonus", "corrected", "plain"}
+                assert step["origin"] in allowed
+                assert all(node["parent"] < i for i, node in enumerate(step["draft"]))
+            assert made == expected
+            whole = api.completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0,
+                extra_body={"quickdraft": options},
+            )  # fmt: skip
+            assert whole.model_extra["quickdraft"]["method"] == method
+            assert len(whole.choices[0].model_extra["quickdraft"]["steps"]) == len(steps)
+
+        status, listing = raw(url, "GET", "/v1/methods")
+        assert status == 200 and listing["served"] == "ar"
+        by_name = {m["name"]: m for m in listing["methods"]}
+        assert by_name["ngram"]["loaded"] and by_name["draft_model"]["loaded"]
+        assert not by_name["medusa"]["available"]
+        assert by_name["medusa"]["reason"] == "no Medusa heads for tiny"
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    return raw(url, "POST", "/v1/completions", json.dumps(body).encode(),
+               {"Content-Type": "application/json"})  # fmt: skip
+
+
+def test_bad_quickdraft_options_get_a_400_naming_the_field(target, tokenizer):
+    engine = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2)
+    base = {"prompt": "hi", "max_tokens": 2}
+    with serving(engine, tokenizer, others=others_for(target, tokenizer)) as url:
+        cases = [
+            ({"method": "warp"}, "quickdraft.method", "'warp' is not a method"),
+            ({"method": "medusa"}, "quickdraft.method", "no Medusa heads for tiny"),
+            ({"method": "lookahead"}, "quickdraft.method", "refused for the test"),
+            ({"method": 3}, "quickdraft.method", "string"),
+            ({"stpes": True}, "quickdraft.stpes", "Extra inputs"),
+            ({"steps": "yes"}, "quickdraft.steps", "boolean"),
+        ]
+        for options, param, words in cases:
+            status, body = _post(url, {**base, "quickdraft": options})
+            assert status == 400, (options, body)
+            assert body["error"]["param"] == param and words in body["error"]["message"]
+        # a method whose engine could not be made is listed as unavailable from then on
+        _, listing = raw(url, "GET", "/v1/methods")
+        lookahead = next(m for m in listing["methods"] if m["name"] == "lookahead")
+        assert not lookahead["available"] and "refused" in lookahead["reason"]
+    with serving(engine, tokenizer) as url:  # no other methods: only the served one
+        status, body = _post(url, {**base, "quickdraft": {"method": "ngram"}})
+        assert status == 400 and "not a method this server runs (ar)" in body["error"]["message"]
+        assert _post(url, {**base, "quickdraft": {"method": "ar"}})[0] == 200
+
+
+def test_the_page_is_self_contained_and_talks_to_its_own_server_only(target, tokenizer):
+    engine = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2)
+    with serving(engine, tokenizer, api_key="k") as url:
+        host, port = url.removeprefix("http://").split(":")
+        import http.client
+
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("GET", "/")
+        response = conn.getresponse()
+        page = response.read().decode()
+        assert response.status == 200  # the page needs no key; the API behind it does
+        policy = response.getheader("Content-Security-Policy")
+        assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+        assert "<script src" not in page and "<link" not in page and "http://" not in page
+        assert "https://" not in page and "@import" not in page
+        assert raw(url, "GET", "/v1/methods")[0] == 401
