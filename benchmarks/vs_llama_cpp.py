@@ -9,7 +9,8 @@ same conditions):
   cache between steps); prompt lookup (its ``LlamaPromptLookupDecoding``);
 - quickdraft, for each target quantization (the GGUF's weights dequantized to float32, and
   the same weights in quickdraft's int8): plain decoding, the draft model at k = 3 and 5 (the
-  0.5B in int8), prompt lookup at k = 5.
+  0.5B in int8; for the int8 target also k = 4 with the draft's head cut to FR-Spec's 32,768
+  most frequent tokens), prompt lookup at k = 5.
 
 Every row gets the same token ids (quickdraft's tokenizer and chat template) and the same
 budget. Prompts: code (HumanEval-form completions of standard-library functions,
@@ -159,6 +160,11 @@ def quickdraft_rows(args) -> tuple[list[Row], object, int]:
         for k in (3, 5):
             spec = SpecConfig(method="draft_model", num_speculative_tokens=k)
             configs.append((f"draft model k={k}", spec, draft))
+        if quant == "int8":  # the draft's 151,936-row head is a quarter of its step
+            spec = SpecConfig(
+                method="draft_model", num_speculative_tokens=4, draft_shortlist="fr:32768"
+            )
+            configs.append(("draft model k=4, FR-Spec 32k head", spec, draft))
         lookup = SpecConfig(method="ngram", num_speculative_tokens=5)
         configs.append(("prompt lookup k=5", lookup, None))
         for name, spec, model in configs:
