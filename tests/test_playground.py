@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_server import MODEL, client, drafter, raw, serving, tiny_target
+from test_server import MODEL, SERVED, client, drafter, raw, serving, tiny_target
 
 from quickdraft import Engine, SamplingParams, SpecConfig
 from quickdraft.drafters import DraftModelDrafter
-from quickdraft.engine.requests import StepDetail, step_details
+from quickdraft.engine.requests import Origin, StepDetail, step_details
 from quickdraft.server.pool import MethodOption, OtherMethods
 
 ALWAYS = SpecConfig(disable_by_batch_size=None)
@@ -54,23 +54,15 @@ def run_with_steps(
 
 def test_origins_on_hand_made_steps():
     """A chain accepted to its end gives a bonus token, a rejection a corrected one, no
-    draft a plain one; in a tree, a leaf ends a branch, an inner node does not."""
-    chain = [-1, 0, 1]
-    tree = [-1, -1, 0, 0, 1]  # nodes 2, 3 under 0; node 4 under 1
-    details = step_details(
-        [[5, 6, 7], [5, 6, 7], [], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5]],
-        chain,
-        [[0, 1, 2], [0, -1, -1], [], [1, 4, -1], [0, -1, -1]],
-        [3, 1, 0, 2, 1],
-        [9, 9, 9, 9, 9],
-        [4, 2, 1, 3, 2],
-    )
-    assert [d.origin for d in details[:3]] == ["bonus", "corrected", "plain"]
-    assert details[1].accepted == [0]
-    trees = step_details(
-        [[1, 2, 3, 4, 5]] * 2, tree, [[1, 4, -1], [0, -1, -1]], [2, 1], [9, 9], [3, 2]
-    )
-    assert [d.origin for d in trees] == ["bonus", "corrected"]
+    draft a plain one; in a tree, a leaf ends a branch, an inner node does not. Each row:
+    draft tokens, accepted path (-1 padded), accepted count, next token."""
+    chain = step_details([[5, 6, 7, 0, 1, 2, 3, 9], [5, 6, 7, 0, -1, -1, 1, 8]], (-1, 0, 1), [4, 2])
+    assert [d.origin for d in chain] == [Origin.BONUS, Origin.CORRECTED]
+    assert chain[1].accepted == (0,) and chain[1].token == 8 and chain[1].draft == (5, 6, 7)
+    assert step_details([[0, 9]], (), [1])[0].origin == Origin.PLAIN
+    tree = (-1, -1, 0, 0, 1)  # nodes 2, 3 under 0; node 4 under 1
+    rows = [[1, 2, 3, 4, 5, 1, 4, 2, 9], [1, 2, 3, 4, 5, 0, -1, 1, 9]]
+    assert [d.origin for d in step_details(rows, tree, [3, 2])] == ["bonus", "corrected"]
 
 
 @pytest.mark.parametrize("method", ["ar", "ngram", "eagle", "lookahead", "self"])
@@ -104,6 +96,39 @@ def test_steps_cut_by_a_stop_string_or_max_tokens_say_so(target, tokenizer):
     assert steps[-1].emitted < len(steps[-1].accepted) + 1  # 5 = 4 + 1 of the second step
     quiet, last = run_with_steps(target, tokenizer, draft, steps=False, temperature=0)
     assert quiet == [] and last.new_steps is None
+
+
+def test_steps_cut_by_a_stop_string_or_a_stop_token_inside_the_drafts(target, tokenizer):
+    """Self-drafting at k = 3 makes 4 tokens a step; a stop inside the second step's accepted
+    drafts keeps only part of it, and the steps say how much."""
+    draft = DraftModelDrafter(target, 3)
+    _, free = run_with_steps(target, tokenizer, draft, temperature=0)
+    ids = free.token_ids
+    texts = [tokenizer.decode(ids[:i]) for i in range(len(ids) + 1)]
+    cut = next(i for i in (5, 6) if ids[i] not in ids[:i])
+    stop_id = (ids[cut],)
+    steps, last = run_with_steps(target, tokenizer, draft, stop_token_ids=stop_id, temperature=0)
+    assert last.token_ids == ids[: cut + 1] and rebuilt(steps) == last.token_ids
+    assert [s.emitted for s in steps] == [4, cut - 3]
+    stop = texts[cut + 1][len(texts[cut]) :]  # the text token ``cut`` adds
+    if stop.strip() and stop not in texts[cut]:
+        steps, last = run_with_steps(target, tokenizer, draft, stop=(stop,), temperature=0)
+        assert rebuilt(steps) == last.token_ids and len(last.token_ids) == cut + 1
+        assert last.finish_reason == "stop" and steps[-1].emitted == cut - 3
+
+
+def test_a_step_the_batch_policy_runs_without_drafts_is_plain(target, tokenizer):
+    engine = Engine(target, DraftModelDrafter(target, 3), SpecConfig(disable_by_batch_size=1),
+                    tokenizer=tokenizer, max_batch=2)  # fmt: skip
+    params = SamplingParams(max_new_tokens=6, draft_steps=True, temperature=0)
+    for name in ("a", "b"):
+        engine.add_request(tokenizer.encode(PROMPT), params, name)
+    steps: dict[str, list] = {"a": [], "b": []}
+    while engine.has_unfinished():
+        for out in engine.step():
+            steps[out.request_id] += out.new_steps or []
+    for made in steps.values():  # two running requests, threshold 1: no step drafts
+        assert [s.origin for s in made] == [Origin.PLAIN] * 6
 
 
 def others_for(target, tokenizer) -> OtherMethods:
@@ -214,6 +239,92 @@ def test_the_page_is_self_contained_and_talks_to_its_own_server_only(target, tok
         assert response.status == 200  # the page needs no key; the API behind it does
         policy = response.getheader("Content-Security-Policy")
         assert "default-src 'none'" in policy and "connect-src 'self'" in policy
-        assert "<script src" not in page and "<link" not in page and "http://" not in page
-        assert "https://" not in page and "@import" not in page
+        assert "<script src" not in page and "http://" not in page and "https://" not in page
+        assert "@import" not in page and "url(" not in page
         assert raw(url, "GET", "/v1/methods")[0] == 401
+    with serving(engine, tokenizer, playground=False) as url:  # quickdraft serve --no-playground
+        assert raw(url, "GET", "/")[0] == 404
+
+
+def test_drain_reaches_engines_made_for_other_methods_and_refuses_new_ones(target, tokenizer):
+    engine = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2, max_model_len=512)
+    body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with serving(engine, tokenizer, others=others_for(target, tokenizer)) as url:
+        stream = client(url).completions.create(
+            model=MODEL, prompt="x", max_tokens=400, stream=True,
+            extra_body={"ignore_eos": True, "quickdraft": {"method": "ngram"}},
+        )  # fmt: skip
+        chunks = iter(stream)
+        next(chunks)
+        SERVED[-1].state.loop.drain(0.2)
+        assert list(chunks)[-1].choices[0].finish_reason == "abort"  # ngram's engine drained
+        status, error = _post(url, {**body, "quickdraft": {"method": "draft_model"}})
+        assert status == 503 and "shutting down" in error["error"]["message"]
+        _, listing = raw(url, "GET", "/v1/methods")
+        assert not next(m for m in listing["methods"] if m["name"] == "draft_model")["loaded"]
+
+
+def test_another_methods_failure_leaves_the_server_healthy(target, tokenizer):
+    """An engine made for another method that fails makes that method unavailable (503 from
+    then on, the reason listed), not the server; an engine that cannot be made for a reason
+    other than its options (out of memory, say) answers 503 and is not tried again."""
+    made = []
+
+    def make(method: str) -> Engine:
+        made.append(method)
+        if method == "lookahead":
+            raise RuntimeError("out of memory")
+        failing = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2)
+
+        def step():
+            raise RuntimeError("a bug")
+
+        failing.step = step
+        return failing
+
+    options = (MethodOption("ngram", "n"), MethodOption("lookahead", "l"))
+    engine = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2)
+    with serving(engine, tokenizer, others=OtherMethods(options, make)) as url:
+        base = {"prompt": "x", "max_tokens": 4}
+        status, error = _post(url, {**base, "quickdraft": {"method": "ngram"}})
+        assert status == 500 and "a bug" in error["error"]["message"]
+        assert raw(url, "GET", "/health") == (200, {"status": "ok"})
+        status, error = _post(url, {**base, "quickdraft": {"method": "ngram"}})
+        assert status == 503 and error["error"]["param"] == "quickdraft.method"
+        for _ in range(2):
+            status, error = _post(url, {**base, "quickdraft": {"method": "lookahead"}})
+            assert status == 503 and "RuntimeError: out of memory" in error["error"]["message"]
+        assert made == ["ngram", "lookahead"]
+        assert _post(url, {**base, "quickdraft": {"method": None, "steps": None}})[0] == 200
+        _, listing = raw(url, "GET", "/v1/methods")
+        reasons = {m["name"]: m["reason"] for m in listing["methods"]}
+        assert "a bug" in reasons["ngram"] and "out of memory" in reasons["lookahead"]
+
+
+def test_registry_methods_on_smollm2_say_what_runs_and_make_engines_that_do(smollm2):
+    """What `quickdraft serve` offers beside its served method on the real SmolLM2-135M: the
+    drafters it ships (EAGLE, Medusa) and those that need nothing run; a draft model does not
+    (one is loaded only for the served method); an engine made for EAGLE decodes as plain
+    decoding does at temperature 0."""
+    from quickdraft import generate
+    from quickdraft.server.pool import registry_methods
+
+    model, tok = smollm2
+    others = registry_methods(
+        model, tok, served="ar", target_name="smollm2-135m", device="cpu", rows=1,
+        max_model_len=256, prefill_chunk=64,
+    )  # fmt: skip
+    reasons = {o.name: o.reason for o in others.options}
+    assert {"ar", "ngram", "lookahead", "medusa", "eagle"} <= {
+        m for m, r in reasons.items() if r is None
+    }
+    assert "--draft" in reasons["draft_model"]
+    engine = others.make("eagle")
+    assert engine.max_model_len == 256 and engine.scheduler.num_rows == 1
+    ids = tok.apply_chat([{"role": "user", "content": "Name three primary colours."}])
+    greedy = SamplingParams(temperature=0, max_new_tokens=24)
+    engine.add_request(ids, greedy, "r")
+    out = None
+    while engine.has_unfinished():
+        out = engine.step()[-1] if engine.requests or out is None else out
+    assert out.token_ids == generate(model, ids, sampling=greedy).token_ids

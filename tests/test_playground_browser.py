@@ -48,9 +48,12 @@ def page_server(target, tokenizer):
     methods a request may name."""
 
     def make(method: str) -> Engine:
+        if method == "lookahead":
+            raise ValueError("lookahead: refused for the test")
         return Engine(target, drafter(target, method), ALWAYS, tokenizer=tokenizer, max_batch=2)
 
-    options = tuple(MethodOption(m, f"{m} drafting") for m in ("ar", "ngram", "eagle"))
+    names = ("ar", "ngram", "eagle", "lookahead")
+    options = tuple(MethodOption(m, f"{m} drafting") for m in names)
     served = Engine(target, DraftModelDrafter(target, 3), ALWAYS, tokenizer=tokenizer, max_batch=2)
     others = OtherMethods((MethodOption("draft_model", "draft model"), *options), make)
     with serving(served, tokenizer, others=others, method="draft_model") as url:
@@ -124,12 +127,45 @@ def test_prompt_method_change_and_race_in_a_real_browser(page_server):
         assert texts[0] == texts[1] and texts[0]
         assert "Identical texts" in page.inner_text("#race-result")
 
-        # 4. A server error is shown in the page.
+        # 4. Server errors are shown in the page: a refused request, and a race whose method
+        #    is refused, which stops its plain-decoding half at once.
         page.fill("#max-tokens", "100000")
         page.click("#generate")
         page.wait_for_selector("#error:not([hidden])")
         assert "400: max_tokens must be in" in page.inner_text("#error")
         assert page.is_enabled("#generate")
+        page.fill("#max-tokens", "2000")
+        page.fill("#prompt", "x")
+        page.select_option("#method", "lookahead")
+        page.click("#race")
+        page.wait_for_selector("#error:not([hidden])")
+        page.wait_for_selector("#generate:enabled")
+        assert "refused for the test" in page.inner_text("#error")
+        assert page.eval_on_selector_all("#pane-plain .tok", "s => s.length") < 2000
+        assert page.get_attribute("#race-result", "data-identical") is None
+        page.fill("#seed", "1.5")
+        page.click("#generate")
+        page.wait_for_function("document.querySelector('#error').textContent.includes('seed')")
+        assert 'seed: "1.5" is not an integer' in page.inner_text("#error")
+
+        # 5. Bytes become text across tokens: a character split over two tokens shows whole,
+        #    and token text is never read as HTML.
+        shown = page.evaluate(
+            r"""() => {
+              const pane = panes.main;
+              pane.reset("test");
+              const bytes = (text) => Array.from(new TextEncoder().encode(text));
+              const smile = bytes("\u{1F600}");
+              const token = (b) => ({ id: 1, text: "", bytes: b });
+              pane.addStep({ draft: [{ ...token(smile.slice(0, 2)), parent: -1 }],
+                             accepted: [0], token: token(smile.slice(2)),
+                             origin: "bonus", emitted: 2 });
+              pane.addStep({ draft: [], accepted: [], token: token(bytes("<b>x</b>")),
+                             origin: "plain", emitted: 1 });
+              return [pane.output.textContent, pane.output.querySelectorAll("b").length];
+            }"""
+        )
+        assert shown == ["\U0001f600<b>x</b>", 0]
         browser.close()
 
     assert requests and all(r.startswith(url + "/") for r in requests), requests

@@ -201,6 +201,7 @@ def _serve(args: argparse.Namespace) -> int:
     from quickdraft import methods
     from quickdraft.engine import Engine
     from quickdraft.server import ServerConfig, create_app
+    from quickdraft.server.pool import registry_methods
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -238,10 +239,15 @@ def _serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         max_queue=args.max_queue,
         request_timeout=args.request_timeout,
+        playground=args.playground,
     )
     others = None
     if args.playground:
-        others = _other_methods(args, target, tokenizer, engine, spec)
+        others = registry_methods(
+            target, tokenizer, served=spec.method, target_name=args.target, device=args.device,
+            rows=args.method_rows, max_model_len=engine.max_model_len,
+            prefill_chunk=args.prefill_chunk, seed=args.seed,
+        )  # fmt: skip
     app = create_app(engine, tokenizer, config, others)
     console.print(
         f"quickdraft: serving {name!r} ({label}) on http://{args.host}:{args.port}/v1, "
@@ -261,44 +267,3 @@ def _serve(args: argparse.Namespace) -> int:
     )
     server.run()
     return 0 if server.started else 1
-
-
-def _other_methods(args: argparse.Namespace, target, tokenizer, engine, spec):
-    """Every registry method as the playground offers it: whether it can run with what this
-    server has (the picker's own test: shipped or given artifacts, a draft model), and how
-    to make its engine: its default options, over the same target, with ``--method-rows``
-    rows. A draft model is loaded once, and only for the served method (``--draft``)."""
-    from quickdraft import methods
-    from quickdraft.config import SpecConfig
-    from quickdraft.drafters import build_drafter
-    from quickdraft.engine import Engine
-    from quickdraft.server.pool import MethodOption, OtherMethods
-
-    context = methods.PickContext(target=args.target, draft=None, device=args.device)
-    options = []
-    for entry in methods.entries():
-        reason = None
-        if entry.name == spec.method:
-            pass
-        elif entry.draft_model:
-            reason = "a draft model runs only as the served method (--draft)"
-        elif entry.pick is not None and not entry.pick.candidates(context):
-            reason = context.missing.get(entry.name, "nothing to draft with for this target")
-        options.append(MethodOption(entry.name, entry.description, reason))
-
-    def make(method: str) -> Engine:
-        entry = methods.get(method)
-        other = SpecConfig(method=method, num_speculative_tokens=entry.default_k)
-        drafter = build_drafter(other, target, target_name=args.target)
-        return Engine(
-            target,
-            drafter,
-            other,
-            tokenizer=tokenizer,
-            max_batch=args.method_rows,
-            max_model_len=engine.max_model_len,
-            prefill_chunk=args.prefill_chunk,
-            seed=args.seed,
-        )
-
-    return OtherMethods(tuple(options), make)

@@ -4,8 +4,9 @@ accepts and commits for every running request at once.
 The engine knows no drafter by name: a drafter declares what it needs (``Needs``) and reads
 it from the ``Batch`` and ``StepResult`` it is handed. Every tensor of the loop lives on the
 target's device. Host syncs a step, by name: the cache's longest row (attention width), the
-acceptance walk's "all rows done" checks, and one read of the accepted tokens for the
-requests' outputs and stop checks.
+acceptance walk's "all rows done" checks, one read of the accepted tokens for the
+requests' outputs and stop checks, and, only for requests that ask for their steps
+(``SamplingParams.draft_steps``), one read of their draft and verdict.
 """
 
 from __future__ import annotations
@@ -312,12 +313,11 @@ class Engine:
         if not asking:
             return
         rows = torch.tensor(asking, device=self.device)
+        tokens = draft.tokens[rows.to(draft.tokens.device)].to(self.device)
+        verdict = torch.cat([path, num_accepted[:, None], next_token[:, None]], 1)[rows]
         details = step_details(
-            draft.tokens.to(self.device)[rows].tolist(),
-            draft.parents.tolist(),
-            path[rows].tolist(),
-            num_accepted[rows].tolist(),
-            next_token[rows].tolist(),
+            torch.cat([tokens, verdict], 1).tolist(),  # the one host read, only when asked
+            tuple(draft.parents.tolist()),  # a host tensor (the tree's shape)
             [emitted[i] for i in asking],
         )
         for i, detail in zip(asking, details, strict=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 
 import torch
 
@@ -32,55 +32,60 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...]
 
 
+class Origin(StrEnum):
+    """Where a step's last token comes from (``StepDetail.origin``)."""
+
+    CORRECTED = "corrected"  # the target rejected every draft child of the last accepted node
+    BONUS = "bonus"  # the accepted path reached the end of its branch
+    PLAIN = "plain"  # nothing was drafted
+
+
 @dataclass(frozen=True, slots=True)
 class StepDetail:
     """One verify step of one request, as a page showing speculation draws it
     (``SamplingParams.draft_steps``).
 
-    draft: the draft's token ids for this request, [] when the step drafted nothing.
+    draft: the draft's token ids for this request, () when the step drafted nothing. A
+        lookup drafter pads a row that found no match with a filler token when other rows of
+        the batch did match: the filler shows here as a (rejected) draft, as it does in the
+        statistics.
     parents: each draft node's parent (-1: a child of the pending token); a chain's are
         -1, 0, 1, ...
     accepted: the accepted nodes' indices into ``draft``, root first.
-    token: the target's own token after them.
-    origin: where ``token`` comes from: "corrected" when the target rejected every draft
-        child of the last accepted node (the token is drawn from the residual, or is the
-        target's argmax at temperature 0), "bonus" when the accepted path reached the end of
-        its branch, "plain" when nothing was drafted.
+    token: the target's own token after them: drawn from the residual (the target's argmax
+        at temperature 0) when it corrects a rejection, from the target's distribution when
+        it is a bonus or plain decoding.
+    origin: ``Origin`` of ``token``.
     emitted: how many of the step's tokens (the accepted drafts, then ``token``) the output
         kept: fewer when a stop token, a stop string or max_new_tokens ends it inside the
         step.
     """
 
-    draft: list[int]
-    parents: list[int]
-    accepted: list[int]
+    draft: tuple[int, ...]
+    parents: tuple[int, ...]
+    accepted: tuple[int, ...]
     token: int
-    origin: str
+    origin: Origin
     emitted: int
 
 
 def step_details(
-    draft_tokens: list[list[int]],
-    parents: list[int],
-    paths: list[list[int]],
-    accepted: list[int],
-    tokens: list[int],
-    emitted: list[int],
+    rows: list[list[int]], parents: tuple[int, ...], emitted: list[int]
 ) -> list[StepDetail]:
-    """The ``StepDetail`` of each row of one step from its host copies: draft_tokens [R][N],
-    parents [N] (shared by the rows), paths [R][D] (-1 past the accepted count), accepted
-    [R], tokens [R] (the next token), emitted [R]."""
+    """The ``StepDetail`` of each row of one step from one host copy: rows [R][N + D + 2],
+    each row's draft tokens (N), accepted path (D, -1 past the accepted count), accepted
+    count and next token; parents [N], shared by the rows; emitted [R]."""
+    width = len(parents)
     branching = set(parents)  # nodes with a child; -1 stands for the pending token
     details = []
-    for row, path, count, token, kept in zip(
-        draft_tokens, paths, accepted, tokens, emitted, strict=True
-    ):
-        nodes = path[:count]
+    for row, kept in zip(rows, emitted, strict=True):
+        draft, path, (count, token) = row[:width], row[width:-2], row[-2:]
+        nodes = tuple(path[:count])
         last = nodes[-1] if nodes else -1
-        origin = "corrected" if last in branching else "bonus"
-        if not row:
-            origin = "plain"
-        details.append(StepDetail(row, list(parents), nodes, token, origin, kept))
+        origin = Origin.CORRECTED if last in branching else Origin.BONUS
+        if not draft:
+            origin = Origin.PLAIN
+        details.append(StepDetail(tuple(draft), parents, nodes, token, origin, kept))
     return details
 
 

@@ -49,7 +49,7 @@ class ServerConfig:
     api_key: when set, /v1 routes need ``Authorization: Bearer <key>``. max_queue: requests
     waiting beyond the engine's rows before the server answers 429. request_timeout: seconds
     before a request is aborted (408, or an error event in a stream). max_body_bytes: larger
-    request bodies get 413."""
+    request bodies get 413. playground: serve the playground page at ``/``."""
 
     model_name: str
     method: str = "ar"
@@ -57,6 +57,7 @@ class ServerConfig:
     max_queue: int = 64
     request_timeout: float = 600.0
     max_body_bytes: int = 4 << 20
+    playground: bool = True
 
 
 def create_app(
@@ -117,9 +118,11 @@ def create_app(
 
     # -- routes ----------------------------------------------------------------------------
 
-    @app.get("/", include_in_schema=False)
-    async def page() -> Response:
-        return playground_response()
+    if config.playground:
+
+        @app.get("/", include_in_schema=False)
+        async def page() -> Response:
+            return playground_response()
 
     @app.get("/health")
     async def health() -> Response:
@@ -207,7 +210,7 @@ def create_app(
         except Unavailable as error:
             raise ApiError(503, str(error), kind="server_error") from None
         choices = [
-            Choice(index, request_id, ids, sampling, tokenizer, texts)
+            Choice(index, request_id, ids, sampling, tokenizer, texts, keep_steps=not req.stream)
             for index, (request_id, (ids, sampling)) in enumerate(
                 zip(request_ids, jobs, strict=True)
             )

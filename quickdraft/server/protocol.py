@@ -68,7 +68,7 @@ class QuickdraftOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     method: str | None = None
-    steps: bool = False
+    steps: bool | None = None  # null means the default, as everywhere in a request
 
 
 class _Common(_Strict):
@@ -105,7 +105,7 @@ class _Common(_Strict):
 
     @property
     def steps(self) -> bool:
-        return self.quickdraft is not None and self.quickdraft.steps
+        return self.quickdraft is not None and bool(self.quickdraft.steps)
 
 
 class CompletionRequest(_Common):

@@ -27,7 +27,11 @@ class Choice:
         sampling: SamplingParams,
         tokenizer: HFTokenizer,
         tokens: TokenTexts,
+        *,
+        keep_steps: bool = True,
     ):
+        """keep_steps: keep the verify steps' JSON for the whole response (a stream sends
+        each with its chunk and keeps none)."""
         self.index, self.request_id = index, request_id
         self.prompt, self.sampling = prompt, sampling
         self.tokens = tokens
@@ -38,7 +42,9 @@ class Choice:
         self.offset = 0  # characters of token text reported in logprobs (text_offset)
         self.finish_reason: str | None = None
         self.stats: Stats | None = None
-        self.steps: list[dict[str, Any]] | None = [] if sampling.draft_steps else None
+        self.steps: list[dict[str, Any]] | None = None
+        if sampling.draft_steps and keep_steps:
+            self.steps = []
 
     @property
     def finished(self) -> bool:
@@ -62,18 +68,26 @@ class Choice:
             piece = self.stream.add(out.new_token_ids)
         return piece, new_logprobs, steps
 
+    def _token(self, token_id: int) -> dict[str, Any]:
+        """A token of a step: its id, its text (U+FFFD for bytes of a character it does not
+        complete) and its bytes, which a client decodes in order to show the output's text."""
+        return {
+            "id": token_id,
+            "text": self.tokens.text(token_id),
+            "bytes": list(self.tokens.bytes(token_id)),
+        }
+
     def step_json(self, step: StepDetail) -> dict[str, Any]:
         """One verify step as the ``steps`` extension sends it: each draft node (token, its
-        text, its parent), the accepted nodes, the target's own token and its origin, and how
-        many of the step's tokens the output kept."""
-        text = self.tokens.text
+        text and bytes, its parent), the accepted nodes, the target's own token and its
+        origin, and how many of the step's tokens the output kept."""
         return {
             "draft": [
-                {"id": token, "text": text(token), "parent": parent}
+                {**self._token(token), "parent": parent}
                 for token, parent in zip(step.draft, step.parents, strict=True)
             ],
-            "accepted": step.accepted,
-            "token": {"id": step.token, "text": text(step.token)},
+            "accepted": list(step.accepted),
+            "token": self._token(step.token),
             "origin": step.origin,
             "emitted": step.emitted,
         }
