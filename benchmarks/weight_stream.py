@@ -23,6 +23,7 @@ import argparse
 import json
 import statistics
 import time
+import timeit
 import warnings
 from pathlib import Path
 
@@ -88,16 +89,6 @@ def int4_bf16(weights: list[torch.Tensor]):
     return run
 
 
-def median_seconds(call, reps: int = 5) -> float:
-    call()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -132,7 +123,7 @@ def main() -> None:
             rows.append({"kernel": name, "rows": count, "ms": seconds * 1e3,
                          "gb": gigabytes, "gb_s": gigabytes / seconds})  # fmt: skip
             print(rows[-1], flush=True)
-    memory = median_seconds(lambda: raw.sum())
+    memory = statistics.median(timeit.repeat(raw.sum, number=1, repeat=5))
     invariant = {}
     x = torch.rand(6, K) * 2 - 1
     for name, (run, _) in kernels.items():
