@@ -24,7 +24,16 @@ import torch.nn.functional as F
 from quickdraft.models import int8 as int8_ops
 from quickdraft.models.base import ModelOutput
 from quickdraft.models.kv_cache import KVCache
-from quickdraft.models.ops import Joined, Linear, prefix_tree_mask, rms_norm, rotate
+from quickdraft.models.ops import (
+    Joined,
+    Linear,
+    attend,
+    attend_each,
+    prefix_tree_mask,
+    rms_norm,
+    rotate,
+    seen_slots,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -82,54 +91,6 @@ class LlamaConfig:
             rope_scaling=scaling,
             sliding_window=window,
         )
-
-
-def _attend(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gqa: bool
-) -> torch.Tensor:
-    """q [B, H, T, D] over keys/values [B, Hkv, S, D] where mask [B, 1, T, S] allows."""
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
-
-
-def _attend_each(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-    gqa: bool,
-) -> torch.Tensor:
-    """``_attend``, each query over exactly the keys it sees, in cache order, so that its result
-    does not depend on what else the pass holds: the same numbers as when that token is decoded
-    alone (a committed path's keys are contiguous, a tree node's ancestors come in depth
-    order). One call for each group of queries that see equally many keys (``_seen_slots``):
-    the kernel computes each batch entry by itself, so a query's result is the same bit for
-    bit in a group of any size (checked in ``tests/test_quant.py``), where a padded, masked
-    batch would change the reduction's length and order."""
-    out = torch.empty_like(q)
-    keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, S, Hkv, D]
-    for rows, queries, slots in groups:
-        index = (rows.unsqueeze(1), slots)
-        out[rows, :, queries] = F.scaled_dot_product_attention(
-            q[rows, :, queries].unsqueeze(2),
-            keys[index].transpose(1, 2),
-            values[index].transpose(1, 2),
-            enable_gqa=gqa,
-        ).squeeze(2)
-    return out
-
-
-def _seen_slots(mask: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """mask [B, 1, T, S] -> the queries grouped by how many keys they see: (rows [G],
-    queries [G], slots [G, n], each query's visible cache slots in order). Found once a pass
-    (every layer has the same mask)."""
-    seen = mask[:, 0]
-    counts = seen.sum(-1)  # [B, T]
-    groups = []
-    for count in counts.unique().tolist():
-        rows, queries = (counts == count).nonzero(as_tuple=True)
-        slots = seen[rows, queries].nonzero()[:, 1].view(len(rows), count)
-        groups.append((rows, queries, slots))
-    return groups
 
 
 def _rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
@@ -392,7 +353,7 @@ class LlamaRunner:
             )
         mask = self._mask(cache.lengths, num_new, used, tree_mask)
         # invariant: each query over exactly its own keys, their slots found once a pass
-        attend, visible = (_attend_each, _seen_slots(mask)) if self.invariant else (_attend, mask)
+        attention, visible = (attend_each, seen_slots(mask)) if self.invariant else (attend, mask)
         freqs = positions.to(self.device).unsqueeze(-1).float() * self.inv_freq  # [B, T, D/2]
         angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, T, 1, D]
         cos, sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
@@ -407,7 +368,7 @@ class LlamaRunner:
             k = rotate(k.view(batch, num_new, kv_heads, dim), cos, sin)
             cache.write(index, k, v.view(batch, num_new, kv_heads, dim), slots)
             keys, values = cache.view(index, used)
-            attended = attend(q.transpose(1, 2), keys, values, visible, heads != kv_heads)
+            attended = attention(q.transpose(1, 2), keys, values, visible, heads != kv_heads)
             x = x + layer.o(attended.transpose(1, 2).reshape(batch, num_new, heads * dim))
             h = rms_norm(x, layer.mlp_norm, config.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)

@@ -1,6 +1,7 @@
 """Kernels the models and drafters share: the packed and int8 linear layer, RMS norm, the
-rotary embedding (Hugging Face's rotate-half convention) and the prefix-plus-tree attention
-mask over a cache with a length pointer."""
+rotary embedding (Hugging Face's rotate-half convention), attention (masked, or batch-invariant
+one query group at a time) and the prefix-plus-tree attention mask over a cache with a length
+pointer."""
 
 from __future__ import annotations
 
@@ -152,3 +153,51 @@ def prefix_tree_mask(
         columns = relative.clamp(0, width - 1)  # [B, used]
         seen = scratch.unsqueeze(1) & visible.to(lengths.device)[:, columns].permute(1, 0, 2)
     return (prefix | seen).unsqueeze(1)
+
+
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gqa: bool
+) -> torch.Tensor:
+    """q [B, H, T, D] over keys/values [B, Hkv, S, D] where mask [B, 1, T, S] allows."""
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+
+
+def attend_each(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    gqa: bool,
+) -> torch.Tensor:
+    """``attend``, each query over exactly the keys it sees, in cache order, so that its result
+    does not depend on what else the pass holds: the same numbers as when that token is decoded
+    alone (a committed path's keys are contiguous, a tree node's ancestors come in depth
+    order). One call for each group of queries that see equally many keys (``seen_slots``):
+    the kernel computes each batch entry by itself, so a query's result is the same bit for
+    bit in a group of any size (checked in ``tests/test_quant.py``), where a padded, masked
+    batch would change the reduction's length and order."""
+    out = torch.empty_like(q)
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, S, Hkv, D]
+    for rows, queries, slots in groups:
+        index = (rows.unsqueeze(1), slots)
+        out[rows, :, queries] = F.scaled_dot_product_attention(
+            q[rows, :, queries].unsqueeze(2),
+            keys[index].transpose(1, 2),
+            values[index].transpose(1, 2),
+            enable_gqa=gqa,
+        ).squeeze(2)
+    return out
+
+
+def seen_slots(mask: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """mask [B, 1, T, S] -> the queries grouped by how many keys they see: (rows [G],
+    queries [G], slots [G, n], each query's visible cache slots in order). Found once a pass
+    (every layer has the same mask)."""
+    seen = mask[:, 0]
+    counts = seen.sum(-1)  # [B, T]
+    groups = []
+    for count in counts.unique().tolist():
+        rows, queries = (counts == count).nonzero(as_tuple=True)
+        slots = seen[rows, queries].nonzero()[:, 1].view(len(rows), count)
+        groups.append((rows, queries, slots))
+    return groups

@@ -59,14 +59,14 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class QuickdraftOptions(BaseModel):
+class QuickdraftOptions(_Strict):
     """The request's ``quickdraft`` object (an extension): ``method``, a method of the
     registry to run this request with instead of the served one (``GET /v1/methods`` lists
     those this server can run); ``steps``, every verify step's draft and verdict in the
     response (streamed: with each chunk). Unknown keys are refused, unlike the top level's:
     nobody else sends this object, so an unknown key is a typo."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid")  # merged with _Strict's: strict too
     method: str | None = None
     steps: bool | None = None  # null means the default, as everywhere in a request
 
