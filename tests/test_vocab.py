@@ -680,3 +680,61 @@ def test_code_prompts_are_standard_library_functions_the_tasks_do_not_quote(tmp_
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(written) == 4 and all(r["prompt"].startswith("Complete the") for r in written)
     assert main(["data", "code-prompts", "--out", str(tmp_path), "--count", "4"]) == 2
+
+
+def test_doc_prompts_ask_about_passages_the_tasks_do_not_quote(tmp_path):
+    """Summarization and passage-question prompts over a tiny standard library and man tree:
+    module and function docstrings and DESCRIPTION sections, never a file the task sets quote
+    (nor its man pages in other languages), half of each kind, the same for the same seed."""
+    import gzip
+
+    from quickdraft.cli import main
+    from quickdraft.vocab.sources import document_prompts
+
+    lib = tmp_path / "Lib"
+    lib.mkdir()
+    long_doc = "This module does a documented thing. " * 10
+    (lib / "kept.py").write_text(
+        f'"""{long_doc}"""\n\ndef shown(a):\n    """{"Return a, as documented. " * 10}"""\n'
+        f'\ndef short():\n    """Too short."""\n'
+    )
+    (lib / "quoted.py").write_text(f'"""{long_doc}"""\n')
+    man = tmp_path / "man"
+    page = (
+        ".TH TOOL 1\n.SH NAME\ntool \\- does things\n.SH DESCRIPTION\n"
+        + "Tool reads its input and writes what it was asked to. " * 8
+        + "\n.PP\n\\-v, \\-\\-verbose say more\n.SH SEE ALSO\nother(1)\n"
+    )
+    for name in ("tool.1.gz", "quoted.1.gz"):
+        (man / "man1").mkdir(parents=True, exist_ok=True)
+        with gzip.open(man / "man1" / name, "wt") as handle:
+            handle.write(page)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    quotes = [
+        {"source": "cpython==3.11 Lib/quoted.py, module docstring"},
+        {"source": "/usr/share/man/man1/quoted.1.gz (Debian package x 1), section DESCRIPTION"},
+    ]
+    (tasks / "rag.jsonl").write_text("".join(json.dumps(q) + "\n" for q in quotes))
+    prompts = document_prompts(10, seed=1, task_dir=tasks, root=lib, man_root=man)
+    sources = sorted(p["source"] for p in prompts)
+    assert sources == [
+        str(man / "man1" / "tool.1.gz") + ", section DESCRIPTION",
+        "kept.py, docstring of shown",
+        "kept.py, module docstring",
+    ]
+    assert [p["kind"] for p in prompts] == ["summarization", "summarization", "rag"]
+    summary = prompts[0]["prompt"]
+    assert summary.startswith("Summarise the following text in two sentences:\n\n")
+    assert summary.endswith("\n\nSummary:")
+    question = prompts[2]["prompt"]
+    assert question.startswith("Answer the question using only the passage.\n\nPassage:\n")
+    assert question.endswith("?\n\nAnswer:") and "\n\nQuestion: What " in question
+    tool = next(p for p in prompts if "tool.1" in p["source"])["prompt"]
+    assert "Tool reads its input" in tool and "SEE ALSO" not in tool
+    assert document_prompts(10, seed=1, task_dir=tasks, root=lib, man_root=man) == prompts
+    out = tmp_path / "documents.jsonl"
+    assert main(["data", "doc-prompts", "--out", str(out), "--count", "4"]) == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["kind"] for r in written] == ["summarization", "summarization", "rag", "rag"]
+    assert main(["data", "doc-prompts", "--out", str(tmp_path), "--count", "4"]) == 2

@@ -50,6 +50,21 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     prompts.add_argument("--count", type=_positive_int, default=500)
     prompts.add_argument("--seed", type=int, default=0, help="which functions are taken")
 
+    documents = kinds.add_parser(
+        "doc-prompts",
+        help="summarization and passage-question prompts over docstrings and man pages",
+        description="Writes --count prompts in the forms of the bench's summarization and RAG "
+        "tasks (summarise a passage in two sentences; answer a question from the passage "
+        "alone), alternately, over standard-library docstrings and man pages' DESCRIPTION "
+        "sections, as .jsonl records with kind, prompt and source. Files the bench's task "
+        "sets quote are left out. Then: quickdraft data regenerate --prompts OUT ...",
+    )
+    documents.add_argument(
+        "--out", dest="out_file", type=Path, required=True, help="the .jsonl file written"
+    )
+    documents.add_argument("--count", type=_positive_int, default=500)
+    documents.add_argument("--seed", type=int, default=0, help="which passages are taken")
+
     regenerate = kinds.add_parser(
         "regenerate",
         help="the target's own replies to prompts, as chats for train eagle / medusa / router",
@@ -83,19 +98,20 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
 def _data(args: argparse.Namespace) -> int:
     if args.data_kind == "regenerate":
         return _regenerate(args)
-    if args.data_kind == "code-prompts":
-        return _code_prompts(args)
+    if args.data_kind in ("code-prompts", "doc-prompts"):
+        return _prompts(args)
     return _corpus(args)
 
 
-def _code_prompts(args: argparse.Namespace) -> int:
+def _prompts(args: argparse.Namespace) -> int:
     import json
 
     from quickdraft.artifacts import check_output
-    from quickdraft.vocab.sources import code_prompts
+    from quickdraft.vocab.sources import code_prompts, document_prompts
 
     check_output(args.out_file)
-    records = code_prompts(args.count, args.seed)
+    make = code_prompts if args.data_kind == "code-prompts" else document_prompts
+    records = make(args.count, args.seed)
     args.out_file.parent.mkdir(parents=True, exist_ok=True)
     args.out_file.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     note = "" if len(records) == args.count else f" (all there are; {args.count:,} asked)"

@@ -17,7 +17,9 @@ machine and arguments give the same bytes; ``corpus.json`` beside it records the
 files taken and the output's sha256.
 
 ``quickdraft data code-prompts`` makes code-completion prompts from the same standard library
-(``code_prompts``), for ``data regenerate`` to have the target answer.
+(``code_prompts``), and ``data doc-prompts`` summarization and passage-question prompts over
+its docstrings and the man pages (``document_prompts``), for ``data regenerate`` to have the
+target answer.
 """
 
 from __future__ import annotations
@@ -219,3 +221,111 @@ def code_prompts(
         {"kind": "code", "prompt": CODE_PROMPT.format(header=header), "source": f"Lib/{where}"}
         for where, header in found[:count]
     ]
+
+
+SUMMARY_PROMPT = "Summarise the following text in two sentences:\n\n{text}\n\nSummary:"
+PASSAGE_PROMPT = (
+    "Answer the question using only the passage.\n\nPassage:\n{text}\n\n"
+    "Question: {question}\n\nAnswer:"
+)
+_SECTION = re.compile(r"^[A-Z][A-Z ]+$")
+_OPTION = re.compile(r"^(-{1,2}[A-Za-z][\w-]*)")
+
+
+def clip(text: str, max_chars: int) -> str:
+    """``text``'s whole paragraphs from the start while they fit in ``max_chars``; a first
+    paragraph longer than that is cut at ``max_chars``."""
+    kept: list[str] = []
+    for paragraph in (p.strip() for p in re.split(r"\n\s*\n", text)):
+        if paragraph and kept and sum(map(len, kept)) + len(paragraph) > max_chars:
+            break
+        if paragraph:
+            kept.append(paragraph)
+    return "\n\n".join(kept)[:max_chars]
+
+
+def _docstring_passages(path: Path, root: Path) -> Iterator[tuple[str, str, str]]:
+    """(where, passage, question) for a module's docstring and its public functions'."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return
+    where = path.relative_to(root).as_posix()
+    module = where.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    doc = ast.get_docstring(tree)
+    if doc and len(doc) >= 300:
+        yield f"{where}, module docstring", doc, f"What is the purpose of the module `{module}`?"
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            doc = ast.get_docstring(node)
+            if doc and len(doc) >= 200:
+                question = f"What does `{module}.{node.name}` do?"
+                yield f"{where}, docstring of {node.name}", doc, question
+
+
+def _manual_passages(path: Path) -> Iterator[tuple[str, str, str]]:
+    """(where, passage, question) for a man page's DESCRIPTION section: about one of its
+    options where the passage lists one, else about the command."""
+    lines = _read_manual(path).splitlines()
+    try:
+        start = lines.index("DESCRIPTION") + 1
+    except ValueError:
+        return
+    end = next((i for i in range(start, len(lines)) if _SECTION.match(lines[i])), len(lines))
+    text = clip("\n".join(lines[start:end]), 2400)
+    if len(text) < 300:
+        return
+    name = path.name.removesuffix(".gz").rsplit(".", 1)[0]
+    options = [m[1] for line in text.splitlines() if (m := _OPTION.match(line))]
+    question = f"What does the option `{options[0]}` of `{name}` do?" if options else None
+    yield f"{path}, section DESCRIPTION", text, question or f"What does `{name}` do?"
+
+
+def document_prompts(
+    count: int,
+    seed: int = 0,
+    task_dir: Path | None = None,
+    root: Path | None = None,
+    man_root: Path = MAN_ROOT,
+) -> list[dict]:
+    """``count`` prompts over documents, in the forms of the bench's summarization and RAG
+    tasks, alternately: summarise a passage in two sentences, or answer a question about it
+    from the passage alone. Passages are standard-library docstrings (a module's, or a
+    public function's) and man pages' DESCRIPTION sections, at most about 2,400 characters
+    of whole paragraphs; the files the task sets quote, tests and IDLE are left out. Records
+    are ``{"kind": "summarization" | "rag", "prompt", "source"}`` for ``data regenerate``."""
+    if task_dir is None:
+        from quickdraft.bench.tasks import TASK_DIR
+
+        task_dir = TASK_DIR
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    excluded = task_files(Path(task_dir))
+    found = [
+        (where, clip(text, 2400), question)
+        for path in stdlib_files(excluded, root)
+        if not {"test", "tests", "idlelib"} & set(path.relative_to(root).parts)
+        for where, text, question in _docstring_passages(path, root)
+    ]
+    rng = random.Random(seed)
+    rng.shuffle(found)
+    pages = man_files(excluded, seed, man_root)
+    rng.shuffle(pages)
+    # As many man pages as docstrings, read only as far as needed: reading all is minutes.
+    manual: list[tuple[str, str, str]] = []
+    for path in pages:
+        if len(manual) >= (count + 1) // 2:
+            break
+        manual.extend(_manual_passages(path))
+    docs = found[: count - min(len(manual), count // 2)]
+    mixed = [p for pair in zip(docs, manual, strict=False) for p in pair]
+    mixed += docs[len(mixed) // 2 :] + manual[len(mixed) // 2 :]
+    records = []
+    for i, (where, text, question) in enumerate(mixed[:count]):
+        kind = "summarization" if i % 4 < 2 else "rag"
+        prompt = (
+            SUMMARY_PROMPT.format(text=text)
+            if kind == "summarization"
+            else PASSAGE_PROMPT.format(text=text, question=question)
+        )
+        records.append({"kind": kind, "prompt": prompt, "source": where})
+    return records
