@@ -644,3 +644,48 @@ def test_an_eagle1_checkpoint_with_a_bias_imports_and_exports_only_where_it_load
         export_eagle(imported, target.head_weight.float(), tmp_path / "vllm", "vllm")
     again = export_eagle(imported, target.head_weight.float(), tmp_path / "again", "sglang")
     assert torch.equal(load_file(again / "model.safetensors")["fc.bias"], weights["fc.bias"])
+
+
+@pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
+def test_training_skips_prompt_anchors_without_changing_a_loss(targets, variant):
+    """``step_losses`` runs the unrolled steps only from the first anchor any step scores and
+    computes the target's distribution once per label place; each step's loss and argmax
+    equal the plain definition (every anchor unrolled, each step's teacher on its own)."""
+    import torch.nn.functional as F
+
+    from quickdraft.train.eagle import EagleFeatures, EagleTraining, _collate, _scored, step_losses
+
+    target = targets["llama-tied"]
+    net = random_net(target, variant, draft_vocab=50)
+    d, generator = target.config.hidden_size, torch.Generator().manual_seed(3)
+    features = EagleFeatures([], [], [], [])
+    for length, start in [(30, 12), (24, 15), (27, 9)]:
+        features.tokens.append(torch.randint(0, target.vocab_size, (length,), generator=generator))
+        features.hidden.append(torch.randn(length, d, generator=generator).half())
+        taps = torch.randn(length, 3, d, generator=generator).half()
+        features.taps.append(taps if variant == "eagle3" else None)
+        features.start.append(start)
+    settings = EagleTraining(variant=variant, steps=3, draft_vocab=50)
+    batch = _collate(features, [0, 1, 2], settings.steps, torch.device("cpu"))
+    embed, head = target.embed.float(), target.head_weight.float()[net.draft_vocab]
+    with torch.no_grad():
+        losses, seen = step_losses(net, embed, head, batch, settings, noise=False)
+        hidden, real, anchors = batch["hidden"], batch["real"], batch["hidden"].shape[1] - 1
+        taps = None if batch["taps"] is None else list(batch["taps"][:, :anchors].unbind(2))
+        fused = net.fuse(hidden[:, :anchors], taps)
+        embeds = embed[batch["tokens"][:, 1 : anchors + settings.steps]]
+        outputs = net.unroll(embeds, fused, settings.steps, ~real[:, :anchors])
+    assert sorted(losses) == [0, 1, 2] and int(batch["start"].min()) - 4 > 0  # anchors skipped
+    for j, output in enumerate(outputs):
+        rows, columns = _scored(real, batch["start"], anchors, j).nonzero(as_tuple=True)
+        teacher = (hidden[rows, columns + 1 + j] @ head.T).softmax(-1)
+        logits = net.head_input(output[rows, columns]) @ head.T
+        expected = F.cross_entropy(logits, teacher, reduction="sum")
+        if variant == "eagle1":
+            regression = F.smooth_l1_loss(output[rows, columns], hidden[rows, columns + 1 + j])
+            expected = 0.1 * expected + regression * len(rows)
+        torch.testing.assert_close(losses[j], expected, rtol=1e-5, atol=1e-4)
+        assert torch.equal(seen[j]["draft"], logits.argmax(-1))
+        assert torch.equal(seen[j]["target"], teacher.argmax(-1))
+    with pytest.raises(ValueError, match="first"):
+        net.unroll(embeds, fused, 1, ~real[:, :anchors], first=anchors)

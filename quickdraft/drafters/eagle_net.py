@@ -264,34 +264,48 @@ class EagleNet(nn.Module):
         return self.norm(output) if self.eagle3 else output
 
     def unroll(
-        self, embeds: torch.Tensor, features: torch.Tensor, steps: int, pad: torch.Tensor
+        self,
+        embeds: torch.Tensor,
+        features: torch.Tensor,
+        steps: int,
+        pad: torch.Tensor,
+        first: int = 0,
     ) -> list[torch.Tensor]:
         """Training-time test over whole sequences. embeds [B, T + steps - 1, d]: e_{t+1} for
         anchor t, then the later tokens; features [B, T, d]: f_t (fused); pad [B, T] bool, True
         at padding. Step j (0-based) drafts token t + 2 + j at every anchor t: its query sits
         at position t + j, attends to the real positions 0..t (step 0's keys) and to its own
         anchor's keys of steps 1..j, exactly what it sees when drafting. Returns every step's
-        output [B, T, d]; step j's input feature is step j-1's output."""
+        output [B, T - first, d] at anchors ``first``..T-1; step j's input feature is step
+        j-1's output.
+
+        Anchors before ``first`` (a prompt nothing is scored in) only give step 0's keys and
+        values: their queries, attention and MLP are skipped, at every step, since no later
+        anchor reads them. The outputs kept are the same as with ``first=0``."""
         config = self.config
         batch, length = features.shape[:2]
+        if not 0 <= first < length:
+            raise ValueError(f"first must be in [0, {length}), got {first}")
         group = config.num_heads // config.num_kv_heads
         base = torch.arange(length, device=features.device).expand(batch, -1)
         causal = torch.ones(length, length, dtype=torch.bool, device=features.device).tril()
-        visible = causal & ~pad.unsqueeze(1)  # [B, T, T]
+        visible = (causal & ~pad.unsqueeze(1))[:, first:]  # [B, T - first, T]
         scale = 1.0 / math.sqrt(config.head_dim)
         outputs, diagonal = [], []
         feature = features
         for step in range(steps):
-            attn_input, residual = self.project(embeds[:, step : step + length], feature)
-            q, k, v = self.qkv(attn_input, base + step)
+            lo = 0 if step == 0 else first  # step 0 gives every anchor's keys
+            attn_input, residual = self.project(embeds[:, step + lo : step + length], feature)
+            q, k, v = self.qkv(attn_input, base[:, lo:] + step)
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
             if step == 0:
                 keys, values = k, v
+                q, residual = q[:, :, first:], residual[:, first:]
             else:
                 diagonal.append((k, v))
-            scores = (q @ keys.transpose(-1, -2)) * scale  # [B, H, T, T]
+            scores = (q @ keys.transpose(-1, -2)) * scale  # [B, H, T - first, T]
             scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
-            own = [(q * dk).sum(-1, keepdim=True) * scale for dk, _ in diagonal]  # [B, H, T, 1]
+            own = [(q * dk).sum(-1, keepdim=True) * scale for dk, _ in diagonal]  # [B, H, ., 1]
             weights = torch.cat([scores, *own], dim=-1).softmax(-1)
             attended = weights[..., :length] @ values
             for i, (_, dv) in enumerate(diagonal):

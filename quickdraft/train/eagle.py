@@ -158,18 +158,28 @@ def step_losses(
         feature = feature + (torch.rand_like(feature) - 0.5) * settings.noise
     features = net.fuse(feature, taps)
     embeds = embed[tokens[:, 1 : anchors + settings.steps]].float()  # e_{t+1+j}
-    outputs = net.unroll(embeds, features, settings.steps, ~real[:, :anchors])
+    # Step j scores anchors t >= start - 2 - j: the prompt's earlier anchors only give keys.
+    first = max(0, int(batch["start"].min()) - 1 - settings.steps)
+    outputs = net.unroll(embeds, features, settings.steps, ~real[:, :anchors], first)
+    scored = [_scored(real, batch["start"], anchors, j) for j in range(settings.steps)]
+    # The target's distribution at each label place, once: steps share most of their places.
+    places = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
+    for j, where in enumerate(scored):
+        rows, columns = where.nonzero(as_tuple=True)
+        places[rows, columns + 1 + j] = True
+    slot = places.flatten().cumsum(0).view_as(places) - 1
+    with torch.no_grad():
+        target_probs = (hidden[places] @ head.T).softmax(-1)  # [places, S]
     losses, seen = {}, []
-    for j, output in enumerate(outputs):
-        rows, columns = _scored(real, batch["start"], anchors, j).nonzero(as_tuple=True)
+    for j, (output, where) in enumerate(zip(outputs, scored, strict=True)):
+        rows, columns = where.nonzero(as_tuple=True)
         if rows.numel() == 0:
             continue
         teacher = hidden[rows, columns + 1 + j]  # [n, d]
-        with torch.no_grad():
-            target_logits = teacher @ head.T  # [n, S]
-        drafted = output[rows, columns]
+        target = target_probs[slot[rows, columns + 1 + j]]  # [n, S]
+        drafted = output[rows, columns - first]
         draft_logits = net.head_input(drafted) @ head.T
-        loss = F.cross_entropy(draft_logits, target_logits.softmax(-1), reduction="sum")
+        loss = F.cross_entropy(draft_logits, target, reduction="sum")
         if net.config.variant is EagleVariant.EAGLE1:
             regression = F.smooth_l1_loss(drafted, teacher, reduction="none").mean(-1).sum()
             loss = 0.1 * loss + settings.regression_weight * regression
@@ -178,7 +188,7 @@ def step_losses(
             {
                 "step": j,
                 "draft": draft_logits.detach().argmax(-1),
-                "target": target_logits.argmax(-1),
+                "target": target.argmax(-1),
                 "teacher": teacher,
             }
         )
