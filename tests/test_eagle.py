@@ -653,7 +653,13 @@ def test_training_skips_prompt_anchors_without_changing_a_loss(targets, variant)
     equal the plain definition (every anchor unrolled, each step's teacher on its own)."""
     import torch.nn.functional as F
 
-    from quickdraft.train.eagle import EagleFeatures, EagleTraining, _collate, _scored, step_losses
+    from quickdraft.train.eagle import (
+        EagleFeatures,
+        EagleTraining,
+        collate,
+        scored_anchors,
+        step_losses,
+    )
 
     target = targets["llama-tied"]
     net = random_net(target, variant, draft_vocab=50)
@@ -666,7 +672,7 @@ def test_training_skips_prompt_anchors_without_changing_a_loss(targets, variant)
         features.taps.append(taps if variant == "eagle3" else None)
         features.start.append(start)
     settings = EagleTraining(variant=variant, steps=3, draft_vocab=50)
-    batch = _collate(features, [0, 1, 2], settings.steps, torch.device("cpu"))
+    batch = collate(features, [0, 1, 2], settings.steps, torch.device("cpu"))
     embed, head = target.embed.float(), target.head_weight.float()[net.draft_vocab]
     with torch.no_grad():
         losses, seen = step_losses(net, embed, head, batch, settings, noise=False)
@@ -677,7 +683,7 @@ def test_training_skips_prompt_anchors_without_changing_a_loss(targets, variant)
         outputs = net.unroll(embeds, fused, settings.steps, ~real[:, :anchors])
     assert sorted(losses) == [0, 1, 2] and int(batch["start"].min()) - 4 > 0  # anchors skipped
     for j, output in enumerate(outputs):
-        rows, columns = _scored(real, batch["start"], anchors, j).nonzero(as_tuple=True)
+        rows, columns = scored_anchors(real, batch["start"], anchors, j).nonzero(as_tuple=True)
         teacher = (hidden[rows, columns + 1 + j] @ head.T).softmax(-1)
         logits = net.head_input(output[rows, columns]) @ head.T
         expected = F.cross_entropy(logits, teacher, reduction="sum")

@@ -94,7 +94,7 @@ def _batches(lengths: list[int], indices: list[int], size: int, seed: int) -> li
     return [batches[i] for i in order]
 
 
-def _collate(features: EagleFeatures, batch: list[int], steps: int, device: torch.device) -> dict:
+def collate(features: EagleFeatures, batch: list[int], steps: int, device: torch.device) -> dict:
     """Padded tensors of a batch: tokens [b, T + steps] (padding 0), hidden [b, T, d],
     taps [b, T, 3, d] or None, real [b, T + steps] bool, start [b]."""
     length = max(features.tokens[i].numel() for i in batch)
@@ -121,7 +121,9 @@ def _real(lengths: list[int], width: int) -> torch.Tensor:
     return torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
 
 
-def _scored(real: torch.Tensor, start: torch.Tensor, anchors: int, step: int) -> torch.Tensor:
+def scored_anchors(
+    real: torch.Tensor, start: torch.Tensor, anchors: int, step: int
+) -> torch.Tensor:
     """[b, anchors] bool: where unrolled step ``step`` is scored: token t + 2 + step (its
     label's place t + 1 + step) is real and lies in the reply (or is its first token's
     predecessor's successor: the place before the reply drafts the reply's first token)."""
@@ -136,7 +138,9 @@ def scored_counts(features: EagleFeatures, batch: list[int], steps: int) -> torc
     real = _real(lengths, max(lengths) + steps)
     start = torch.tensor([features.start[i] for i in batch])
     anchors = max(lengths) - 1
-    return torch.tensor([float(_scored(real, start, anchors, j).sum()) for j in range(steps)])
+    return torch.tensor(
+        [float(scored_anchors(real, start, anchors, j).sum()) for j in range(steps)]
+    )
 
 
 def step_losses(
@@ -161,7 +165,7 @@ def step_losses(
     # Step j scores anchors t >= start - 2 - j: the prompt's earlier anchors only give keys.
     first = max(0, int(batch["start"].min()) - 1 - settings.steps)
     outputs = net.unroll(embeds, features, settings.steps, ~real[:, :anchors], first)
-    scored = [_scored(real, batch["start"], anchors, j) for j in range(settings.steps)]
+    scored = [scored_anchors(real, batch["start"], anchors, j) for j in range(settings.steps)]
     # The target's distribution at each label place, once: steps share most of their places.
     places = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
     for j, where in enumerate(scored):
@@ -255,7 +259,7 @@ def train_net(
     embed, head = embed.to(device), lm_head[draft_vocab].to(device)
 
     def loss_of(piece: list[int], counts: torch.Tensor) -> torch.Tensor:
-        batch = _collate(features, piece, settings.steps, device)
+        batch = collate(features, piece, settings.steps, device)
         return run.model(batch, embed, head, counts.to(device), run.scale)
 
     for epoch in range(settings.epochs):
@@ -316,7 +320,7 @@ def evaluate(
     counts = torch.zeros(settings.steps)
     lengths = [t.numel() for t in features.tokens]
     for batch_ids in _batches(lengths, ids, settings.batch_size, 0):
-        batch = _collate(features, batch_ids, settings.steps, device)
+        batch = collate(features, batch_ids, settings.steps, device)
         _, seen = step_losses(net, embed, head, batch, settings, noise=False)
         for record in seen:
             j = record["step"]
