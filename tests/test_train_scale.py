@@ -24,10 +24,16 @@ def launch_two(argv: list[str], cwd) -> None:
     assert done.stdout.count("wrote ") == 1, done.stdout  # the first process reports alone
 
 
-def assert_same_weights(one, two) -> None:
+def assert_same_weights(one, two, rtol: float = 1e-4) -> None:
     assert one.keys() == two.keys()
     for name in one:
-        torch.testing.assert_close(one[name], two[name], rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(one[name], two[name], rtol=rtol, atol=1e-5, msg=name)
+
+
+def trained_state(cache, kind: str) -> dict:
+    """The float32 weights a run ended with: its last saved training state."""
+    state = next(cache.glob(f"{kind}-[0-9a-f]*/latest")).parent
+    return load_file(state / (state / "latest").read_text().strip() / "model.safetensors")
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
@@ -48,8 +54,13 @@ def test_two_processes_train_what_one_does(tmp_path, smollm2, capsys, kind):
          "--accumulation-steps", "2"],
         tmp_path,
     )  # fmt: skip
+    # The float32 weights agree to the tolerance; the fp16 files that ship them may then
+    # round an element to the neighbouring fp16 value (a relative step of 2^-10).
+    assert_same_weights(
+        trained_state(tmp_path / "cache-one", kind), trained_state(tmp_path / "cache-two", kind)
+    )
     weights = f"{kind}.safetensors"
-    assert_same_weights(load_file(one / weights), load_file(two / weights))
+    assert_same_weights(load_file(one / weights), load_file(two / weights), rtol=2**-10)
     histories = [json.loads((run / "metrics.json").read_text())["history"] for run in (one, two)]
     for a, b in zip(*histories, strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
