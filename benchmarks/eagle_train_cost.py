@@ -17,30 +17,13 @@ Medians of ``--repeats`` timings, and the run's total for a given budget:
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
-from gpu_check import SHAPES, random_runner
+from gpu_check import SHAPES, median_ms, random_runner
 
 from quickdraft.bench.machine import describe_machine
 from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
 from quickdraft.train.eagle import EagleFeatures, EagleTraining, collate, step_losses
-
-
-def timed(fn, repeats: int, device: str) -> float:
-    """Median seconds of ``fn`` after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -69,7 +52,7 @@ def main() -> None:
     def features() -> None:
         tapped.body(tokens, positions, tapped.new_cache(1, args.length))
 
-    feature_s = timed(features, args.repeats, device)
+    feature_s = median_ms(features, args.repeats, device) / 1000
 
     d, generator = target.config.hidden_size, torch.Generator().manual_seed(0)
     data = EagleFeatures([], [], [], [])
@@ -91,7 +74,7 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
 
-    step_s = timed(step, args.repeats, device)
+    step_s = median_ms(step, args.repeats, device) / 1000
     reply = args.length - args.prompt
     sequences = args.budget_tokens / reply
     steps = args.epochs * sequences / args.batch

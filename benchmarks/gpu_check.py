@@ -159,7 +159,7 @@ def _drain(engine: Engine) -> list:
     return done
 
 
-def _time(fn, repeats: int, device: str) -> float:
+def median_ms(fn, repeats: int, device: str) -> float:
     """Median ms of ``fn()`` over ``repeats`` runs after two warm-ups."""
     samples = []
     for index in range(repeats + 2):
@@ -194,7 +194,7 @@ def costs(name: str, device: str, dtype: torch.dtype, quick: bool) -> dict:
             def verify(tokens=tokens, pos=pos, cache=cache) -> None:
                 target.forward(tokens, pos, cache)
 
-            times[width] = _time(verify, repeats, device)
+            times[width] = median_ms(verify, repeats, device)
         result["verify_ms"][f"batch {batch}"] = times
         result[f"verify_over_decode batch {batch}"] = {w: t / times[1] for w, t in times.items()}
     # The EAGLE drafter's propose() for the device's default tree, after the same context.
@@ -215,7 +215,7 @@ def costs(name: str, device: str, dtype: torch.dtype, quick: bool) -> dict:
     taps = {i: t[:, : context - 1] for i, t in full.taps.items()}
     drafter.begin(0, StepResult(batch, kept, full.hidden[:, : context - 1], taps))
     result["eagle_tree"] = f"{tree.depth},{tree.topk},{tree.tokens}"
-    result["eagle_propose_ms"] = _time(lambda: drafter.propose(batch), repeats, device)
+    result["eagle_propose_ms"] = median_ms(lambda: drafter.propose(batch), repeats, device)
     if device == "cuda":
         torch.cuda.empty_cache()
     return result

@@ -36,34 +36,34 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     )
     corpus.add_argument("--seed", type=int, default=0, help="the order files are taken in")
 
-    prompts = kinds.add_parser(
-        "code-prompts",
-        help="code-completion prompts from the standard library's functions, for regenerate",
-        description="Writes --count prompts in HumanEval's form (a public standard-library "
-        "function's signature and docstring to complete) as .jsonl records with kind, prompt "
-        "and source. Files the bench's task sets quote are left out. Then: quickdraft data "
-        "regenerate --target MODEL --prompts OUT --out REPLIES.jsonl",
-    )
-    prompts.add_argument(
-        "--out", dest="out_file", type=Path, required=True, help="the .jsonl file written"
-    )
-    prompts.add_argument("--count", type=_positive_int, default=500)
-    prompts.add_argument("--seed", type=int, default=0, help="which functions are taken")
-
-    documents = kinds.add_parser(
-        "doc-prompts",
-        help="summarization and passage-question prompts over docstrings and man pages",
-        description="Writes --count prompts in the forms of the bench's summarization and RAG "
-        "tasks (summarise a passage in two sentences; answer a question from the passage "
-        "alone), alternately, over standard-library docstrings and man pages' DESCRIPTION "
-        "sections, as .jsonl records with kind, prompt and source. Files the bench's task "
-        "sets quote are left out. Then: quickdraft data regenerate --prompts OUT ...",
-    )
-    documents.add_argument(
-        "--out", dest="out_file", type=Path, required=True, help="the .jsonl file written"
-    )
-    documents.add_argument("--count", type=_positive_int, default=500)
-    documents.add_argument("--seed", type=int, default=0, help="which passages are taken")
+    prompt_kinds = {
+        "code-prompts": (
+            "code-completion prompts from the standard library's functions, for regenerate",
+            "in HumanEval's form (a public standard-library function's signature and docstring "
+            "to complete)",
+            "which functions are taken",
+        ),
+        "doc-prompts": (
+            "summarization and passage-question prompts over docstrings and man pages",
+            "in the forms of the bench's summarization and RAG tasks (summarise a passage in "
+            "two sentences; answer a question from the passage alone), alternately, over "
+            "standard-library docstrings and man pages' DESCRIPTION sections,",
+            "which passages are taken",
+        ),
+    }
+    for name, (summary, form, seed_help) in prompt_kinds.items():
+        prompts = kinds.add_parser(
+            name,
+            help=summary,
+            description=f"Writes --count prompts {form} as .jsonl records with kind, prompt "
+            "and source. Files the bench's task sets quote are left out. Then: quickdraft data "
+            "regenerate --target MODEL --prompts OUT --out REPLIES.jsonl",
+        )
+        prompts.add_argument(
+            "--out", dest="out_file", type=Path, required=True, help="the .jsonl file written"
+        )
+        prompts.add_argument("--count", type=_positive_int, default=500)
+        prompts.add_argument("--seed", type=int, default=0, help=seed_help)
 
     regenerate = kinds.add_parser(
         "regenerate",
