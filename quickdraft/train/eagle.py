@@ -165,18 +165,19 @@ def step_losses(
     # Step j scores anchors t >= start - 2 - j: the prompt's earlier anchors only give keys.
     first = max(0, int(batch["start"].min()) - 1 - settings.steps)
     outputs = net.unroll(embeds, features, settings.steps, ~real[:, :anchors], first)
-    scored = [scored_anchors(real, batch["start"], anchors, j) for j in range(settings.steps)]
+    scored = [
+        scored_anchors(real, batch["start"], anchors, j).nonzero(as_tuple=True)
+        for j in range(settings.steps)
+    ]  # (rows, anchors) per step
     # The target's distribution at each label place, once: steps share most of their places.
     places = torch.zeros(hidden.shape[:2], dtype=torch.bool, device=hidden.device)
-    for j, where in enumerate(scored):
-        rows, columns = where.nonzero(as_tuple=True)
+    for j, (rows, columns) in enumerate(scored):
         places[rows, columns + 1 + j] = True
     slot = places.flatten().cumsum(0).view_as(places) - 1
     with torch.no_grad():
         target_probs = (hidden[places] @ head.T).softmax(-1)  # [places, S]
     losses, seen = {}, []
-    for j, (output, where) in enumerate(zip(outputs, scored, strict=True)):
-        rows, columns = where.nonzero(as_tuple=True)
+    for j, (output, (rows, columns)) in enumerate(zip(outputs, scored, strict=True)):
         if rows.numel() == 0:
             continue
         teacher = hidden[rows, columns + 1 + j]  # [n, d]
