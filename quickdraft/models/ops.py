@@ -172,20 +172,26 @@ def attend_each(
     """``attend``, each query over exactly the keys it sees, in cache order, so that its result
     does not depend on what else the pass holds: the same numbers as when that token is decoded
     alone (a committed path's keys are contiguous, a tree node's ancestors come in depth
-    order). One call for each group of queries that see equally many keys (``seen_slots``):
-    the kernel computes each batch entry by itself, so a query's result is the same bit for
-    bit in a group of any size (checked in ``tests/test_quant.py``), where a padded, masked
-    batch would change the reduction's length and order."""
+    order). One call for each group of queries that see equally many keys (``seen_slots``),
+    as two batched products and a softmax: each batch entry is computed by itself, so a
+    query's result is the same bit for bit in a group of any size (``tests/test_quant.py``).
+    Not ``scaled_dot_product_attention``: with more than one thread PyTorch's CPU kernel
+    splits its work by the batch's size, and a query's result then depends on how many others
+    share its call (measured on torch 2.13: a tree's siblings, or batch rows of equal length,
+    got other logits than their one-token steps). A padded, masked batch would change the
+    reduction's length and order."""
     out = torch.empty_like(q)
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, S, Hkv, D]
+    heads, kv_heads, dim = q.shape[1], keys.shape[2], q.shape[3]
+    # GQA without copies: query head h reads kv head h // (heads / kv_heads).
+    shared = heads // kv_heads if gqa else 1
     for rows, queries, slots in groups:
         index = (rows.unsqueeze(1), slots)
-        out[rows, :, queries] = F.scaled_dot_product_attention(
-            q[rows, :, queries].unsqueeze(2),
-            keys[index].transpose(1, 2),
-            values[index].transpose(1, 2),
-            enable_gqa=gqa,
-        ).squeeze(2)
+        group = q[rows, :, queries].view(len(rows), kv_heads, shared, dim)  # [G, Hkv, r, D]
+        scores = group @ keys[index].permute(0, 2, 3, 1)  # [G, Hkv, r, n]
+        weights = torch.softmax(scores * dim**-0.5, dim=-1)
+        attended = weights @ values[index].transpose(1, 2)  # [G, Hkv, r, D]
+        out[rows, :, queries] = attended.view(len(rows), heads, dim)
     return out
 
 
