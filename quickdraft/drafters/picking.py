@@ -145,7 +145,8 @@ def _eagle_prior(spec: SpecConfig, task: str) -> StepPrior:
 def _eagle_label_of(spec: SpecConfig) -> tuple[str, dict[str, Any]]:
     tree = "" if spec.tree == "default" else spec.tree.replace(",", ".")
     lookup = "" if spec.eagle_lookup is None else f"+{spec.eagle_lookup}"
-    return methods.get("eagle").label(tree + lookup, None)
+    shortlist = "" if spec.draft_shortlist == "full" else f"+{spec.draft_shortlist}"
+    return methods.get("eagle").label(tree + lookup + shortlist, None)
 
 
 def _eagle_engines(spec: SpecConfig, context: PickContext) -> list[engines.EngineConfig]:

@@ -197,22 +197,35 @@ def _check_eagle(spec: SpecConfig) -> None:
 
 
 def _eagle_label(text: str, k: int | None) -> tuple[str, dict[str, Any]]:
-    """``eagle[@D.K.N[pMIN_PROB]][+LOOKUP]``: the dynamic tree (``eagle@6.4.10p0.1`` is
-    ``--tree 6,4,10,0.1``) and the prompt-lookup tokens grafted on (``+0``: none)."""
-    tree_text, _, lookup_text = text.partition("+")
+    """``eagle[@D.K.N[pMIN_PROB]][+LOOKUP][+SHORTLIST]``: the dynamic tree (``eagle@6.4.10p0.1``
+    is ``--tree 6,4,10,0.1``), the prompt-lookup tokens grafted on (``+0``: none) and the
+    head's shortlist (``eagle+0+dyna-pa:8``; a number after ``+`` is the lookup, anything else
+    a shortlist, as ``draft_model@5+dyna-pa:32``)."""
+    tree_text, *extras = text.split("+")
     shape, _, min_prob = tree_text.partition("p")
     tree = shape.replace(".", ",") + (f",{min_prob}" if min_prob else "") if shape else "default"
     fields: dict[str, Any] = {"tree": tree}
     label = "eagle" + (f" tree={tree}" if tree_text else "")
-    if lookup_text:
-        try:
-            fields["eagle_lookup"] = int(lookup_text)
-        except ValueError:
+    for extra in extras:
+        key = "eagle_lookup" if extra.isdigit() else "draft_shortlist"
+        if key in fields:
             raise ValueError(
-                "eagle takes +N, the prompt-lookup tokens grafted onto its tree, such as "
-                "eagle@6.4.10p0.1+5"
-            ) from None
-        label += f" lookup={lookup_text}"
+                "eagle takes at most one +N (the prompt-lookup tokens grafted onto its tree) and "
+                "one +SHORTLIST, such as eagle@6.4.10p0.1+5+dyna-pa:8"
+            )
+        if extra.isdigit():
+            fields[key] = int(extra)
+            label += f" lookup={extra}"
+        else:
+            try:
+                parse_shortlist(extra)
+            except ValueError as error:
+                raise ValueError(
+                    f"eagle takes +N, the prompt-lookup tokens grafted onto its tree, or "
+                    f"+SHORTLIST ({error})"
+                ) from None
+            fields[key] = extra
+            label += f" {extra}"
     return label, fields
 
 
