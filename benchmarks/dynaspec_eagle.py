@@ -24,6 +24,13 @@ tokens/s, identical to autoregressive decoding (greedy). Runs are logged per tem
 
     python benchmarks/dynaspec_eagle.py --threads 2 --eagle-dir DIR --shortlist-dir DIR \\
         --hybrid-dir DIR
+
+``--held-out DIR`` runs the same rows on prompts of the seven kinds that neither the bench nor
+the drafter's training text holds: the prompts ``quickdraft data code-prompts`` and
+``doc-prompts`` wrote into DIR (``code.jsonl``, ``docs.jsonl``, as in
+``benchmarks/data/README.md``) and the shortlist corpus's user turns, each past the ones its
+replies were regenerated from. Shortlist sizes (k_max) are chosen there, with ``--extra``
+rows, and the bench's figures stay held out.
 """
 
 from __future__ import annotations
@@ -41,12 +48,18 @@ from quickdraft.bench.harness import BenchSettings, MethodRun, RunRecord, run_be
 from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.runlog import RunLog
 from quickdraft.bench.summary import summarise
-from quickdraft.bench.tasks import TASK_KINDS, load_tasks
+from quickdraft.bench.tasks import TASK_KINDS, TaskItem, load_tasks
 from quickdraft.config import SpecConfig
 from quickdraft.models.loading import load_model
+from quickdraft.train.replies import read_prompts
 from quickdraft.vocab.shortlist import load_clusters
 
 RESULTS = Path(__file__).parent / "results" / "dynaspec_eagle"
+DATA = Path(__file__).parent / "data"
+# Held-out prompts: each file's prompts in ``data regenerate``'s order, past the first USED,
+# which the drafter's training replies answer (benchmarks/data/README.md).
+HELD_OUT = {"code.jsonl": 208, "docs.jsonl": 160}
+CORPUS, CORPUS_USED = DATA / "shortlist_corpus.jsonl", 300
 TARGET = "qwen2.5-coder-0.5b"
 PAPER_RATIO = 32768 / 128256  # FR-Spec's list against Llama-3's vocabulary
 # The paper's Table (Llama-3-8B-Instruct, EAGLE-2, A6000): mean accepted length per task.
@@ -83,21 +96,58 @@ def methods(args: argparse.Namespace, vocab: int, clusters: int) -> dict[str, Sp
         if args.ablation:
             rows["core only"] = eagle("dyna:0", args.hybrid_dir)
             rows["core + sequence"] = eagle("dyna-hybrid:0", args.hybrid_dir)
+    for text in args.extra:  # hybrid kinds read the hybrid's artifacts, the rest the faithful
+        hybrid = text.startswith("dyna-hybrid") and args.hybrid_dir is not None
+        rows[text] = eagle(text, args.hybrid_dir if hybrid else args.shortlist_dir)
+    if args.only:
+        unknown = sorted(set(args.only) - set(rows))
+        if unknown:
+            raise SystemExit(f"--only: no rows {unknown}; the rows are {', '.join(rows)}")
+        rows = {label: spec for label, spec in rows.items() if label in args.only}
+    if "full" not in rows:
+        raise SystemExit("--only: keep the full row, every comparison is against it")
     return rows
+
+
+def held_out_tasks(folder: Path, per_task: int) -> dict[str, list[TaskItem]]:
+    """``per_task`` prompts of each bench task kind that no training reply answers."""
+    records = []
+    for name, used in HELD_OUT.items():
+        if not (folder / name).is_file():
+            raise SystemExit(
+                f"--held-out: no {name} in {folder}; write it as benchmarks/data/README.md says"
+            )
+        records += read_prompts(folder / name)[used:]
+    records += read_prompts(CORPUS)[CORPUS_USED:]
+    tasks: dict[str, list[TaskItem]] = {kind: [] for kind in TASK_KINDS}
+    for record in records:
+        chosen = tasks.get(record["kind"])
+        if chosen is not None and len(chosen) < per_task:
+            messages = tuple(record["messages"])
+            item_id = f"held-out-{record['kind']}-{len(chosen) + 1:03d}"
+            chosen.append(
+                TaskItem(item_id, record["kind"], messages[-1]["content"], messages, "", "")
+            )
+    return tasks
 
 
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_model(TARGET)
+    target, tokenizer = load_model(TARGET, quant=args.quant)
     vocab = target.vocab_size
     clusters = int(load_clusters(args.shortlist_dir).max()) + 1
     specs = methods(args, vocab, clusters)
     runs = [MethodRun("ar", SpecConfig(method="ar"))] + [
         MethodRun(label, spec) for label, spec in specs.items()
     ]
-    tasks = load_tasks(TASK_KINDS, args.prompts_per_task)
+    if args.held_out is None:
+        tasks = load_tasks(TASK_KINDS, args.prompts_per_task)
+    else:
+        tasks = held_out_tasks(args.held_out, args.prompts_per_task)
     meta = {
+        "prompts": "bench" if args.held_out is None else "held out",
         "target": TARGET,
+        "target_weights": args.quant or "float",
         "vocab": vocab,
         "clusters": clusters,
         "eagle_dir": str(args.eagle_dir),
@@ -114,6 +164,8 @@ def run(args: argparse.Namespace) -> dict:
     for temperature in args.temperatures:
         bench = _bench_at(temperature, args, target, tokenizer, runs, tasks, meta)
         result["temperatures"][f"{temperature:g}"] = table(bench, list(tasks), specs)
+        # Written after each temperature: a session that ends during the next one keeps this.
+        (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -176,10 +228,12 @@ def render(result: dict) -> str:
     meta = result["meta"]
     vocab = meta["vocab"]
     lines = [
-        f"# DynaSpec on an EAGLE drafter: {meta['target']} ({vocab:,}-token vocabulary)",
+        f"# DynaSpec on an EAGLE drafter: {meta['target']} ({vocab:,}-token vocabulary, "
+        f"{meta.get('target_weights', 'float')} weights)",
         "",
         f"Machine: {meta['machine']}; {meta['threads']} threads. {meta['prompts_per_task']} "
-        f"prompts per task, {meta['max_new_tokens']} new tokens, chat template; EAGLE "
+        f"{meta.get('prompts', 'bench')} prompts per task, {meta['max_new_tokens']} new tokens, "
+        "chat template; EAGLE "
         f"drafter `{meta['eagle_dir']}`, network alone (no prompt-lookup graft); "
         f"M = {meta['clusters']} clusters (`{meta['shortlist_dir']}`). Shortlists: "
         + ", ".join(f"{n} = `{s}`" for n, s in meta["shortlists"].items())
@@ -258,6 +312,11 @@ def render(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--quant", choices=["int8"], default=None,
+        help="the target's weights in int8 (about 3x faster a step on CPU, so the draft is a "
+        "larger share of it); outputs are compared with the int8 target's own decoding",
+    )  # fmt: skip
     parser.add_argument("--eagle-dir", type=Path, default=None)
     parser.add_argument("--shortlist-dir", type=Path, default=None, help="faithful artifacts")
     parser.add_argument("--hybrid-dir", type=Path, default=None, help="hybrid artifacts")
@@ -268,6 +327,13 @@ def main() -> None:
     parser.add_argument("--dyna-pa", type=int, default=16, help="DynaSpec-PA k_max")
     parser.add_argument("--hybrid-pa", type=int, default=8, help="hybrid k_max")
     parser.add_argument("--ablation", action="store_true", help="the hybrid's parts too")
+    parser.add_argument(
+        "--extra", nargs="+", default=[], help="more rows, each a shortlist such as dyna-pa:8"
+    )
+    parser.add_argument("--only", nargs="+", default=[], help="run only these rows (and ar)")
+    parser.add_argument(
+        "--held-out", type=Path, default=None, help="a folder of held-out prompt files (above)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--render", action="store_true", help="only rebuild OUT/report.md")
@@ -275,8 +341,7 @@ def main() -> None:
     if not args.render:
         if args.eagle_dir is None or args.shortlist_dir is None:
             parser.error("--eagle-dir and --shortlist-dir are needed to measure")
-        result = run(args)
-        (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+        run(args)
     result = json.loads((args.out / "results.json").read_text())
     report = render(result)
     (args.out / "report.md").write_text(report)
