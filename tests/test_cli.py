@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from quickdraft.cli import main
@@ -77,3 +79,19 @@ def test_auto_method_is_eagle_where_a_drafter_ships_else_prompt_lookup(tmp_path)
     assert auto("smollm2-135m", draft="smollm2-135m") == "draft_model"
     assert auto(str(tmp_path)) == "ngram"  # a folder, even one that exists, has none shipped
     assert auto("qwen2.5-coder-1.5b") == "ngram"
+    # Its drafter ships (for --method eagle and the DynaSpec bench), held back from auto.
+    assert auto("qwen2.5-coder-0.5b") == "ngram"
+
+
+def test_a_drafter_is_held_back_from_auto_only_by_its_config(tmp_path):
+    from quickdraft.artifacts import ArtifactError
+    from quickdraft.drafters.eagle_io import CONFIG_FILE, eagle_folder, offered_by_auto
+
+    shipped = json.loads((eagle_folder("smollm2-135m") / CONFIG_FILE).read_text())
+    assert offered_by_auto(eagle_folder("smollm2-135m")) and "auto" not in shipped
+    assert not offered_by_auto(tmp_path)  # no drafter at all
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**shipped, "auto": False}))
+    assert not offered_by_auto(tmp_path)
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**shipped, "auto": "no"}))
+    with pytest.raises(ArtifactError, match="auto"):
+        offered_by_auto(tmp_path)

@@ -39,12 +39,13 @@ def auto_method(target: str, draft: str | None = None, backend: str = "auto") ->
     """The method ``auto`` means: draft_model with a draft; EAGLE where a drafter ships for
     the target alias and the native runner serves it (on SmolLM2-135M the fastest method in
     the bench, 1.31x over seven task kinds on CPU against 1.08x for prompt lookup); else
-    prompt lookup, which needs nothing trained."""
-    from quickdraft.drafters.eagle_io import ARTIFACTS
+    prompt lookup, which needs nothing trained. A shipped drafter whose config says
+    ``"auto": false`` is left to ``--method eagle`` (``eagle_io.offered_by_auto``)."""
+    from quickdraft.drafters.eagle_io import ARTIFACTS, offered_by_auto
 
     if draft:
         return "draft_model"
-    shipped = {folder.name for folder in ARTIFACTS.iterdir() if folder.is_dir()}
+    shipped = {folder.name for folder in ARTIFACTS.iterdir() if offered_by_auto(folder)}
     return "eagle" if target in shipped and backend != "hf" else "ngram"
 
 

@@ -90,6 +90,20 @@ def with_full_vocabulary(net: EagleNet) -> EagleNet:
     return full.eval()
 
 
+def offered_by_auto(folder: str | Path) -> bool:
+    """Whether ``--method auto`` may choose this shipped drafter: ``"auto": false`` in its
+    ``eagle.json`` holds it back (its card says why) until a bench shows it beats the other
+    methods for its target; ``--method eagle`` uses it either way."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.exists():
+        return False
+    remedy = "retrain the drafter (quickdraft train eagle) or copy the folder again"
+    offered = read_json(path, remedy, required=("config",)).get("auto", True)
+    if not isinstance(offered, bool):
+        raise artifacts.ArtifactError(path, "'auto' must be true or false", remedy)
+    return offered
+
+
 def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> Path:
     """The explicit folder, else the drafter shipped for ``target_name``."""
     return shipped_folder(ARTIFACTS, target_name, folder, "eagle_dir", "EAGLE drafters, eagle")
