@@ -18,6 +18,7 @@ from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
 CONFIG_FILE = "eagle.json"
 WEIGHTS_FILE = "eagle.safetensors"
 ARTIFACTS = Path(__file__).parent / "artifacts" / "eagle"
+REMEDY = "retrain the drafter (quickdraft train eagle) or copy the folder again"
 
 
 def save_eagle(folder: str | Path, net: EagleNet, metadata: dict | None = None) -> None:
@@ -42,9 +43,8 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
         return import_config(folder, num_target_layers=64)  # the layers do not matter here
     if not (folder / CONFIG_FILE).exists():
         raise ValueError(f"eagle_dir: {folder} holds no {CONFIG_FILE}")
-    remedy = "retrain the drafter (quickdraft train eagle) or copy the folder again"
-    record = read_json(folder / CONFIG_FILE, remedy, required=("config",))
-    return artifacts.build(folder / CONFIG_FILE, remedy, EagleConfig, record["config"])
+    record = read_json(folder / CONFIG_FILE, REMEDY, required=("config",))
+    return artifacts.build(folder / CONFIG_FILE, REMEDY, EagleConfig, record["config"])
 
 
 def load_eagle(folder: str | Path, num_target_layers: int | None = None) -> EagleNet:
@@ -63,16 +63,15 @@ def load_eagle(folder: str | Path, num_target_layers: int | None = None) -> Eagl
             f"eagle_dir: {folder} holds neither {CONFIG_FILE} and {WEIGHTS_FILE} (quickdraft's) "
             "nor config.json (vLLM's and SGLang's layout)"
         )
-    remedy = "retrain the drafter (quickdraft train eagle) or copy the folder again"
-    record = read_json(folder / CONFIG_FILE, remedy, required=("config",))
-    net = EagleNet(artifacts.build(folder / CONFIG_FILE, remedy, EagleConfig, record["config"]))
-    state = read_safetensors(folder / WEIGHTS_FILE, remedy)
+    record = read_json(folder / CONFIG_FILE, REMEDY, required=("config",))
+    net = EagleNet(artifacts.build(folder / CONFIG_FILE, REMEDY, EagleConfig, record["config"]))
+    state = read_safetensors(folder / WEIGHTS_FILE, REMEDY)
     state = {k: v if k == "draft_vocab" else v.float() for k, v in state.items()}
-    load_state(folder / WEIGHTS_FILE, net, state, remedy)
+    load_state(folder / WEIGHTS_FILE, net, state, REMEDY)
     vocab = state.get("draft_vocab")
     if vocab is not None and len(vocab) and int(vocab.max()) >= net.config.vocab_size:
         raise artifacts.ArtifactError(
-            folder / WEIGHTS_FILE, "draft_vocab holds ids past the config's vocab_size", remedy
+            folder / WEIGHTS_FILE, "draft_vocab holds ids past the config's vocab_size", REMEDY
         )
     return net.eval()
 
@@ -97,10 +96,9 @@ def offered_by_auto(folder: str | Path) -> bool:
     path = Path(folder) / CONFIG_FILE
     if not path.exists():
         return False
-    remedy = "retrain the drafter (quickdraft train eagle) or copy the folder again"
-    offered = read_json(path, remedy, required=("config",)).get("auto", True)
+    offered = read_json(path, REMEDY, required=("config",)).get("auto", True)
     if not isinstance(offered, bool):
-        raise artifacts.ArtifactError(path, "'auto' must be true or false", remedy)
+        raise artifacts.ArtifactError(path, "'auto' must be true or false", REMEDY)
     return offered
 
 

@@ -213,7 +213,7 @@ def _eagle_label(text: str, k: int | None) -> tuple[str, dict[str, Any]]:
                 "eagle takes at most one +N (the prompt-lookup tokens grafted onto its tree) and "
                 "one +SHORTLIST, such as eagle@6.4.10p0.1+5+dyna-pa:8"
             )
-        if extra.isdigit():
+        if key == "eagle_lookup":
             fields[key] = int(extra)
             label += f" lookup={extra}"
         else:
