@@ -343,6 +343,20 @@ def synthetic_features(n: int, hidden: int, vocab: int, seed: int = 0) -> Featur
     )
 
 
+def test_a_packed_router_computes_what_the_module_does():
+    torch.manual_seed(0)
+    router = Router(RouterConfig(hidden_size=24, num_clusters=6, width=32)).eval()
+    for parameter in router.parameters():  # not the identity LayerNorm of a fresh module
+        torch.nn.init.normal_(parameter)
+    packed = router.packed()
+    for rows in (1, 4, 17):
+        embedding, prev = torch.randn(rows, 24), torch.randn(rows, 24)
+        with torch.inference_mode():
+            expected, got = router(embedding, prev), packed(embedding, prev)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+        assert torch.equal(got.argsort(-1), expected.argsort(-1))
+
+
 def test_router_learns_and_resumes(tmp_path):
     hidden, vocab, clusters = 16, 40, 8
     features = synthetic_features(3000, hidden, vocab)

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from quickdraft.artifacts import build, load_state, read_json, read_safetensors
+from quickdraft.models.ops import Linear
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,10 @@ class Router(nn.Module):
         x = self.norm(torch.cat([embedding, prev_hidden], dim=-1))
         return self.out(F.gelu(self.up(x)))
 
+    def packed(self) -> PackedRouter:
+        """A frozen copy for decoding, its products prepacked like the drafter's layers."""
+        return PackedRouter(self)
+
     def save(self, folder: str | Path, inputs: str = "hidden") -> None:
         """``inputs``: what its H_{t-1} was: "hidden" (a model's final hidden state: a draft
         model's, or the target's for Medusa) or "eagle" (an EAGLE drafter's features)."""
@@ -69,3 +74,23 @@ class Router(nn.Module):
         state = read_safetensors(weights, remedy)
         load_state(weights, router, {n: t.float() for n, t in state.items()}, remedy)
         return router.eval()
+
+
+class PackedRouter:
+    """A router frozen for decoding: the same function as ``Router.forward``, with its two
+    products prepacked (``ops.Linear``: oneDNN on CPU, float32, exact up to rounding). The
+    router runs at every draft level, a few rows at a time, where the module's plain
+    ``F.linear`` reads its 3.7 MB first layer at more than twice the packed kernel's cost
+    (0.17 against 0.08 ms for 4 rows, 2 threads, AVX-512 EPYC)."""
+
+    def __init__(self, router: Router):
+        norm = router.norm
+        self.norm_shape, self.eps = norm.normalized_shape, norm.eps
+        self.norm_weight, self.norm_bias = norm.weight.detach(), norm.bias.detach()
+        self.up = Linear(router.up.weight.detach().clone(), router.up.bias.detach().clone())
+        self.out = Linear(router.out.weight.detach().clone(), router.out.bias.detach().clone())
+
+    def __call__(self, embedding: torch.Tensor, prev_hidden: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([embedding, prev_hidden], dim=-1)
+        x = F.layer_norm(x, self.norm_shape, self.norm_weight, self.norm_bias, self.eps)
+        return self.out(F.gelu(self.up(x)))

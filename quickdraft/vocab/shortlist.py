@@ -242,6 +242,7 @@ class ClusterShortlist(Shortlist):
         self.head = SegmentedHead(weight, segments, int8)
         self.weight, self.embed = weight, embed
         self.router.to(embed.device)  # it reads embeddings and states where the drafter runs
+        self._scorer = self.router.packed()
         self.vocab_size = vocab_size
         self._usable_assignment = assignment
 
@@ -288,7 +289,7 @@ class ClusterShortlist(Shortlist):
     def _route(self, position: int, tokens: torch.Tensor, prev_hidden: torch.Tensor) -> list[int]:
         """Clusters (router ids, sorted) chosen for this step."""
         embedding = self.embed[tokens.to(self.embed.device)].float()
-        scores = self.router(embedding, prev_hidden.float().to(embedding.device)).cpu()
+        scores = self._scorer(embedding, prev_hidden.float().to(embedding.device)).cpu()
         scores[:, ~self._valid] = float("-inf")
         k = min(self.budget(position), int(self._valid.sum()))
         return scores.topk(k, dim=-1).indices.flatten().unique().tolist()
