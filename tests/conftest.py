@@ -135,6 +135,7 @@ def random_shortlists(vocab: int, hidden: int) -> dict:
         "fr-pa": FrequencyShortlist.position_aware(ranked, 40, 4),
         "dyna": ClusterShortlist(assignment, router, 3, position_aware=False),
         "dyna-pa": ClusterShortlist(assignment, router, 3),
+        "dyna-pa-threaded": ClusterShortlist(assignment, router, 3, parallel=True),
         "hybrid": ClusterShortlist(core, router, 2, context=True),
     }
 

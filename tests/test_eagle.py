@@ -159,7 +159,8 @@ def test_min_prob_keeps_only_nodes_the_drafter_believes_in(targets):
         with torch.inference_mode():
             drafter._flush(drafter.cache.narrow(0, 1), batch)  # the prompt's entries
             pending = batch.tokens[:, n - 1]
-            values, _ = drafter._top(drafter._root[:1], pending, drafter._root_feature[:1], 0)
+            drafter._route(pending, drafter._root_feature[:1], 0)
+            values, _ = drafter._top(drafter._root[:1])
             top = values.exp().max().item()
             return drafter.propose(batch), top
 
@@ -408,7 +409,7 @@ def test_shipped_drafter_on_smollm2_is_the_default_and_token_identical(smollm2):
     assert len(out.token_ids) <= 24 and out.stats.verify_steps >= 1
 
 
-@pytest.mark.parametrize("kind", ["fr", "fr-pa", "dyna", "dyna-pa", "hybrid"])
+@pytest.mark.parametrize("kind", ["fr", "fr-pa", "dyna", "dyna-pa", "dyna-pa-threaded", "hybrid"])
 def test_shortlisted_eagle_is_token_identical_and_drafts_only_shortlisted_tokens(targets, kind):
     """The head scores the shortlist's rows of the target's whole head: drafts stay inside
     the shortlist, reach tokens outside the network's own draft vocabulary, and greedy
@@ -427,6 +428,31 @@ def test_shortlisted_eagle_is_token_identical_and_drafts_only_shortlisted_tokens
     assert drafted - set(net.draft_vocab.tolist())  # beyond the network's own 12 tokens
     if kind.startswith("fr"):
         assert drafted <= set(shortlist.ranked[:40].tolist())
+
+
+def test_a_router_on_its_own_thread_drafts_the_trees_an_inline_router_drafts(targets):
+    """``parallel`` moves DynaSpec's router beside the drafter's body (the router reads only
+    the level's tokens and features), never what it chooses: proposal for proposal, the same
+    tree tokens as routing inline."""
+    target = targets["llama-tied"]
+    net = random_net(target, "eagle3", draft_vocab=12)
+    shortlists = random_shortlists(target.vocab_size, target.config.hidden_size)
+    proposals: dict[str, list] = {"dyna-pa": [], "dyna-pa-threaded": []}
+    for kind, seen in proposals.items():
+        drafter = EagleDrafter(
+            target, net, DynamicTree(3, 2, 5), lookup=0, shortlist=shortlists[kind]
+        )
+
+        def recording(batch, seen=seen, propose=drafter.propose):
+            draft = propose(batch)
+            seen.append(draft.tokens.tolist())
+            return draft
+
+        drafter.propose = recording
+        for prompt in PROMPTS:
+            generate(target, prompt, sampling=GREEDY, draft=drafter)
+    assert len(proposals["dyna-pa"]) > len(PROMPTS)
+    assert proposals["dyna-pa"] == proposals["dyna-pa-threaded"]
 
 
 def test_shipped_smollm2_eagle_takes_a_frequency_shortlist_through_specconfig(smollm2, tmp_path):

@@ -278,19 +278,25 @@ class EagleDrafter:
         )
         return net.finish(attended, residual)
 
-    def _top(
-        self, output: torch.Tensor, tokens: torch.Tensor, feature: torch.Tensor, depth: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _route(self, tokens: torch.Tensor, feature: torch.Tensor, depth: int) -> None:
+        """Chooses the shortlist's rows for the outputs that ``tokens`` [..] and ``feature``
+        [.., d] are about to produce at draft ``depth`` (the router's inputs). Called before
+        the drafter's body runs on them, so a shortlist built with ``parallel`` routes on its
+        own thread meanwhile."""
+        if self.shortlist is not None:
+            width = feature.shape[-1]
+            self.shortlist.prepare(depth, tokens.reshape(-1), feature.reshape(-1, width).float())
+
+    def _top(self, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``tree.topk`` most likely draft tokens after each output [.., d]: (their
-        log-probabilities, their token ids), each [.., K]. ``tokens`` [..] and ``feature``
-        [.., d] are what produced the outputs: the router's inputs at draft ``depth``."""
+        log-probabilities, their token ids), each [.., K]; with a shortlist, over the rows
+        ``_route`` chose."""
         k, hidden = self.tree.topk, self.net.head_input(output)
         if self.shortlist is None:
             assert self.head is not None
             top = self.head(hidden).float().log_softmax(-1).topk(k, dim=-1)
             return top.values, self.draft_vocab[top.indices]
         lead, width = hidden.shape[:-1], hidden.shape[-1]
-        self.shortlist.prepare(depth, tokens.reshape(-1), feature.reshape(-1, width).float())
         ids, logits = self.shortlist.logits(hidden.reshape(-1, width))
         top = logits.log_softmax(-1).topk(min(k, ids.numel()), dim=-1)
         values, chosen = top.values, ids.to(self.device)[top.indices]
@@ -305,7 +311,8 @@ class EagleDrafter:
         tree, net = self.tree, self.net
         rows = root.shape[0]
         pending = batch.tokens.gather(1, (batch.lengths - 1).unsqueeze(1)).squeeze(1)
-        top_values, top_tokens = self._top(root, pending, self._root_feature[:rows], 0)
+        self._route(pending, self._root_feature[:rows], 0)
+        top_values, top_tokens = self._top(root)
         # Every candidate node so far: token [B], score [B] (log of its path probability),
         # parent (candidate index, -1 for the root's children), depth.
         tokens = [top_tokens]  # per level: [B, C]
@@ -337,6 +344,7 @@ class EagleDrafter:
             )
             feature = outputs_of_level[:, feature_index]  # [B, W, d]
             chosen_tokens = tokens[-1][:, chosen]  # [B, W]
+            self._route(chosen_tokens, feature, level)
             attn_input, residual = net.project(self.embed[chosen_tokens].float(), feature)
             offset = len(entry_parent)
             for slot, candidate in enumerate(chosen.tolist()):
@@ -346,7 +354,7 @@ class EagleDrafter:
             ancestors = _ancestors(entry_parent)[offset:].to(self.device)  # [W, offset + W]
             positions = (anchor + level).unsqueeze(1).expand(rows, width)
             output = self._attend(cache, attn_input, residual, positions, ancestors, offset)
-            values, children = self._top(output, chosen_tokens, feature, level)  # [B, W, K]
+            values, children = self._top(output)  # [B, W, K]
             level_scores = scores[-1][:, chosen].unsqueeze(-1) + values
             tokens.append(children.flatten(1))
             scores.append(level_scores.flatten(1))

@@ -36,6 +36,7 @@ Qwen2.5-Coder-0.5B 97.0%, 0.037, 0.55).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -179,11 +180,27 @@ def linear(x: torch.Tensor, weights: Int8Weights) -> torch.Tensor:
     return out
 
 
+def side_by_side(x: torch.Tensor, weights: Sequence[Int8Weights]) -> torch.Tensor:
+    """x: [N, in] float32, contiguous -> [N, sum of outs]: ``linear`` of x by each of
+    ``weights``, concatenated, bit for bit. Weights without outlier channels or bias (a
+    shortlisted head's row segments) share one scaling of x, so each costs only its product."""
+    if any(w.columns is not None or w.bias is not None for w in weights):
+        return torch.cat([linear(x, w) for w in weights], dim=-1)
+    row_scale, scaled = _scaled(x)
+    products = [torch.ops.quantized.linear_dynamic(scaled, w.packed, False) for w in weights]
+    return torch.cat(products, dim=-1).mul_(row_scale)
+
+
+def _scaled(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each row's absolute maximum [N, 1], the rows divided by it beside the anchors)."""
+    row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+    return row_scale, torch.cat([x / row_scale, _ANCHORS.expand(x.shape[0], -1)], dim=1)
+
+
 def _product(x: torch.Tensor, packed: object) -> torch.Tensor:
     """x [N, k] times 7-bit weights, each row scaled to an absolute maximum of 1 and
     quantized to 8 bits, then scaled back."""
-    row_scale = x.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)  # [N, 1]
-    scaled = torch.cat([x / row_scale, _ANCHORS.expand(x.shape[0], -1)], dim=1)
+    row_scale, scaled = _scaled(x)
     return torch.ops.quantized.linear_dynamic(scaled, packed, False).mul_(row_scale)
 
 

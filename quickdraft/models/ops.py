@@ -6,6 +6,7 @@ pointer."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -86,6 +87,18 @@ class Linear:
         return out.view(*x.shape[:-1], self.out_features)
 
 
+def side_by_side(x: torch.Tensor, parts: Sequence[Linear]) -> torch.Tensor:
+    """The outputs of several linear layers on one input x [.., in], concatenated. Int8
+    layers share the scaling of x (``int8.side_by_side``): a shortlisted head calls one per
+    chosen row segment, a dozen a draft level."""
+    quantized = [part._int8 for part in parts if part._int8 is not None and not part._observing]
+    if len(quantized) < 2 or len(quantized) < len(parts):
+        return torch.cat([part(x) for part in parts], dim=-1)
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    out = int8_ops.side_by_side(flat, quantized)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
 class Joined:
     """Several linear layers on one input, their outputs side by side: what a fused product
     computes, for weights that must stay where they are (a model shared with transformers)."""
@@ -95,7 +108,7 @@ class Joined:
         self.out_features = sum(part.out_features for part in parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([part(x) for part in self.parts], dim=-1)
+        return side_by_side(x, self.parts)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

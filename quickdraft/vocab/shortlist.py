@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import save_file
 
 from quickdraft.artifacts import ArtifactError, read_safetensors
-from quickdraft.models.ops import Linear
+from quickdraft.models.ops import Linear, side_by_side
 from quickdraft.vocab.router import Router
 
 
@@ -64,7 +64,7 @@ class SegmentedHead:
             ids = torch.cat([self.segments[i] for i in key])
             if cache_ids:
                 self._ids[key] = ids
-        logits = torch.cat([self.linears[i](hidden) for i in key], dim=-1)
+        logits = side_by_side(hidden, [self.linears[i] for i in key])
         return ids, logits.float()
 
 
@@ -237,7 +237,9 @@ class ClusterShortlist(Shortlist):
         self._valid = torch.tensor([m.numel() > 0 for m in members])
         self._has_core = core.numel() > 0
         first = 1 if self._has_core else 0  # segment 0 is the core when there is one
-        self._segment_of = torch.cumsum(self._valid.long(), 0) - 1 + first
+        # Per draft level the router's choice is a handful of ids: kept on the host as lists.
+        self._segment_of = (torch.cumsum(self._valid.long(), 0) - 1 + first).tolist()
+        self._num_valid, self._all_valid = int(self._valid.sum()), bool(self._valid.all())
         segments = ([core] if self._has_core else []) + [m for m in members if m.numel() > 0]
         self.head = SegmentedHead(weight, segments, int8)
         self.weight, self.embed = weight, embed
@@ -290,9 +292,10 @@ class ClusterShortlist(Shortlist):
         """Clusters (router ids, sorted) chosen for this step."""
         embedding = self.embed[tokens.to(self.embed.device)].float()
         scores = self._scorer(embedding, prev_hidden.float().to(embedding.device)).cpu()
-        scores[:, ~self._valid] = float("-inf")
-        k = min(self.budget(position), int(self._valid.sum()))
-        return scores.topk(k, dim=-1).indices.flatten().unique().tolist()
+        if not self._all_valid:
+            scores[:, ~self._valid] = float("-inf")
+        k = min(self.budget(position), self._num_valid)
+        return sorted(set(scores.topk(k, dim=-1).indices.flatten().tolist()))
 
     def logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         head = self._check_bound()
@@ -300,7 +303,7 @@ class ClusterShortlist(Shortlist):
             raise RuntimeError("prepare() must run before logits()")
         pending, self._pending = self._pending, None
         clusters = pending.result() if isinstance(pending, Future) else pending
-        segments = ([0] if self._has_core else []) + self._segment_of[clusters].tolist()
+        segments = ([0] if self._has_core else []) + [self._segment_of[c] for c in clusters]
         if segments:
             ids, logits = head.logits(hidden, segments)
         else:  # route=False without a core: the context alone
