@@ -83,6 +83,24 @@ def test_auto_method_is_eagle_where_a_drafter_ships_else_prompt_lookup(tmp_path)
     assert auto("qwen2.5-coder-0.5b") == "ngram"
 
 
+def test_an_eagle_drafter_names_the_shortlist_it_runs_with_unless_one_is_asked_for(tmp_path):
+    from quickdraft.artifacts import ArtifactError
+    from quickdraft.cli.common import default_shortlist
+    from quickdraft.drafters.eagle_io import CONFIG_FILE, eagle_folder
+
+    assert default_shortlist("eagle", "smollm2-135m") == "full"  # its config names none
+    assert default_shortlist("ngram", "qwen2.5-coder-0.5b") == "full"
+    assert default_shortlist("eagle", "qwen2.5-coder-0.5b") == "fr:38818"  # its bench's fastest
+    assert default_shortlist("eagle", "no-such-model") == "full"  # building it reports that
+    shipped = json.loads((eagle_folder("smollm2-135m") / CONFIG_FILE).read_text())
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**shipped, "shortlist": "dyna-pa:4"}))
+    assert default_shortlist("eagle", "smollm2-135m", str(tmp_path)) == "dyna-pa:4"
+    for wrong in ("top:3", 4):
+        (tmp_path / CONFIG_FILE).write_text(json.dumps({**shipped, "shortlist": wrong}))
+        with pytest.raises(ArtifactError, match=f"{CONFIG_FILE}.*'shortlist'"):
+            default_shortlist("eagle", "smollm2-135m", str(tmp_path))
+
+
 def test_a_drafter_is_held_back_from_auto_only_by_its_config(tmp_path):
     from quickdraft.artifacts import ArtifactError
     from quickdraft.drafters.eagle_io import CONFIG_FILE, eagle_folder, offered_by_auto

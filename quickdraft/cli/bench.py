@@ -37,7 +37,8 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         help="comma-separated; NAME@K sets k per method (e.g. draft_model@3); medusa@4.2.1 "
         "sets the Medusa tree's widths, eagle@4.4.12 the EAGLE tree's depth, top-k and tokens "
         "(eagle@6.4.10p0.1 adds a minimum path probability, eagle+N the prompt-lookup tokens "
-        "grafted onto its tree, eagle+0 none), lookahead@4.4.3 its window, n-gram size and "
+        "grafted onto its tree, eagle+0 none; eagle+dyna-pa:4 or draft_model+fr:32768 a head "
+        "shortlist, as --shortlist of generate), lookahead@4.4.3 its window, n-gram size and "
         "candidates",
     )
     bench.add_argument(

@@ -17,6 +17,7 @@ from quickdraft.cli.common import (
     add_quant,
     auto_method,
     console,
+    default_shortlist,
     load_speculation,
 )
 
@@ -157,6 +158,8 @@ def speculative_config(
         method = auto_method(target, draft, backend)
     data["method"] = method
     entry = methods.get(method)
+    if "draft_shortlist" not in data:
+        data["draft_shortlist"] = default_shortlist(entry.name, target, data.get("eagle_dir"))
     data.setdefault("num_speculative_tokens", entry.default_k)
     spec = SpecConfig(**data)
     return spec, draft, spec.drafter_int8

@@ -102,6 +102,27 @@ def offered_by_auto(folder: str | Path) -> bool:
     return offered
 
 
+def shipped_shortlist(folder: str | Path) -> str:
+    """The head shortlist this drafter runs with when none is asked for: ``"shortlist"`` in
+    its ``eagle.json`` (a kind of ``--shortlist``, whose artifacts are the folder's
+    ``shortlist/``), set where a bench measured it faster than the full head; else "full"."""
+    from quickdraft.vocab import parse_shortlist
+
+    path = Path(folder) / CONFIG_FILE
+    if not path.exists():
+        return "full"
+    text = read_json(path, REMEDY, required=("config",)).get("shortlist", "full")
+    try:
+        if not isinstance(text, str):
+            raise ValueError(f"got {text!r}")
+        parse_shortlist(text)
+    except ValueError as error:
+        raise artifacts.ArtifactError(
+            path, f"'shortlist' must be a shortlist such as dyna-pa:4 ({error})", REMEDY
+        ) from None
+    return text
+
+
 def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> Path:
     """The explicit folder, else the drafter shipped for ``target_name``."""
     return shipped_folder(ARTIFACTS, target_name, folder, "eagle_dir", "EAGLE drafters, eagle")
