@@ -8,14 +8,7 @@ from typing import Any
 from rich.text import Text
 
 from quickdraft import methods
-from quickdraft.cli.common import (
-    _threads,
-    add_quant,
-    auto_method,
-    console,
-    default_shortlist,
-    load_speculation,
-)
+from quickdraft.cli.common import _threads, add_quant, auto_method, console, load_speculation
 
 DEFAULT_PROMPT = (
     "Write a Python function is_palindrome(text) that ignores case and "
@@ -147,6 +140,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     import torch
 
+    from quickdraft.cli.common import default_shortlist
     from quickdraft.config import SamplingParams, SpecConfig
     from quickdraft.engine import generate
 
