@@ -111,3 +111,21 @@ def test_a_build_without_int8_kernels_keeps_float(monkeypatch):
     linear.quantize()
     x = torch.randn(2, 16)
     torch.testing.assert_close(linear(x), x @ weight.T)
+
+
+def test_segments_side_by_side_give_each_product_bit_for_bit():
+    """A shortlisted head's row segments share one scaling of x (``ops.side_by_side``): the
+    same numbers as one int8 product per segment, and layers with a bias or outlier columns
+    take the per-layer path."""
+    from quickdraft.models.ops import side_by_side
+
+    torch.manual_seed(0)
+    weight = torch.randn(300, 64) * 0.05
+    segments = [Linear(rows.contiguous(), int8=True) for rows in weight.split([7, 120, 173])]
+    biased = Linear(torch.randn(9, 64), torch.randn(9), int8=True)
+    for rows in (1, 4, 13):
+        x = torch.randn(rows, 64)
+        each = torch.cat([segment(x) for segment in segments], dim=-1)
+        assert torch.equal(side_by_side(x, segments), each)
+        mixed = [*segments, biased]
+        assert torch.equal(side_by_side(x, mixed), torch.cat([each, biased(x)], dim=-1))
