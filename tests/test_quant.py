@@ -17,7 +17,7 @@ from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.drafters.medusa_tree import parse_tree
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.llama import LlamaRunner
-from quickdraft.models.ops import Linear, attend_each, seen_slots
+from quickdraft.models.ops import Linear, attend_each, gather_slots, seen_slots
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7, 7, 7]]
@@ -97,6 +97,21 @@ def test_invariant_attention_gives_a_query_the_same_numbers_in_a_group_of_any_si
         q, cache_k, cache_v, enable_gqa=True
     )
     torch.testing.assert_close(together, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_slots_are_gathered_as_advanced_indexing_gathers_them(rows):
+    """``gather_slots`` (one index_select over a cache's rows laid end to end) copies the
+    numbers ``part[rows, slots]`` copies: from a cache buffer sliced to its used length, and
+    from a tensor whose slots are not laid out so (the general path)."""
+    torch.manual_seed(0)
+    buffer = torch.randn(4, rows, 64, 2, 8)  # layers, rows, capacity, kv heads, head dim
+    part = buffer[2, :, :40]
+    which = torch.tensor([0, rows - 1, rows // 2])
+    slots = torch.randint(0, 40, (3, 7))
+    assert torch.equal(gather_slots(part, which, slots), part[which.unsqueeze(1), slots])
+    shuffled = part.transpose(1, 2).contiguous().transpose(1, 2)
+    assert torch.equal(gather_slots(shuffled, which, slots), shuffled[which.unsqueeze(1), slots])
 
 
 def test_a_token_gets_the_same_logits_beside_rows_of_other_lengths():

@@ -199,13 +199,30 @@ def attend_each(
     # GQA without copies: query head h reads kv head h // (heads / kv_heads).
     shared = heads // kv_heads if gqa else 1
     for rows, queries, slots in groups:
-        index = (rows.unsqueeze(1), slots)
         group = q[rows, :, queries].view(len(rows), kv_heads, shared, dim)  # [G, Hkv, r, D]
-        scores = group @ keys[index].permute(0, 2, 3, 1)  # [G, Hkv, r, n]
+        scores = group @ gather_slots(keys, rows, slots).permute(0, 2, 3, 1)  # [G, Hkv, r, n]
         weights = torch.softmax(scores * dim**-0.5, dim=-1)
-        attended = weights @ values[index].transpose(1, 2)  # [G, Hkv, r, D]
+        attended = weights @ gather_slots(values, rows, slots).transpose(1, 2)  # [G, Hkv, r, D]
         out[rows, :, queries] = attended.view(len(rows), heads, dim)
     return out
+
+
+def gather_slots(part: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``part[rows.unsqueeze(1), slots]``: the cache slots [G, n] of rows [G] from part
+    [B, S, Hkv, D], as a new contiguous [G, n, Hkv, D]. Where each row's slots lie end to end
+    in memory (a cache's buffer, sliced to its used length) one ``index_select`` over the rows
+    laid end to end copies them; the same numbers, and on CPU 2.5-5x faster than advanced
+    indexing for a pass's groups (16 against 6 us for one query over 300 slots, 44 against
+    9 us for four), which is a tenth of a tree's verify pass on Qwen2.5-Coder-0.5B int8."""
+    batch, length, *inner = part.shape
+    row_stride, slot_stride = part.stride(0), part.stride(1)
+    laid_out = part.stride()[1:] == (inner[0] * inner[1], inner[1], 1)
+    if not laid_out or (batch > 1 and row_stride % slot_stride):
+        return part[rows.unsqueeze(1), slots]
+    per_row = row_stride // slot_stride if batch > 1 else length
+    flat = part.as_strided(((batch - 1) * per_row + length, *inner), part.stride()[1:])
+    index = slots if batch == 1 else slots + (rows * per_row).unsqueeze(1)
+    return flat.index_select(0, index.reshape(-1)).view(*slots.shape, *inner)
 
 
 def seen_slots(mask: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
