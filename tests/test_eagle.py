@@ -382,6 +382,20 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_net(targets,
     with pytest.raises(ValueError, match="checkpoint"):
         train_net(features, config, vocab, embed, head, other, tmp_path / "b")
 
+    # --init: a run starts from a saved drafter's layers (here with a step too small to move
+    # them); one made for another variant is refused by name.
+    save_eagle(tmp_path / "saved", net)
+    onward = EagleTraining(
+        steps=2, draft_vocab=101, epochs=1, batch_size=4, lr=1e-9, init=str(tmp_path / "saved")
+    )
+    kept, _ = train_net(features, config, vocab, embed, head, onward, tmp_path / "c")
+    for name, value in net.state_dict().items():  # saved in fp16
+        torch.testing.assert_close(kept.state_dict()[name], value, atol=2e-3, rtol=1e-2)
+    save_eagle(tmp_path / "eagle1", EagleNet(EagleConfig.for_target(target.config, "eagle1", 101)))
+    elsewhere = EagleTraining(steps=2, draft_vocab=101, epochs=1, init=str(tmp_path / "eagle1"))
+    with pytest.raises(ValueError, match=r"init: .* another drafter: variant"):
+        train_net(features, config, vocab, embed, head, elsewhere, tmp_path / "d")
+
 
 def test_bad_training_settings_name_the_field():
     from quickdraft.train.eagle import EagleTraining

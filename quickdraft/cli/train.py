@@ -231,6 +231,13 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
     eagle.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     eagle.add_argument("--threads", type=_threads, default=None)
     eagle.add_argument("--seed", type=int, default=0)
+    eagle.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="start from the layers of a drafter saved by quickdraft train eagle for the same "
+        "target and variant (more epochs, or new data); the draft vocabulary is chosen again",
+    )
     _add_scaling(eagle)
 
 
@@ -248,6 +255,7 @@ def _train_eagle(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
+        init=None if args.init is None else str(args.init),
     )
     scaling, reporting = _scaling(args)
     with Progress(

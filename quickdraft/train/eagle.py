@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -61,6 +61,10 @@ class EagleTraining:
     validation_fraction: float = 0.1
     checkpoint_every: int = 200
     seed: int = 0
+    # A drafter folder saved by quickdraft for the same target and variant: training starts
+    # from its layers (more epochs, or new data) instead of from random ones. Its draft
+    # vocabulary is not taken: the rows it scores are the target's, chosen again here.
+    init: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -241,6 +245,8 @@ def train_net(
         raise ValueError("features: too few sequences to train on and to hold out")
     torch.manual_seed(settings.seed)
     net = EagleNet(config)
+    if settings.init is not None:
+        _start_from(net, Path(settings.init))
     net.draft_vocab = draft_vocab.clone()
     optimizer = torch.optim.AdamW(
         net.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
@@ -291,6 +297,27 @@ def train_net(
         "held_out": held,
     }
     return net.cpu(), metrics
+
+
+def _start_from(net: EagleNet, folder: Path) -> None:
+    """Load the layers of the drafter saved in ``folder`` into ``net`` (``EagleTraining.init``);
+    one error naming the folder when it was made for another target, variant or shape."""
+    from quickdraft.drafters.eagle_io import load_eagle
+
+    start = load_eagle(folder)
+    if start.config.own_head:
+        raise ValueError(f"init: {folder} scores an LM head of its own, not the target's rows")
+    theirs = replace(start.config, draft_vocab_size=net.config.draft_vocab_size)
+    if theirs != net.config:
+        differ = [
+            f"{name} {getattr(theirs, name)!r} (here {getattr(net.config, name)!r})"
+            for name in net.config.to_dict()
+            if getattr(theirs, name) != getattr(net.config, name)
+        ]
+        raise ValueError(f"init: {folder} was trained for another drafter: " + ", ".join(differ))
+    state = start.state_dict()
+    state["draft_vocab"] = net.draft_vocab
+    net.load_state_dict(state)
 
 
 def _settings_record(settings: EagleTraining) -> dict:
