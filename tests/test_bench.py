@@ -175,6 +175,7 @@ def _renderers() -> dict:
         "shortlists": lambda r: shortlists.render(r, tasks_of(r)),
         "medusa": lambda r: medusa.render(r, tasks_of(r)),
         "dynaspec_eagle": script("dynaspec_eagle").render,
+        "eagle_tree_sweep": script("eagle_tree_sweep").render,
         "bench": lambda r: markdown(r["results"], r["meta"]),
     }
 
