@@ -182,7 +182,18 @@ def _bench_at(temperature: float, args, target, tokenizer, runs, tasks, meta: di
     )
     # The log's header leaves the machine out: a run may resume on another session's host.
     header = {**meta, "temperature": temperature, "machine": None}
-    log = RunLog(args.out / f"T{temperature:g}", header)
+    return logged_bench(
+        args.out / f"T{temperature:g}", header, f"T={temperature:g}", target, tokenizer, runs,
+        tasks, settings,
+    )  # fmt: skip
+
+
+def logged_bench(folder: Path, header: dict, label: str, target, tokenizer, runs, tasks,
+                 settings: BenchSettings, **options):  # fmt: skip
+    """``run_bench`` with a progress bar, each run logged to ``folder/runs.jsonl`` and the
+    runs already there (under the same ``header``) kept, so an interrupted bench resumes.
+    ``options`` go to ``run_bench`` (``eagle_dir``, say)."""
+    log = RunLog(folder, header)
     done = log.resume()
     total = sum(len(v) for v in tasks.values()) * len(runs)
     with Progress(console=console, transient=True) as progress:
@@ -190,13 +201,26 @@ def _bench_at(temperature: float, args, target, tokenizer, runs, tasks, meta: di
 
         def logged(record: RunRecord, _bench) -> None:
             log.append(record)
-            label = f"T={temperature:g} {record.task} {record.method}"
-            progress.update(bar, advance=1, description=label)
+            progress.update(bar, advance=1, description=f"{label} {record.task} {record.method}")
 
         return run_bench(
             target, tokenizer, runs, tasks, settings, target_name=TARGET, done=done,
-            on_run=logged,
+            on_run=logged, **options,
         )  # fmt: skip
+
+
+def measure_then_render(parser, args, needed: tuple[str, ...], measure, render) -> None:
+    """A bench script's end: measure into ``args.out`` unless ``--render`` (then each of
+    ``needed`` must be given), then write ``report.md`` from ``results.json`` and show it."""
+    if not args.render:
+        missing = [name for name in needed if getattr(args, name) is None]
+        if missing:
+            flags = " and ".join("--" + name.replace("_", "-") for name in needed)
+            parser.error(f"{flags} are needed to measure")
+        measure(args)
+    report = render(json.loads((args.out / "results.json").read_text()))
+    (args.out / "report.md").write_text(report)
+    console.print(report)
 
 
 def table(bench, tasks: list[str], specs: dict[str, SpecConfig]) -> dict:
@@ -344,14 +368,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--render", action="store_true", help="only rebuild OUT/report.md")
     args = parser.parse_args()
-    if not args.render:
-        if args.eagle_dir is None or args.shortlist_dir is None:
-            parser.error("--eagle-dir and --shortlist-dir are needed to measure")
-        run(args)
-    result = json.loads((args.out / "results.json").read_text())
-    report = render(result)
-    (args.out / "report.md").write_text(report)
-    console.print(report)
+    measure_then_render(parser, args, ("eagle_dir", "shortlist_dir"), run, render)
 
 
 if __name__ == "__main__":

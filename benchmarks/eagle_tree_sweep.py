@@ -24,21 +24,17 @@ import json
 from pathlib import Path
 
 import torch
-from rich.console import Console
-from rich.progress import Progress
 
-from quickdraft.bench.harness import BenchSettings, RunRecord, parse_methods, run_bench
+from quickdraft.bench.harness import BenchSettings, parse_methods
 from quickdraft.bench.machine import describe_machine
-from quickdraft.bench.runlog import RunLog
 from quickdraft.bench.summary import summarise
 from quickdraft.models.loading import load_model
 
 TARGET = "qwen2.5-coder-0.5b"
-console = Console(width=140)
 
 
 def run(args: argparse.Namespace) -> dict:
-    from dynaspec_eagle import held_out_tasks  # beside this script: the same prompts
+    from dynaspec_eagle import held_out_tasks, logged_bench  # beside this script
 
     torch.set_num_threads(args.threads)
     target, tokenizer = load_model(TARGET, quant=args.quant)
@@ -55,22 +51,11 @@ def run(args: argparse.Namespace) -> dict:
         "methods": [run.label for run in runs],
         "threads": torch.get_num_threads(),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    log = RunLog(args.out, meta)  # the machine stays out of the header: a resume may move
-    done = log.resume()
-    total = sum(len(items) for items in tasks.values()) * len(runs)
-    with Progress(console=console, transient=True) as progress:
-        bar = progress.add_task("sweep", total=total, completed=len(done))
-
-        def logged(record: RunRecord, _bench) -> None:
-            log.append(record)
-            progress.update(bar, advance=1, description=f"{record.task} {record.method}")
-
-        bench = run_bench(
-            target, tokenizer, runs, tasks, settings, target_name=TARGET,
-            eagle_dir=None if args.eagle_dir is None else str(args.eagle_dir),
-            done=done, on_run=logged,
-        )  # fmt: skip
+    # The machine stays out of the log's header: a resume may run on another host.
+    bench = logged_bench(
+        args.out, meta, "", target, tokenizer, runs, tasks, settings,
+        eagle_dir=None if args.eagle_dir is None else str(args.eagle_dir),
+    )  # fmt: skip
     overall = summarise(bench)["all"]
     rows = {}
     for method in runs:
@@ -132,13 +117,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--render", action="store_true", help="only rebuild OUT/report.md")
     args = parser.parse_args()
-    if not args.render:
-        if args.held_out is None or args.methods is None:
-            parser.error("--held-out and --methods are needed to measure")
-        run(args)
-    report = render(json.loads((args.out / "results.json").read_text()))
-    (args.out / "report.md").write_text(report)
-    console.print(report)
+    from dynaspec_eagle import measure_then_render  # beside this script
+
+    measure_then_render(parser, args, ("held_out", "methods"), run, render)
 
 
 if __name__ == "__main__":
