@@ -17,7 +17,7 @@ from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.drafters.medusa_tree import parse_tree
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.llama import LlamaRunner
-from quickdraft.models.ops import Linear, attend_each, gather_slots, seen_slots
+from quickdraft.models.ops import SELECT_FROM, Linear, attend_each, gather_slots, seen_slots
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7, 7, 7]]
@@ -105,13 +105,15 @@ def test_slots_are_gathered_as_advanced_indexing_gathers_them(rows):
     numbers ``part[rows, slots]`` copies: from a cache buffer sliced to its used length, and
     from a tensor whose slots are not laid out so (the general path)."""
     torch.manual_seed(0)
-    buffer = torch.randn(4, rows, 64, 2, 8)  # layers, rows, capacity, kv heads, head dim
-    part = buffer[2, :, :40]
+    buffer = torch.randn(4, rows, 256, 2, 8)  # layers, rows, capacity, kv heads, head dim
+    part = buffer[2, :, :200]
     which = torch.tensor([0, rows - 1, rows // 2])
-    slots = torch.randint(0, 40, (3, 7))
-    assert torch.equal(gather_slots(part, which, slots), part[which.unsqueeze(1), slots])
-    shuffled = part.transpose(1, 2).contiguous().transpose(1, 2)
-    assert torch.equal(gather_slots(shuffled, which, slots), shuffled[which.unsqueeze(1), slots])
+    for count in (7, SELECT_FROM):  # few slots are gathered by indexing, many by the select
+        slots = torch.randint(0, 200, (3, count))
+        assert torch.equal(gather_slots(part, which, slots), part[which.unsqueeze(1), slots])
+        shuffled = part.transpose(1, 2).contiguous().transpose(1, 2)
+        gathered = gather_slots(shuffled, which, slots)
+        assert torch.equal(gathered, shuffled[which.unsqueeze(1), slots])
 
 
 def test_a_token_gets_the_same_logits_beside_rows_of_other_lengths():
