@@ -102,18 +102,22 @@ def test_invariant_attention_gives_a_query_the_same_numbers_in_a_group_of_any_si
 @pytest.mark.parametrize("rows", [1, 3])
 def test_slots_are_gathered_as_advanced_indexing_gathers_them(rows):
     """``gather_slots`` (one index_select over a cache's rows laid end to end) copies the
-    numbers ``part[rows, slots]`` copies: from a cache buffer sliced to its used length, and
-    from a tensor whose slots are not laid out so (the general path)."""
+    numbers ``part[rows, slots]`` copies: from a cache buffer sliced to its used length (keys
+    and values of one buffer, sharing the index), and from a tensor whose slots are not laid
+    out so (the general path)."""
     torch.manual_seed(0)
     buffer = torch.randn(4, rows, 256, 2, 8)  # layers, rows, capacity, kv heads, head dim
     part = buffer[2, :, :200]
     which = torch.tensor([0, rows - 1, rows // 2])
     for count in (7, SELECT_FROM):  # few slots are gathered by indexing, many by the select
         slots = torch.randint(0, 200, (3, count))
-        assert torch.equal(gather_slots(part, which, slots), part[which.unsqueeze(1), slots])
         shuffled = part.transpose(1, 2).contiguous().transpose(1, 2)
-        gathered = gather_slots(shuffled, which, slots)
-        assert torch.equal(gathered, shuffled[which.unsqueeze(1), slots])
+        # Keys and values of one buffer share an index; a part laid out otherwise gets its own.
+        parts = (part, buffer[3, :, :200], shuffled)
+        gathered = gather_slots(which, slots, *parts)
+        assert len(gathered) == len(parts)
+        for got, source in zip(gathered, parts, strict=True):
+            assert torch.equal(got, source[which.unsqueeze(1), slots])
 
 
 def test_a_token_gets_the_same_logits_beside_rows_of_other_lengths():
