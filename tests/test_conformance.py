@@ -66,8 +66,9 @@ def _marked(case: Case):
     50,000-row batch through a Llama and its drafter (30-50 s on 2 shared cores, most of it
     the rows' own bookkeeping), and the quick set already has every rule with EAGLE's tree,
     with the floor and grafted lookup, a DynaSpec head and an int8 target. The six rows
-    left out (the same trees under the other sampling setting) kept the suite over its
-    15 minutes."""
+    left out (per rule: the plain tree without a shortlist under both sampling settings,
+    whose tree the DynaSpec and int8 rows still run, and the floor-and-lookup tree under
+    the shaped one) kept the suite over its 15 minutes."""
     slow = case.tree.startswith("eagle") and case not in QUICK
     return pytest.param(case, marks=pytest.mark.slow) if slow else case
 
