@@ -22,7 +22,7 @@ import torch
 from gpu_check import SHAPES, median_ms, random_runner
 
 from quickdraft.bench.machine import describe_machine
-from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
+from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
 from quickdraft.train.eagle import EagleFeatures, EagleTraining, collate, step_losses
 
 

@@ -33,12 +33,12 @@ from quickdraft.config import AcceptRule
 from quickdraft.conformance import EAGLE_ROWS, Case, run_case
 from quickdraft.drafters import DraftModelDrafter, NGramDrafter
 from quickdraft.drafters.base import Batch, StepResult
-from quickdraft.drafters.eagle import EagleDrafter
-from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
-from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
+from quickdraft.drafters.eagle.drafter import EagleDrafter
+from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
+from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
-from quickdraft.drafters.medusa import MedusaDrafter
-from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads
+from quickdraft.drafters.medusa.drafter import MedusaDrafter
+from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads
 from quickdraft.models.llama import LlamaRunner
 
 SHAPES = {

@@ -30,13 +30,13 @@ from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.summary import summarise
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
 from quickdraft.config import Method, SpecConfig
-from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.medusa import build_medusa
-from quickdraft.drafters.medusa_net import heads_folder
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
+from quickdraft.drafters.medusa.drafter import build_medusa
+from quickdraft.drafters.medusa.net import heads_folder
 from quickdraft.models.loading import load_model
 from quickdraft.models.pruned import PrunedModel
+from quickdraft.train.corpus import balanced_sample, read_records, tokenize
 from quickdraft.train.medusa import MedusaTraining, train_exit
-from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
 
 RESULTS = Path(__file__).parent / "results" / "medusa"
 CORPUS = Path(__file__).parent / "data" / "shortlist_corpus.jsonl"

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from quickdraft.bench.machine import describe_machine
-from quickdraft.calibrate import forward_costs
 from quickdraft.models.hf import HFModel
 from quickdraft.models.loading import from_transformers, load_model, resolve
+from quickdraft.pick.calibrate import forward_costs
 
 RESULTS = Path(__file__).parent / "results"
 

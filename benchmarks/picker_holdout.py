@@ -22,12 +22,12 @@ import torch
 from quickdraft import methods
 from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
-from quickdraft.calibrate import calibrate, describe
 from quickdraft.config import Method, SamplingParams, SpecConfig
 from quickdraft.engine import generate
 from quickdraft.methods import PickContext
 from quickdraft.models.loading import load_model
-from quickdraft.picker import Workload, options
+from quickdraft.pick.calibrate import calibrate, describe
+from quickdraft.pick.picker import Workload, options
 
 RESULTS = Path(__file__).parent / "results"
 

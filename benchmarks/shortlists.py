@@ -35,7 +35,7 @@ from quickdraft.bench.summary import summarise
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Batch, StepResult
-from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.models.loading import load_model
 from quickdraft.vocab import artifact_folder, build_shortlist
 

@@ -52,10 +52,10 @@ import torch
 
 from quickdraft import SamplingParams, SpecConfig, generate
 from quickdraft.bench.machine import describe_machine
-from quickdraft.bench.tasks import load_tasks
+from quickdraft.bench.tasks import TASK_DIR, load_tasks
 from quickdraft.drafters import build_drafter
 from quickdraft.models.loading import load_model, packaged_gguf
-from quickdraft.vocab.sources import code_prompts
+from quickdraft.train.sources import code_prompts
 
 RESULTS = Path(__file__).parent / "results"
 CHAT_KINDS = ("translation", "qa", "conversation", "summarization")
@@ -275,7 +275,7 @@ def main() -> None:
     rows, tokenizer, params = quickdraft_rows(args)
     rows = llama_cpp_rows(args, tokenizer.eos_token_ids) + rows
     prompts = [("code", tokenizer.apply_chat(p["prompt"]))
-               for p in code_prompts(args.code, seed=11)]  # fmt: skip
+               for p in code_prompts(args.code, task_dir=TASK_DIR, seed=11)]  # fmt: skip
     prompts += chat_prompts(tokenizer, args.chat)
     rates = machine_rates(args.threads)
     for index, (kind, ids) in enumerate(prompts):

@@ -21,7 +21,7 @@ from scipy import stats as scipy_stats
 from quickdraft.accept import ACCEPT_RULES, TREE_RULES, AcceptFn, TreeAcceptFn
 from quickdraft.config import LOSSLESS_RULES, AcceptRule, SamplingParams, SpecConfig
 from quickdraft.drafters.base import Drafter
-from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.engine import Engine, RequestOutput
 from quickdraft.models.base import Model
 from quickdraft.models.toy import HeadedNGramLM

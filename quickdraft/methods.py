@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from quickdraft.config import SpecConfig
     from quickdraft.drafters.base import Drafter
-    from quickdraft.engines import EngineConfig
+    from quickdraft.interop.launch import EngineConfig
     from quickdraft.models.base import Model
 
 
@@ -75,7 +75,7 @@ class PickSupport:
         cannot run there, with the reason in ``context.missing[name]``.
     prior: (spec, task kind) -> StepPrior, for picking without measuring.
     engines: (spec, context) -> the config each other serving engine takes for it
-        (``quickdraft.engines``): vLLM's speculative_config, SGLang's flags, or why not.
+        (``quickdraft.interop.launch``): vLLM's speculative_config, SGLang's flags, or why not.
     chain: one calibration run at the largest k predicts every smaller k (chains of draft
         tokens, whose acceptance by position carries over); tree shapes are measured each.
     """

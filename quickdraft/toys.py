@@ -67,9 +67,9 @@ def toy_eagle(target: Model, tree: str, seed: int = 0, shortlist: str = "full") 
     """An untrained EAGLE-3 drafter on ``toy_llama``'s features; ``tree`` is
     ``eagle:D,K,N[,MIN_PROB][+LOOKUP]``; ``shortlist`` as ``toy_shortlist`` (its router reads
     the toy Llama's width), over the whole toy vocabulary."""
-    from quickdraft.drafters.eagle import EagleDrafter
-    from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
-    from quickdraft.drafters.eagle_tree import DynamicTree
+    from quickdraft.drafters.eagle.drafter import EagleDrafter
+    from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
+    from quickdraft.drafters.eagle.tree import DynamicTree
 
     torch.manual_seed(seed + 13)
     net = EagleNet(EagleConfig.for_target(target.config, "eagle3", 6))  # type: ignore

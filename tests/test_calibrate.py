@@ -2,11 +2,11 @@ import json
 
 import pytest
 
-from quickdraft.calibrate import ChainProfile, calibrate, forward_costs
 from quickdraft.cli import main
 from quickdraft.config import Method
 from quickdraft.methods import PickContext
-from quickdraft.picker import Workload
+from quickdraft.pick.calibrate import ChainProfile, calibrate, forward_costs
+from quickdraft.pick.picker import Workload
 
 
 def test_expected_tokens_from_measured_acceptance():

@@ -86,7 +86,7 @@ def test_auto_method_is_eagle_where_a_drafter_ships_else_prompt_lookup(tmp_path)
 def test_an_eagle_drafter_names_the_shortlist_it_runs_with_unless_one_is_asked_for(tmp_path):
     from quickdraft.artifacts import ArtifactError
     from quickdraft.cli.common import default_shortlist
-    from quickdraft.drafters.eagle_io import CONFIG_FILE, eagle_folder
+    from quickdraft.drafters.eagle.io import CONFIG_FILE, eagle_folder
 
     assert default_shortlist("eagle", "smollm2-135m") == "full"  # its config names none
     assert default_shortlist("ngram", "qwen2.5-coder-0.5b") == "full"
@@ -103,7 +103,7 @@ def test_an_eagle_drafter_names_the_shortlist_it_runs_with_unless_one_is_asked_f
 
 def test_a_drafter_is_held_back_from_auto_only_by_its_config(tmp_path):
     from quickdraft.artifacts import ArtifactError
-    from quickdraft.drafters.eagle_io import CONFIG_FILE, eagle_folder, offered_by_auto
+    from quickdraft.drafters.eagle.io import CONFIG_FILE, eagle_folder, offered_by_auto
 
     shipped = json.loads((eagle_folder("smollm2-135m") / CONFIG_FILE).read_text())
     assert offered_by_auto(eagle_folder("smollm2-135m")) and "auto" not in shipped

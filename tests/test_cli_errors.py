@@ -12,7 +12,7 @@ from conftest import tiny_folder_and_corpus
 from safetensors.torch import save_file
 
 from quickdraft.cli import main
-from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads, save_heads
+from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads, save_heads
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def files(tmp_path_factory, smollm2):
             (broken / item.name).write_bytes(item.read_bytes())
         edit(broken)
         made[name] = broken
-    from quickdraft.drafters.eagle_io import eagle_folder
+    from quickdraft.drafters.eagle.io import eagle_folder
 
     shipped = eagle_folder("smollm2-135m")
     made["shipped_eagle"] = shipped

@@ -28,7 +28,7 @@ from quickdraft.conformance import (
     toy_tree,
 )
 from quickdraft.drafters.base import Draft
-from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.models.toy import HeadedNGramLM
 from quickdraft.sampling import probs_from_logits, sample
 

@@ -14,10 +14,10 @@ from conftest import (
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.base import Batch, StepResult
-from quickdraft.drafters.eagle import EagleDrafter
-from quickdraft.drafters.eagle_io import load_eagle, save_eagle
-from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
-from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
+from quickdraft.drafters.eagle.drafter import EagleDrafter
+from quickdraft.drafters.eagle.io import load_eagle, save_eagle
+from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
+from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree
 from quickdraft.models.llama import LlamaRunner
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=32)
@@ -519,7 +519,7 @@ def test_eagle_router_features_are_what_the_first_draft_level_reads(targets):
 def test_a_drafter_trained_on_a_subset_scores_the_whole_head(targets, tmp_path):
     """``with_full_vocabulary``: the same states over every row of the target's head; its
     drafts reach tokens outside the training subset and decoding stays token-identical."""
-    from quickdraft.drafters.eagle_io import with_full_vocabulary
+    from quickdraft.drafters.eagle.io import with_full_vocabulary
 
     target = targets["llama-tied"]
     net = random_net(target, "eagle3", draft_vocab=12)
@@ -559,7 +559,7 @@ def test_an_exported_drafter_imports_back_and_drafts_the_same(targets, tmp_path,
     token_map.pt, EAGLE-3's as d2t/t2d, and an LM head copied from the target is read as
     the target's)."""
     from quickdraft.drafters import build_drafter
-    from quickdraft.drafters.eagle_export import export_eagle
+    from quickdraft.interop.eagle_export import export_eagle
 
     target = targets["llama-untied"]
     save_eagle(tmp_path / "saved", random_net(target, variant, draft_vocab=40))
@@ -586,7 +586,7 @@ def test_a_third_party_eagle3_checkpoint_scores_its_own_head(targets, tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from quickdraft.drafters.eagle_export import export_eagle
+    from quickdraft.interop.eagle_export import export_eagle
 
     target = targets["llama-untied"]
     net = random_net(target, "eagle3", draft_vocab=40)
@@ -623,7 +623,7 @@ def test_a_speculators_eagle3_folder_imports(targets, tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from quickdraft.drafters.eagle_export import export_eagle
+    from quickdraft.interop.eagle_export import export_eagle
 
     target = targets["llama-untied"]
     net = random_net(target, "eagle3", draft_vocab=40)
@@ -666,7 +666,7 @@ def test_an_eagle1_checkpoint_with_a_bias_imports_and_exports_only_where_it_load
     has none, so exporting such a drafter for vLLM is refused by name."""
     from safetensors.torch import load_file, save_file
 
-    from quickdraft.drafters.eagle_export import export_eagle
+    from quickdraft.interop.eagle_export import export_eagle
 
     target = targets["llama-untied"]
     net = random_net(target, "eagle1", draft_vocab=40)

@@ -9,10 +9,10 @@ from test_eagle import random_net
 from test_medusa import random_heads
 
 from quickdraft import SamplingParams, from_transformers, generate, generate_batch
-from quickdraft.drafters.eagle import EagleDrafter
-from quickdraft.drafters.eagle_tree import DynamicTree
-from quickdraft.drafters.medusa import MedusaDrafter
-from quickdraft.drafters.medusa_tree import parse_tree
+from quickdraft.drafters.eagle.drafter import EagleDrafter
+from quickdraft.drafters.eagle.tree import DynamicTree
+from quickdraft.drafters.medusa.drafter import MedusaDrafter
+from quickdraft.drafters.medusa.tree import parse_tree
 from quickdraft.models.llama import LlamaRunner
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=16)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from quickdraft import SamplingParams, SpecConfig, generate
-from quickdraft.drafters.eagle_io import save_eagle
-from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
-from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads, save_heads
+from quickdraft.drafters.eagle.io import save_eagle
+from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
+from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads, save_heads
 from quickdraft.toys import TOY_VOCAB, toy_llama
 
 # Values of every type and range the fields meet in the wild: edges, overflows, typos.

@@ -14,9 +14,9 @@ from conftest import (
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.config import Method
 from quickdraft.drafters import build_drafter
-from quickdraft.drafters.medusa import MedusaDrafter
-from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads, load_heads, save_heads
-from quickdraft.drafters.medusa_tree import default_tree, parse_tree
+from quickdraft.drafters.medusa.drafter import MedusaDrafter
+from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads, load_heads, save_heads
+from quickdraft.drafters.medusa.tree import default_tree, parse_tree
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7]]
@@ -217,7 +217,7 @@ def test_train_medusa_command_then_generate_with_its_heads(tmp_path, smollm2, ca
 
 
 def test_fitted_trees_take_the_most_likely_paths():
-    from quickdraft.drafters.medusa_tree import fit_tree
+    from quickdraft.drafters.medusa.tree import fit_tree
 
     accuracy = [[0.6, 0.1, 0.05], [0.4, 0.1], [0.3]]
     shape = fit_tree(accuracy, 5)
@@ -233,10 +233,10 @@ def test_fitted_trees_take_the_most_likely_paths():
 
 
 def test_pruned_draft_with_a_distilled_exit_agrees_more_and_stays_exact(targets, tmp_path):
-    from quickdraft.drafters.draft_model import DraftModelDrafter
+    from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
     from quickdraft.models.pruned import PrunedModel
+    from quickdraft.train.corpus import Sequence
     from quickdraft.train.medusa import MedusaTraining, train_exit
-    from quickdraft.vocab.corpus import Sequence
 
     target = targets["llama-tied"]
     generator = torch.Generator().manual_seed(0)

@@ -5,13 +5,13 @@ import dataclasses
 import json
 
 import pytest
-from test_engines import check_sglang_flags, check_vllm_config
+from test_interop_launch import check_sglang_flags, check_vllm_config
 
 from quickdraft import methods
 from quickdraft.cli import main
 from quickdraft.config import Method, SpecConfig
 from quickdraft.methods import MethodEntry, PickContext, PickSupport, StepPrior
-from quickdraft.picker import Workload, options, pick
+from quickdraft.pick.picker import Workload, options, pick
 
 SMOLLM2 = PickContext(target="smollm2-135m")  # EAGLE drafter and Medusa heads ship for it
 

@@ -9,12 +9,12 @@ from test_eagle import random_net
 from test_medusa import random_heads
 
 from quickdraft import SamplingParams, generate, generate_batch
-from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.eagle import EagleDrafter
-from quickdraft.drafters.eagle_tree import DynamicTree
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
+from quickdraft.drafters.eagle.drafter import EagleDrafter
+from quickdraft.drafters.eagle.tree import DynamicTree
 from quickdraft.drafters.lookahead import LookaheadDrafter
-from quickdraft.drafters.medusa import MedusaDrafter
-from quickdraft.drafters.medusa_tree import parse_tree
+from quickdraft.drafters.medusa.drafter import MedusaDrafter
+from quickdraft.drafters.medusa.tree import parse_tree
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.models.ops import SELECT_FROM, Linear, attend_each, gather_slots, seen_slots

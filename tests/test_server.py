@@ -21,10 +21,10 @@ from test_medusa import random_heads
 
 from quickdraft import Engine, SamplingParams, SpecConfig, generate
 from quickdraft.drafters import DraftModelDrafter, NGramDrafter
-from quickdraft.drafters.eagle import EagleDrafter
-from quickdraft.drafters.eagle_tree import DynamicTree
+from quickdraft.drafters.eagle.drafter import EagleDrafter
+from quickdraft.drafters.eagle.tree import DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
-from quickdraft.drafters.medusa import MedusaDrafter
+from quickdraft.drafters.medusa.drafter import MedusaDrafter
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.server import ServerConfig, create_app
 from quickdraft.server.detok import TextStream

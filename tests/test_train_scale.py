@@ -74,7 +74,7 @@ def test_two_processes_train_what_one_does(tmp_path, smollm2, capsys, kind):
 
 
 def test_a_batch_too_small_to_cut_names_the_field(tmp_path):
-    from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads
+    from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads
     from quickdraft.train.common import Run, Scaling
 
     heads = MedusaHeads(MedusaConfig(8, 16, 1, 1, False))
@@ -94,7 +94,7 @@ def test_bf16_mixed_precision_trains_on_cpu_too(tmp_path):
     has bf16; CPUs have it, so the path is exercised here, not only on a GPU."""
     from test_medusa import synthetic_features
 
-    from quickdraft.drafters.medusa_net import MedusaHeads
+    from quickdraft.drafters.medusa.net import MedusaHeads
     from quickdraft.train.common import Scaling
     from quickdraft.train.medusa import MedusaTraining, evaluate, split, train_heads
 

@@ -9,9 +9,10 @@ import torch
 from conftest import tiny_folder_and_corpus, tiny_hf_model
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
-from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.models.toy import HeadedNGramLM, NGramLM
+from quickdraft.train.corpus import Sequence, balanced_sample, read_records, tokenize
 from quickdraft.train.features import DrafterSource, Features, extract
 from quickdraft.train.router import RouterTraining, coverage, split, train_router
 from quickdraft.vocab import (
@@ -25,7 +26,6 @@ from quickdraft.vocab import (
     position_budget,
 )
 from quickdraft.vocab.clusters import spherical_kmeans
-from quickdraft.vocab.corpus import Sequence, balanced_sample, read_records, tokenize
 from quickdraft.vocab.shortlist import (
     load_clusters,
     load_ranked,
@@ -557,7 +557,7 @@ def test_zero_clusters_route_nothing_and_leave_the_core(tmp_path, text):
 
 
 def test_roff_pages_become_plain_text():
-    from quickdraft.vocab.roff import page_text
+    from quickdraft.train.roff import page_text
 
     page = "\n".join([
         '.\\" a comment', ".TH DEMO 1", ".de XX", "never text", "..", ".SH NAME",
@@ -665,7 +665,7 @@ def test_code_prompts_are_standard_library_functions_the_tasks_do_not_quote(tmp_
     """HumanEval-form prompts from a standard library (here a tiny one): public functions
     with a docstring only, none from a file the task sets quote, the same for the same seed."""
     from quickdraft.cli import main
-    from quickdraft.vocab.sources import code_prompts
+    from quickdraft.train.sources import code_prompts
 
     lib = tmp_path / "Lib"
     (lib / "test").mkdir(parents=True)
@@ -703,7 +703,7 @@ def test_doc_prompts_ask_about_passages_the_tasks_do_not_quote(tmp_path):
     import gzip
 
     from quickdraft.cli import main
-    from quickdraft.vocab.sources import document_prompts
+    from quickdraft.train.sources import document_prompts
 
     lib = tmp_path / "Lib"
     lib.mkdir()

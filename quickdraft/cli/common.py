@@ -41,7 +41,7 @@ def auto_method(target: str, draft: str | None = None, backend: str = "auto") ->
     the bench, 1.31x over seven task kinds on CPU against 1.08x for prompt lookup); else
     prompt lookup, which needs nothing trained. A shipped drafter whose config says
     ``"auto": false`` is left to ``--method eagle`` (``eagle_io.offered_by_auto``)."""
-    from quickdraft.drafters.eagle_io import ARTIFACTS, offered_by_auto
+    from quickdraft.drafters.eagle.io import ARTIFACTS, offered_by_auto
 
     if draft:
         return "draft_model"
@@ -54,7 +54,7 @@ def default_shortlist(method: str, target: str, eagle_dir: str | None = None) ->
     (``eagle_io.shipped_shortlist``: FR-Spec's 38,818 rows for Qwen2.5-Coder-0.5B's, the
     fastest head in its seven-task bench), else the full head. Exact either way; only the
     drafter's cost and acceptance change."""
-    from quickdraft.drafters.eagle_io import eagle_folder, shipped_shortlist
+    from quickdraft.drafters.eagle.io import eagle_folder, shipped_shortlist
 
     if method != "eagle":
         return "full"

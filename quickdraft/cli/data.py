@@ -107,11 +107,13 @@ def _prompts(args: argparse.Namespace) -> int:
     import json
 
     from quickdraft.artifacts import check_output
-    from quickdraft.vocab.sources import code_prompts, document_prompts
+    from quickdraft.train.sources import code_prompts, document_prompts
 
     check_output(args.out_file)
     make = code_prompts if args.data_kind == "code-prompts" else document_prompts
-    records = make(args.count, args.seed)
+    from quickdraft.bench.tasks import TASK_DIR
+
+    records = make(args.count, task_dir=TASK_DIR, seed=args.seed)
     args.out_file.parent.mkdir(parents=True, exist_ok=True)
     args.out_file.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     note = "" if len(records) == args.count else f" (all there are; {args.count:,} asked)"
@@ -157,7 +159,8 @@ def _regenerate(args: argparse.Namespace) -> int:
 def _corpus(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn
 
-    from quickdraft.vocab.sources import build_corpus
+    from quickdraft.bench.tasks import TASK_DIR
+    from quickdraft.train.sources import build_corpus
 
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True
@@ -168,7 +171,12 @@ def _corpus(args: argparse.Namespace) -> int:
             progress.update(bar, description=f"{kind}: {files:,} files")
 
         manifest = build_corpus(
-            args.out, tuple(args.sources), args.max_chars, seed=args.seed, progress=advance
+            args.out,
+            tuple(args.sources),
+            args.max_chars,
+            task_dir=TASK_DIR,
+            seed=args.seed,
+            progress=advance,
         )
     for kind, row in manifest["sources"].items():
         console.print(

@@ -87,11 +87,11 @@ def _export_token_map(args: argparse.Namespace) -> int:
 
 
 def _export_medusa(args: argparse.Namespace) -> int:
-    from quickdraft import engines
-    from quickdraft.drafters.medusa_export import export_medusa
-    from quickdraft.drafters.medusa_net import heads_folder, load_heads
-    from quickdraft.drafters.picking import model_path
+    from quickdraft.drafters.medusa.net import heads_folder, load_heads
+    from quickdraft.interop import launch as engines
+    from quickdraft.interop.medusa_export import export_medusa
     from quickdraft.models.loading import load_model
+    from quickdraft.pick.candidates import model_path
 
     target, _ = load_model(args.target)
     heads = load_heads(heads_folder(args.target, args.medusa_dir))
@@ -108,13 +108,13 @@ def _export_medusa(args: argparse.Namespace) -> int:
 
 
 def _export_eagle(args: argparse.Namespace) -> int:
-    from quickdraft import engines
-    from quickdraft.drafters.eagle_export import export_eagle
-    from quickdraft.drafters.eagle_io import eagle_folder, load_eagle
-    from quickdraft.drafters.eagle_net import check_fits
-    from quickdraft.drafters.eagle_tree import DynamicTree
-    from quickdraft.drafters.picking import model_path
+    from quickdraft.drafters.eagle.io import eagle_folder, load_eagle
+    from quickdraft.drafters.eagle.net import check_fits
+    from quickdraft.drafters.eagle.tree import DynamicTree
+    from quickdraft.interop import launch as engines
+    from quickdraft.interop.eagle_export import export_eagle
     from quickdraft.models.loading import load_model
+    from quickdraft.pick.candidates import model_path
 
     target, _ = load_model(args.target)
     net = load_eagle(eagle_folder(args.target, args.eagle_dir), target.config.num_layers)

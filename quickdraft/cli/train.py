@@ -269,7 +269,7 @@ def _train_eagle(args: argparse.Namespace) -> int:
     if not reporting:  # under `accelerate launch`, the first process writes and reports
         return 0
     if args.score_full_vocab:
-        from quickdraft.drafters.eagle_io import load_eagle, save_eagle, with_full_vocabulary
+        from quickdraft.drafters.eagle.io import load_eagle, save_eagle, with_full_vocabulary
 
         record = json.loads((args.out / "eagle.json").read_text())
         record.pop("config")
@@ -309,8 +309,8 @@ def _train_frequency(args: argparse.Namespace) -> int:
     from rich.progress import track
 
     from quickdraft.models.loading import load_model
+    from quickdraft.train.corpus import read_records, tokenize
     from quickdraft.train.router import token_frequency
-    from quickdraft.vocab.corpus import read_records, tokenize
     from quickdraft.vocab.shortlist import save_frequency
 
     records = read_records(list(args.data))

@@ -6,10 +6,10 @@ from __future__ import annotations
 from quickdraft import methods
 from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
-from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
+from quickdraft.drafters.eagle.drafter import EagleDrafter
 from quickdraft.drafters.lookahead import LookaheadDrafter
-from quickdraft.drafters.medusa import MedusaDrafter
+from quickdraft.drafters.medusa.drafter import MedusaDrafter
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import Model, Tokenizer
 from quickdraft.models.tokenizer import HFTokenizer

@@ -15,22 +15,22 @@ from quickdraft.config import (
     check_temperature,
 )
 from quickdraft.drafters.base import Drafter
-from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.eagle import build_eagle
-from quickdraft.drafters.eagle_io import eagle_folder
-from quickdraft.drafters.eagle_tree import DEFAULT_LOOKUP, DynamicTree
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
+from quickdraft.drafters.eagle.drafter import build_eagle
+from quickdraft.drafters.eagle.io import eagle_folder
+from quickdraft.drafters.eagle.tree import DEFAULT_LOOKUP, DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, build_lookahead
-from quickdraft.drafters.medusa import build_medusa
-from quickdraft.drafters.medusa_net import heads_folder
-from quickdraft.drafters.medusa_tree import check_tree
+from quickdraft.drafters.medusa.drafter import build_medusa
+from quickdraft.drafters.medusa.net import heads_folder
+from quickdraft.drafters.medusa.tree import check_tree
 from quickdraft.drafters.ngram import NGramDrafter
-from quickdraft.drafters.picking import PICK
 from quickdraft.methods import (
     BuildContext,
     MethodEntry,
     k_label,
     register,
 )
+from quickdraft.pick.candidates import PICK
 from quickdraft.vocab import (
     ClusterShortlist,
     Shortlist,

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quickdraft.drafters.eagle_net import EagleConfig, EagleNet, EagleVariant
+from quickdraft.drafters.eagle.net import EagleConfig, EagleNet, EagleVariant
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.train.common import Run, Scaling, global_batches, one_cycle, running_processes
 from quickdraft.train.eagle_features import (
@@ -302,7 +302,7 @@ def train_net(
 def _start_from(net: EagleNet, folder: Path) -> None:
     """Load the layers of the drafter saved in ``folder`` into ``net`` (``EagleTraining.init``);
     one error naming the folder when it was made for another target, variant or shape."""
-    from quickdraft.drafters.eagle_io import load_eagle
+    from quickdraft.drafters.eagle.io import load_eagle
 
     start = load_eagle(folder)
     if start.config.own_head:
@@ -383,9 +383,9 @@ def build_eagle(
     train, save the drafter (``drafters.eagle_io.save_eagle``) and metrics into ``out``.
     Under ``accelerate launch`` the first process extracts the features (the others read its
     shards) and writes the drafter."""
-    from quickdraft.drafters.eagle_io import save_eagle
+    from quickdraft.drafters.eagle.io import save_eagle
     from quickdraft.models.loading import load_model
-    from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
+    from quickdraft.train.corpus import balanced_sample, read_records, tokenize
 
     # The drafter attends over the whole prompt when drafting, so by default it trains so too.
     context = max_tokens if context is None else context

@@ -16,7 +16,7 @@ import torch
 
 from quickdraft.artifacts import ArtifactError, read_checkpoint
 from quickdraft.models.llama import LlamaRunner
-from quickdraft.vocab.corpus import Sequence
+from quickdraft.train.corpus import Sequence
 
 Progress = Callable[[str, int, int], None]
 SHARD = 64  # sequences per feature shard

@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import save_file
 
 from quickdraft.artifacts import read_json, read_safetensors
-from quickdraft.drafters.eagle_net import EagleNet, check_fits
+from quickdraft.drafters.eagle.net import EagleNet, check_fits
 from quickdraft.models.base import FeatureModel, Model
-from quickdraft.vocab.corpus import Sequence
+from quickdraft.train.corpus import Sequence
 
 SHARD_SEQUENCES = 16
 

@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from quickdraft.artifacts import read_checkpoint
-from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads
+from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.train.common import Run, Scaling, global_batches, one_cycle, running_processes
-from quickdraft.vocab.corpus import Sequence
+from quickdraft.train.corpus import Sequence
 
 Progress = Callable[[str, int, int], None]
 SHARD = 64  # sequences per feature shard
@@ -348,9 +348,9 @@ def build_heads(
     """The whole command: sample the corpus, extract features, train, save heads and
     metrics into ``out``. Returns the metrics. Under ``accelerate launch`` the first process
     extracts the features (the others read its shards) and writes the heads."""
-    from quickdraft.drafters.medusa_net import save_heads
+    from quickdraft.drafters.medusa.net import save_heads
     from quickdraft.models.loading import load_model
-    from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
+    from quickdraft.train.corpus import balanced_sample, read_records, tokenize
 
     if budget_tokens < 1 or max_tokens < 2:
         raise ValueError("budget_tokens must be >= 1 and max_tokens >= 2")

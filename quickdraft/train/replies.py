@@ -23,7 +23,7 @@ from pathlib import Path
 from quickdraft.config import SamplingParams
 from quickdraft.engine import generate_batch
 from quickdraft.models.base import Model
-from quickdraft.vocab.corpus import jsonl_objects
+from quickdraft.train.corpus import jsonl_objects
 
 Progress = Callable[[int, int], None]
 

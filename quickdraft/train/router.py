@@ -283,11 +283,11 @@ def build_artifacts(
     progress: Progress | None = None,
 ) -> dict:
     """Frequency list, clusters and router for ``settings.draft`` into ``out``."""
-    from quickdraft.drafters.eagle_io import load_eagle
+    from quickdraft.drafters.eagle.io import load_eagle
     from quickdraft.models.loading import load_model
+    from quickdraft.train.corpus import balanced_sample, read_records, tokenize
     from quickdraft.train.features import DrafterSource, EagleSource, extract, fingerprint
     from quickdraft.vocab.clusters import spherical_kmeans
-    from quickdraft.vocab.corpus import balanced_sample, read_records, tokenize
     from quickdraft.vocab.shortlist import (
         load_frequency,
         load_ranked,

@@ -8,7 +8,7 @@ The layout follows vLLM's loader (``model_executor/models/medusa.py`` and its
 LM head rows as ``lm_heads.{h}.weight`` (the target's rows for heads that score them, or their
 own) and, for heads trained on a frequent-token vocabulary, ``token_map`` (the ids of those
 rows). SGLang has no Medusa. vLLM was not run here (no GPU): the names and shapes are checked
-against its loader's (``tests/test_engines.py``).
+against its loader's (``tests/test_interop_launch.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from quickdraft.drafters.medusa_net import MedusaHeads
+from quickdraft.drafters.medusa.net import MedusaHeads
 
 
 def export_medusa(heads: MedusaHeads, lm_head: torch.Tensor, folder: str | Path) -> Path:

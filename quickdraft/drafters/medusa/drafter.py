@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from quickdraft.drafters.base import Batch, Draft, Needs, ShortlistContext, StepResult
-from quickdraft.drafters.medusa_net import (
+from quickdraft.drafters.medusa.net import (
     MedusaHeads,
     load_heads,
 )
-from quickdraft.drafters.medusa_tree import default_tree, parse_tree
+from quickdraft.drafters.medusa.tree import default_tree, parse_tree
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.ops import Linear
 from quickdraft.tree import TreeShape

@@ -34,7 +34,7 @@ from quickdraft.config import Method, SamplingParams, SpecConfig
 from quickdraft.engine import generate
 from quickdraft.methods import PickContext, StepPrior
 from quickdraft.models.base import Model
-from quickdraft.picker import Option, Recommendation, Workload, choose, finish, options
+from quickdraft.pick.picker import Option, Recommendation, Workload, choose, finish, options
 from quickdraft.stats import Stats
 
 Progress = Callable[[str, int, int], None]

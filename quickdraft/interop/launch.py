@@ -2,7 +2,7 @@
 
 quickdraft's configuration of a method becomes vLLM's ``--speculative-config`` JSON or SGLang's
 ``--speculative-*`` flags, with the commands to run first where a drafter has to be exported.
-Only keys and flags those engines define are written; ``tests/test_engines.py`` holds their
+Only keys and flags those engines define are written; ``tests/test_interop_launch.py`` holds their
 lists with the source files they were read from. Where an engine has no equivalent (lookahead
 in both, Medusa in SGLang) the result says so instead of printing something that would not
 load.

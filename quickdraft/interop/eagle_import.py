@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from quickdraft.artifacts import ArtifactError, read_json, read_safetensors
-from quickdraft.drafters.eagle_export import TOKEN_MAP
-from quickdraft.drafters.eagle_net import EagleConfig, EagleNet, EagleVariant
+from quickdraft.drafters.eagle.net import EagleConfig, EagleNet, EagleVariant
+from quickdraft.interop.eagle_export import TOKEN_MAP
 
 REMEDY = "export the drafter again, or check the folder is an EAGLE draft model"
 _LAYER_PREFIXES = ("midlayer.", "layers.0.", "model.layers.0.")

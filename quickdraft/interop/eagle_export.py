@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from quickdraft.drafters.eagle_net import EagleNet, EagleVariant
+from quickdraft.drafters.eagle.net import EagleNet, EagleVariant
 
 ENGINES = ("vllm", "sglang")
 TOKEN_MAP = "token_map.pt"  # an EAGLE-1 draft vocabulary, for SGLang and for import

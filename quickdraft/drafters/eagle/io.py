@@ -13,11 +13,11 @@ from safetensors.torch import save_file
 from quickdraft import artifacts
 from quickdraft.artifacts import load_state, read_json, read_safetensors
 from quickdraft.drafters.base import shipped_folder
-from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
+from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
 
 CONFIG_FILE = "eagle.json"
 WEIGHTS_FILE = "eagle.safetensors"
-ARTIFACTS = Path(__file__).parent / "artifacts" / "eagle"
+ARTIFACTS = Path(__file__).parent / "artifacts"
 REMEDY = "retrain the drafter (quickdraft train eagle) or copy the folder again"
 
 
@@ -38,7 +38,7 @@ def read_eagle_config(folder: str | Path) -> EagleConfig:
     """The drafter's config alone (no weights), for describing it."""
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists() and (folder / "config.json").exists():
-        from quickdraft.drafters.eagle_import import import_config
+        from quickdraft.interop.eagle_import import import_config
 
         return import_config(folder, num_target_layers=64)  # the layers do not matter here
     if not (folder / CONFIG_FILE).exists():
@@ -55,7 +55,7 @@ def load_eagle(folder: str | Path, num_target_layers: int | None = None) -> Eagl
     layers (the engines' default 2, L/2, L-3)."""
     folder = Path(folder)
     if not (folder / CONFIG_FILE).exists() and (folder / "config.json").exists():
-        from quickdraft.drafters.eagle_import import import_eagle
+        from quickdraft.interop.eagle_import import import_eagle
 
         return import_eagle(folder, num_target_layers)
     if not (folder / CONFIG_FILE).exists() or not (folder / WEIGHTS_FILE).exists():

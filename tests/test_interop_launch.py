@@ -18,7 +18,8 @@ import shlex
 
 import torch
 
-from quickdraft import engines, methods
+from quickdraft import methods
+from quickdraft.interop import launch as engines
 from quickdraft.methods import PickContext
 
 VLLM_KEYS = {
@@ -158,8 +159,8 @@ def test_exported_eagle_tensors_are_the_names_each_loader_reads(tmp_path):
     so a renaming slip would serve random weights."""
     from safetensors.torch import load_file
 
-    from quickdraft.drafters.eagle_export import export_eagle
-    from quickdraft.drafters.eagle_net import EagleConfig, EagleNet
+    from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
+    from quickdraft.interop.eagle_export import export_eagle
 
     for variant in ("eagle1", "eagle3"):
         config = EagleConfig(
@@ -201,8 +202,8 @@ def test_exported_medusa_heads_are_the_names_vllms_loader_reads(tmp_path):
     written one is checked here. ``model_type: "medusa"`` is how vLLM detects the method."""
     from safetensors.torch import load_file
 
-    from quickdraft.drafters.medusa_export import export_medusa
-    from quickdraft.drafters.medusa_net import MedusaConfig, MedusaHeads
+    from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads
+    from quickdraft.interop.medusa_export import export_medusa
 
     hidden, vocab = 32, 200
     head = torch.randn(vocab, hidden)

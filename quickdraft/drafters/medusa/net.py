@@ -20,7 +20,7 @@ from quickdraft.drafters.base import shipped_folder
 
 CONFIG_FILE = "medusa.json"
 WEIGHTS_FILE = "medusa.safetensors"
-ARTIFACTS = Path(__file__).parent / "artifacts" / "medusa"
+ARTIFACTS = Path(__file__).parent / "artifacts"
 
 
 @dataclass(frozen=True, slots=True)

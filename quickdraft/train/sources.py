@@ -8,7 +8,8 @@
   most ``MAN_PER_FAMILY`` pages of one family (the name up to its first ``_``): one SDK can
   install thousands of near-identical pages (``gcloud_*``: 16,631 of 17,847 here).
 
-Files that ``quickdraft bench``'s task sets quote (their records name them in ``source``), and
+Files that the task sets in ``task_dir`` quote (their records name them in ``source``; the
+command line passes ``quickdraft bench``'s, ``bench.tasks.TASK_DIR``), and
 the man pages of the same name in every language, are left out, so a list counted over the
 corpus has not seen the bench's prompts. Each source is capped at ``max_chars`` characters:
 its files are shuffled with a fixed seed and taken whole in that order until the cap, so the
@@ -36,7 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from quickdraft.vocab.roff import page_text
+from quickdraft.train.roff import page_text
 
 MAN_ROOT = Path("/usr/share/man")
 MAN_PER_FAMILY = 40
@@ -126,7 +127,8 @@ def build_corpus(
     out: Path,
     sources: tuple[str, ...] = SOURCES,
     max_chars: int = 24_000_000,
-    task_dir: Path | None = None,
+    *,
+    task_dir: Path,
     seed: int = 0,
     progress: Callable[[str, int], None] | None = None,
     roots: dict[str, Path] | None = None,
@@ -139,10 +141,6 @@ def build_corpus(
         raise ValueError(f"sources: unknown {', '.join(unknown)} (choose from {SOURCES})")
     if max_chars < 1:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
-    if task_dir is None:
-        from quickdraft.bench.tasks import TASK_DIR
-
-        task_dir = TASK_DIR
     excluded = task_files(Path(task_dir))
     roots = roots or {}
     listings = {
@@ -199,16 +197,12 @@ def _function_headers(path: Path, root: Path) -> Iterator[tuple[str, str]]:
 
 
 def code_prompts(
-    count: int, seed: int = 0, task_dir: Path | None = None, root: Path | None = None
+    count: int, *, task_dir: Path, seed: int = 0, root: Path | None = None
 ) -> list[dict]:
     """``count`` code-completion prompts in HumanEval's form ("Complete the following Python
     function:", a signature and its docstring) made from the standard library's public
     functions, as ``{"kind": "code", "prompt", "source"}`` records for ``data regenerate``.
     Tests, IDLE and the files the task sets quote are left out; a seeded shuffle picks them."""
-    if task_dir is None:
-        from quickdraft.bench.tasks import TASK_DIR
-
-        task_dir = TASK_DIR
     root = Path(root or sysconfig.get_paths()["stdlib"])
     found = [
         (where, header)
@@ -283,8 +277,9 @@ def _manual_passages(path: Path) -> Iterator[tuple[str, str, str]]:
 
 def document_prompts(
     count: int,
+    *,
+    task_dir: Path,
     seed: int = 0,
-    task_dir: Path | None = None,
     root: Path | None = None,
     man_root: Path = MAN_ROOT,
 ) -> list[dict]:
@@ -294,10 +289,6 @@ def document_prompts(
     public function's) and man pages' DESCRIPTION sections, at most about 2,400 characters
     of whole paragraphs; the files the task sets quote, tests and IDLE are left out. Records
     are ``{"kind": "summarization" | "rag", "prompt", "source"}`` for ``data regenerate``."""
-    if task_dir is None:
-        from quickdraft.bench.tasks import TASK_DIR
-
-        task_dir = TASK_DIR
     root = Path(root or sysconfig.get_paths()["stdlib"])
     excluded = task_files(Path(task_dir))
     found = [

@@ -1,8 +1,8 @@
-"""How ``quickdraft pick`` sees each built-in method (``PickSupport``, ``quickdraft.picker``).
+"""How ``quickdraft pick`` sees each built-in method (``PickSupport``, ``quickdraft.pick.picker``).
 
 Candidates are the configurations worth trying with what the deployment has (a draft model,
 shipped or given EAGLE drafters, Medusa heads and shortlist artifacts); priors come from
-``drafters/priors.py`` (measured here); engine configs from ``quickdraft/engines.py``.
+``pick/priors.py`` (measured here); engine configs from ``quickdraft/interop/launch.py``.
 ``PICK`` maps each built-in method to its support; ``drafters/registry.py`` attaches them.
 """
 
@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from quickdraft import engines, methods
+from quickdraft import methods
 from quickdraft.config import SpecConfig
-from quickdraft.drafters import priors
-from quickdraft.drafters.eagle_io import eagle_folder, read_eagle_config
-from quickdraft.drafters.eagle_tree import DEFAULT_LOOKUP, DynamicTree
-from quickdraft.drafters.medusa_net import heads_folder, read_heads_config
+from quickdraft.drafters.eagle.io import eagle_folder, read_eagle_config
+from quickdraft.drafters.eagle.tree import DEFAULT_LOOKUP, DynamicTree
+from quickdraft.drafters.medusa.net import heads_folder, read_heads_config
+from quickdraft.interop import launch as engines
 from quickdraft.methods import PickContext, PickSupport, StepPrior
+from quickdraft.pick import priors
 from quickdraft.vocab import artifact_folder
 
 CHAIN_KS = (2, 3, 4, 5, 6, 8)

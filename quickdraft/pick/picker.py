@@ -3,9 +3,9 @@ the batch threshold, among every method in the registry (``quickdraft.methods``)
 
 Each method's registry entry says what it can offer here (``PickSupport.candidates``: k values,
 tree shapes, shortlists, given the drafters and artifacts the deployment has), what one step of
-each costs and yields before measuring (``prior``, measured here: ``drafters/priors.py``), and
+each costs and yields before measuring (``prior``, measured here: ``pick/priors.py``), and
 how other engines take it (``engines``). A method registered later shows up with no change
-here. ``quickdraft.calibrate`` replaces the priors with measurements on the user's prompts.
+here. ``quickdraft.pick.calibrate`` replaces the priors with measurements on the user's prompts.
 
 The model of a step: with E expected tokens per target forward, a draft costing c and a verify
 pass costing v (both in target decode steps), speculation runs E / (c + v) times as fast as
@@ -25,7 +25,7 @@ from typing import Any
 from quickdraft import methods
 from quickdraft.bench.tasks import TASK_KINDS
 from quickdraft.config import MAX_BATCH, Method, SpecConfig
-from quickdraft.engines import EngineConfig
+from quickdraft.interop.launch import EngineConfig
 from quickdraft.methods import PickContext, StepPrior
 
 MIN_GAIN = 1.05  # below this modelled speedup, speculation is not worth its complexity
@@ -319,7 +319,7 @@ def finish(recommendation: Recommendation, context: PickContext) -> Recommendati
         # vLLM's batch policy has the same meaning (and needs at least 2); SGLang has none.
         if config.engine == "vllm" and config.speculative and threshold and threshold >= 2:
             config.speculative["disable_by_batch_size"] = threshold
-    from quickdraft.drafters.picking import model_path
+    from quickdraft.pick.candidates import model_path
 
     recommendation.target_path = model_path(context.target)
     return recommendation

@@ -47,9 +47,9 @@ from quickdraft.drafters.base import (
     StepResult,
     pad_rows,
 )
-from quickdraft.drafters.eagle_io import load_eagle
-from quickdraft.drafters.eagle_net import EagleNet, check_fits
-from quickdraft.drafters.eagle_tree import DEFAULT_TREES, DynamicTree
+from quickdraft.drafters.eagle.io import load_eagle
+from quickdraft.drafters.eagle.net import EagleNet, check_fits
+from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.kv_cache import KVCache

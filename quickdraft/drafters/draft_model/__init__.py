@@ -1,0 +1,1 @@
+"""A smaller model of the target's tokenizer drafts k tokens a step."""
