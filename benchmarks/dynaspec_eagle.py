@@ -50,6 +50,7 @@ from quickdraft.bench.runlog import RunLog
 from quickdraft.bench.summary import summarise
 from quickdraft.bench.tasks import TASK_KINDS, TaskItem, load_tasks
 from quickdraft.config import SpecConfig
+from quickdraft.drafters.registry import make_spec
 from quickdraft.models.loading import load_model
 from quickdraft.train.replies import read_prompts
 from quickdraft.vocab.shortlist import load_clusters
@@ -79,7 +80,7 @@ def methods(args: argparse.Namespace, vocab: int, clusters: int) -> dict[str, Sp
     fr_pa = round(args.dyna_pa * vocab / clusters)
 
     def eagle(shortlist: str, folder: Path | None) -> SpecConfig:
-        return SpecConfig(
+        return make_spec(
             method="eagle", eagle_dir=str(args.eagle_dir), eagle_lookup=0,
             draft_shortlist=shortlist, shortlist_dir=None if folder is None else str(folder),
         )  # fmt: skip
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> dict:
         "eagle_dir": str(args.eagle_dir),
         "shortlist_dir": str(args.shortlist_dir),
         "hybrid_dir": None if args.hybrid_dir is None else str(args.hybrid_dir),
-        "shortlists": {label: spec.draft_shortlist for label, spec in specs.items()},
+        "shortlists": {label: str(spec.options.draft_shortlist) for label, spec in specs.items()},
         "prompts_per_task": args.prompts_per_task,
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),

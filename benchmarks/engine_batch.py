@@ -25,7 +25,7 @@ import torch
 from quickdraft import Engine, SamplingParams, SpecConfig
 from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
-from quickdraft.drafters import build_drafter
+from quickdraft.drafters.registry import build_drafter
 from quickdraft.models.loading import load_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -69,14 +69,11 @@ def main() -> None:
     target, tokenizer = load_model(TARGET)
     rows = prompts(tokenizer, args.requests)
     sampling = SamplingParams(temperature=0, max_new_tokens=args.max_new_tokens, ignore_eos=True)
-    policy = SpecConfig(method="eagle")
-    modes = {
-        "ar": (None, SpecConfig(method="ar")),
-        "eagle": (
-            build_drafter(policy, target),
-            SpecConfig(method="eagle", disable_by_batch_size=None),
-        ),
-        "eagle+policy": (build_drafter(policy, target), policy),
+    spec = SpecConfig(method="eagle")
+    modes = {  # (drafter, the engine's batch policy)
+        "ar": (None, {}),
+        "eagle": (build_drafter(spec, target), {"disable_by_batch_size": None}),
+        "eagle+policy": (build_drafter(spec, target), {}),
     }
     chosen = {"ar", *args.modes.split(",")}
     modes = {name: mode for name, mode in modes.items() if name in chosen}
@@ -85,17 +82,17 @@ def main() -> None:
     decode: dict[str, dict[int, list[float]]] = {m: {c: [] for c in levels} for m in modes}
     warm = SamplingParams(temperature=0, max_new_tokens=8, ignore_eos=True)
     max_len = max(len(row) for row in rows) + args.max_new_tokens
-    for drafter, spec in modes.values():  # warm-up: every path once, not counted
-        serve(Engine(target, drafter, spec, tokenizer=tokenizer, max_batch=2), rows[:3], warm)
+    for drafter, policy in modes.values():  # warm-up: every path once, not counted
+        serve(Engine(target, drafter, **policy, tokenizer=tokenizer, max_batch=2), rows[:3], warm)
     new_tokens: dict[int, int] = {}
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     order = list(modes)
     for repeat in range(args.repeats):
         for concurrency in levels:
             for mode in order:
-                drafter, spec = modes[mode]
+                drafter, policy = modes[mode]
                 engine = Engine(
-                    target, drafter, spec, tokenizer=tokenizer, max_batch=concurrency,
+                    target, drafter, **policy, tokenizer=tokenizer, max_batch=concurrency,
                     max_model_len=max_len,
                 )  # fmt: skip
                 took, out = serve(engine, rows, sampling)
@@ -131,7 +128,7 @@ def main() -> None:
         "requests": args.requests,
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
-        "disable_by_batch_size": policy.disable_by_batch_size,
+        "disable_by_batch_size": spec.disable_by_batch_size,
         "table": table,
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")

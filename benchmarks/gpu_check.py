@@ -28,17 +28,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quickdraft import Engine, SamplingParams, SpecConfig, generate
+from quickdraft import Engine, SamplingParams, generate
 from quickdraft.config import AcceptRule
 from quickdraft.conformance import EAGLE_ROWS, Case, run_case
-from quickdraft.drafters import DraftModelDrafter, NGramDrafter
 from quickdraft.drafters.base import Batch, StepResult
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.drafters.eagle.drafter import EagleDrafter
 from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
 from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
 from quickdraft.drafters.medusa.drafter import MedusaDrafter
 from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads
+from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.llama import LlamaRunner
 
 SHAPES = {
@@ -115,10 +116,10 @@ def correctness(device: str, quick: bool) -> dict:
     prompts = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7], list(range(60, 81))]
     greedy = SamplingParams(temperature=0, max_new_tokens=20)
     expected = [generate(target, p, sampling=greedy).token_ids for p in prompts]
-    always = SpecConfig(disable_by_batch_size=None)
+    always = {"disable_by_batch_size": None}
     results: dict = {"greedy_identity": {}, "seeded_batch_invariance": {}}
     for method, drafter in tiny_drafters(target).items():
-        engine = Engine(target, drafter, always, max_batch=2, prefill_chunk=8)
+        engine = Engine(target, drafter, **always, max_batch=2, prefill_chunk=8)
         outputs = {}
         for step in range(200):
             if step < len(prompts):
@@ -130,9 +131,9 @@ def correctness(device: str, quick: bool) -> dict:
         results["greedy_identity"][method] = all(same)
     seeded = SamplingParams(temperature=0.9, max_new_tokens=16, seed=7)
     for method in ("draft_model", "eagle"):
-        alone = Engine(target, tiny_drafters(target)[method], always)
+        alone = Engine(target, tiny_drafters(target)[method], **always)
         alone.add_request(prompts[0], seeded, "x")
-        batched = Engine(target, tiny_drafters(target)[method], always, max_batch=3)
+        batched = Engine(target, tiny_drafters(target)[method], **always, max_batch=3)
         batched.add_request(prompts[1], SamplingParams(max_new_tokens=12), "o")
         batched.add_request(prompts[0], seeded, "x")
         got = [

@@ -33,6 +33,7 @@ from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.drafters.medusa.drafter import build_medusa
 from quickdraft.drafters.medusa.net import heads_folder
+from quickdraft.drafters.registry import make_spec
 from quickdraft.models.loading import load_model
 from quickdraft.models.pruned import PrunedModel
 from quickdraft.train.corpus import balanced_sample, read_records, tokenize
@@ -78,7 +79,7 @@ def main() -> None:
     for tree in args.trees:
         drafter = build_medusa(target, folder, tree)
         label = f"medusa {tree} ({drafter.num_tokens} nodes)"
-        methods.append(MethodRun(label, SpecConfig(method=Method.MEDUSA, tree=tree)))
+        methods.append(MethodRun(label, make_spec(method=Method.MEDUSA, tree=tree)))
         drafters[label] = drafter
     spec = SpecConfig(method=Method.DRAFT_MODEL, num_speculative_tokens=args.k)
     distilled = {}

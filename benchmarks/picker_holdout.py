@@ -19,14 +19,14 @@ from pathlib import Path
 
 import torch
 
-from quickdraft import methods
 from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
 from quickdraft.config import Method, SamplingParams, SpecConfig
+from quickdraft.drafters import registry as methods
 from quickdraft.engine import generate
-from quickdraft.methods import PickContext
 from quickdraft.models.loading import load_model
 from quickdraft.pick.calibrate import calibrate, describe
+from quickdraft.pick.context import PickContext
 from quickdraft.pick.picker import Workload, options
 
 RESULTS = Path(__file__).parent / "results"

@@ -53,7 +53,7 @@ import torch
 from quickdraft import SamplingParams, SpecConfig, generate
 from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.tasks import TASK_DIR, load_tasks
-from quickdraft.drafters import build_drafter
+from quickdraft.drafters.registry import build_drafter, make_spec
 from quickdraft.models.loading import load_model, packaged_gguf
 from quickdraft.train.sources import code_prompts
 
@@ -161,7 +161,7 @@ def quickdraft_rows(args) -> tuple[list[Row], object, int]:
             spec = SpecConfig(method="draft_model", num_speculative_tokens=k)
             configs.append((f"draft model k={k}", spec, draft))
         if quant == "int8":  # the draft's 151,936-row head is a quarter of its step
-            spec = SpecConfig(
+            spec = make_spec(
                 method="draft_model", num_speculative_tokens=4, draft_shortlist="fr:32768"
             )
             configs.append(("draft model k=4, FR-Spec 32k head", spec, draft))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Any
 
@@ -61,6 +61,17 @@ class AcceptRule(StrEnum):
 LOSSLESS_RULES = tuple(rule for rule in AcceptRule if rule.lossless)
 
 
+def accept_rule(value: Any) -> AcceptRule:
+    """An ``AcceptRule`` or its name, else ValueError naming ``acceptance``."""
+    return _enum_value("acceptance", AcceptRule, value)  # type: ignore[return-value]
+
+
+def check_batch_policy(value: Any) -> None:
+    """``disable_by_batch_size``: None (always draft) or 1..2**20 requests."""
+    if value is not None:
+        check_range("disable_by_batch_size", value, 1, MAX_BATCH, integer=True)
+
+
 def show_value(value: Any) -> str:
     """repr of a bad value, short: Python refuses to print ints past 4,300 digits."""
     try:
@@ -102,7 +113,7 @@ def check_temperature(name: str, value: Any) -> None:
         )
 
 
-def _check_path(name: str, value: Any) -> None:
+def check_path(name: str, value: Any) -> None:
     """None, or a non-empty path given as str or os.PathLike (not bytes, ints or lists)."""
     if value is None:
         return
@@ -112,6 +123,24 @@ def _check_path(name: str, value: Any) -> None:
         )
     if not os.fspath(value).strip():
         raise ValueError(f"{name} must be a non-empty path, got {show_value(value)}")
+    if "\x00" in os.fspath(value):
+        raise ValueError(f"{name}: a path cannot hold a NUL character")
+
+
+def check_flag(name: str, value: Any) -> None:
+    """True or False (not 0, 1 or "yes"), else ValueError naming the field."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {show_value(value)}")
+
+
+def parsed(name: str, value: Any, kind: type) -> Any:
+    """A structured option's value: a ``kind`` as given, or read from its text by
+    ``kind.parse`` (the one place that text is read); else ValueError naming the field."""
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        return kind.parse(value)  # type: ignore[attr-defined]
+    raise ValueError(f"{name} must be a {kind.__name__} or its text, got {show_value(value)}")
 
 
 def _enum_value(name: str, enum: type[Enum], value: Any) -> Enum:
@@ -124,11 +153,8 @@ def _enum_value(name: str, enum: type[Enum], value: Any) -> Enum:
         raise ValueError(f"{name} must be one of {allowed}; got {show_value(value)}") from None
 
 
-# The serving engine's batch policy (``SpecConfig.disable_by_batch_size``), measured on
-# SmolLM2-135M with its EAGLE drafter, 2 CPU threads (benchmarks/engine_batch.py, EAGLE at
-# every step against plain decoding, end to end / decoding alone): 1.36x / 1.39x with 1
-# request, 1.20x / 1.21x with 2, 1.13x / 1.13x with 3, 0.99x / 0.92x with 4, 0.87x / 0.77x
-# with 8. Speculation stops paying between 3 and 4 concurrent requests: draft up to 3.
+# The serving engine's batch policy (``SpecConfig.disable_by_batch_size``): where speculation
+# stopped paying with concurrent requests (measured: benchmarks/results/defaults.md).
 DEFAULT_DISABLE_BY_BATCH_SIZE = 3
 MAX_BATCH = 1 << 20
 
@@ -212,89 +238,58 @@ def _as_tuple(name: str, value: Any) -> tuple:
     return tuple(value)
 
 
+class MethodOptions:
+    """The base of every method's own options: a frozen, slotted dataclass that lives beside
+    the method's drafter and is registered with it (``drafters.registry``). It is validated
+    on construction, every error naming its field; a structured value (a tree, a shortlist) is
+    a typed value with ``parse(text)`` and ``__str__``, parsed once where text comes in."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NoOptions(MethodOptions):
+    """The options of a method that takes none (plain decoding)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SpecConfig:
     """How to speculate.
 
-    method: which drafter proposes tokens (``Method``).
+    method: which drafter proposes tokens: a built-in ``Method`` or the name of a registered
+        one (``drafters.registry``; an unknown name fails where the spec is built into a
+        drafter, listing the methods there are).
     num_speculative_tokens: draft tokens per verify step (k), 1..64 (0 is not a k: use method
-        ``ar``); ignored by ``ar``.
+        ``ar``); ignored by ``ar`` and by methods that draft a tree.
     acceptance: the acceptance rule (``AcceptRule``); rejection sampling is the default.
-    draft_temperature: draft_model only: the draft model's own sampling temperature; None means
-        the target's. Any value keeps the output exact (the draft's probabilities are what the
-        rule divides by); a cooler draft is often accepted more often.
-    draft_shortlist: draft_model, medusa and eagle: the drafter head's vocabulary shortlist,
-        ``full`` or ``fr:K``, ``fr-pa:K``, ``dyna:K``, ``dyna-pa:K``, ``dyna-hybrid:K``,
-        ``dyna-hybrid-pa:K`` (``quickdraft.vocab``).
-        Medusa and EAGLE then score the shortlist's rows of the target's whole head. Exact:
-        the target always verifies over the full vocabulary.
-    shortlist_dir: the folder of the shortlist's artifacts; None uses those shipped for the
-        model whose head is shortlisted (the draft model, or the target for medusa/eagle).
-    medusa_dir: medusa only: the folder of trained heads (``quickdraft train medusa``); None
-        uses those shipped for the target.
-    tree: medusa and eagle: the draft tree; num_speculative_tokens is then unused. Medusa:
-        ``default`` (a sparse tree fitted to the heads), ``fit:N`` or sibling counts per depth
-        such as ``4,2,1``. EAGLE: ``default`` or ``DEPTH,TOPK,TOKENS`` of its dynamic tree
-        (EAGLE-2), such as ``4,4,12``; TOPK 1 drafts a chain. Bounds: depth <= 32, widths
-        and TOPK <= 64, nodes (TOKENS, N) <= 256.
-    eagle_dir: eagle only: the folder of a trained EAGLE drafter (``quickdraft train eagle``);
-        None uses the one shipped for the target.
-    eagle_lookup: eagle only: the most tokens of prompt lookup (``prompt_lookup_min``..
-        ``prompt_lookup_max``-gram matches, as method ngram) grafted onto each draft tree as
-        one more branch; 0 drafts with the EAGLE network alone, None (the default) uses
-        ``drafters.eagle_tree.DEFAULT_LOOKUP``. Exact like any tree: the branch's tokens are
-        verified with the rest, and cost only where the text repeats itself.
-    drafter_int8: medusa and eagle: int8 weights (per output channel) for the trained
-        drafter's layers and its LM-head rows, on CPU. The output stays exact, only the
-        proposals can shift; about half the draft time on CPU, where drafting streams
-        weights. Ignored on other devices and by other methods (a draft model's int8 is
-        ``load_model(int8=...)``).
-    lookahead_window, lookahead_ngram, lookahead_candidates: lookahead only: the Jacobi
-        window W, the n-gram size N and the cap G on verified candidates; None picks the
-        defaults measured for the target's device (``drafters.lookahead.DEFAULTS``). Bounds:
-        W <= 64, N in 2..16, G <= 64, and (N - 1) * (W + G) <= 256 tokens a verify pass.
-    prompt_lookup_min, prompt_lookup_max: ngram (and EAGLE's graft): the n-gram sizes matched,
-        1..32.
-    shortlist_dir, medusa_dir, eagle_dir: paths (str or os.PathLike).
     disable_by_batch_size: the batch policy of the serving engine: with more requests than
         this decoding at once, a step verifies no draft (plain decoding, the drafter still
         follows along), since a batch already fills the target's pass that a draft would fill;
         None always drafts. The default was measured (``benchmarks/engine_batch.py``).
         Output stays exact either way. A seeded request's tokens depend on which steps
         drafted only with a sampling drafter (draft_model): its draws include the draft's.
+    options: the method's own options (``MethodOptions``: ``EagleOptions``, ``MedusaOptions``,
+        ...), None for the method's defaults. ``drafters.registry.make_spec`` builds a spec
+        from flat fields as the command line and JSON configs give them (``tree="6,4,10"``).
     """
 
-    method: Method = Method.DRAFT_MODEL
+    method: str = "draft_model"
     num_speculative_tokens: int = 4
     acceptance: AcceptRule = AcceptRule.REJECTION_SAMPLING
-    draft_temperature: float | None = None
-    prompt_lookup_min: int = 1
-    prompt_lookup_max: int = 3
-    draft_shortlist: str = "full"
-    shortlist_dir: str | None = None
-    medusa_dir: str | None = None
-    tree: str = "default"
-    eagle_dir: str | None = None
-    eagle_lookup: int | None = None
-    drafter_int8: bool = True
-    lookahead_window: int | None = None
-    lookahead_ngram: int | None = None
-    lookahead_candidates: int | None = None
     disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
+    options: MethodOptions | None = None
 
     def __post_init__(self) -> None:
-        if self.disable_by_batch_size is not None:
-            check_range(
-                "disable_by_batch_size", self.disable_by_batch_size, 1, MAX_BATCH, integer=True
+        if isinstance(self.method, Method):
+            pass
+        elif not isinstance(self.method, str) or not self.method.replace("_", "").isalnum():
+            raise ValueError(
+                f"method must be a method's name (letters, digits and _), got "
+                f"{show_value(self.method)}"
             )
-        from quickdraft import methods  # the registry core: it imports no drafter
-
-        entry = methods.get(self.method)
-        builtin = entry.name in {m.value for m in Method}
-        object.__setattr__(self, "method", Method(entry.name) if builtin else entry.name)
-        object.__setattr__(
-            self, "acceptance", _enum_value("acceptance", AcceptRule, self.acceptance)
-        )
+        elif self.method in {m.value for m in Method}:
+            object.__setattr__(self, "method", Method(self.method))
+        object.__setattr__(self, "acceptance", accept_rule(self.acceptance))
         check_range(
             "num_speculative_tokens",
             self.num_speculative_tokens,
@@ -302,40 +297,11 @@ class SpecConfig:
             MAX_SPECULATIVE_TOKENS,
             integer=True,
         )
-        for name in ("shortlist_dir", "medusa_dir", "eagle_dir"):
-            _check_path(name, getattr(self, name))
-        if not isinstance(self.draft_shortlist, str):
+        check_batch_policy(self.disable_by_batch_size)
+        if self.options is not None and not isinstance(self.options, MethodOptions):
             raise ValueError(
-                f"draft_shortlist must be a string, got {show_value(self.draft_shortlist)}"
-            )
-        if not isinstance(self.tree, str):
-            raise ValueError(
-                f"tree must be a string such as default or 4,2,1; got {show_value(self.tree)}"
-            )
-        if not isinstance(self.drafter_int8, bool):
-            raise ValueError(
-                f"drafter_int8 must be True or False, got {show_value(self.drafter_int8)}"
-            )
-        # Options of other methods: each belongs to the methods that declare it.
-        owners: dict[str, list[str]] = {}
-        for other in methods.entries():
-            for option in other.options:
-                owners.setdefault(option, []).append(other.name)
-        defaults = {f.name: f.default for f in fields(self)}
-        for option, names in owners.items():
-            if entry.name not in names and getattr(self, option) != defaults[option]:
-                which = (
-                    "method " + names[0] if len(names) == 1 else "methods " + " and ".join(names)
-                )
-                raise ValueError(f"{option} applies to {which} only")
-        if entry.check is not None:
-            entry.check(self)
-        for name in ("prompt_lookup_min", "prompt_lookup_max"):
-            check_range(name, getattr(self, name), 1, MAX_LOOKUP_NGRAM, integer=True)
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError(
-                f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
-                f"prompt_lookup_max ({self.prompt_lookup_max})"
+                f"options must be a method's options (such as EagleOptions), got "
+                f"{type(self.options).__name__}"
             )
 
     @property

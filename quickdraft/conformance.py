@@ -19,7 +19,7 @@ import torch
 from scipy import stats as scipy_stats
 
 from quickdraft.accept import ACCEPT_RULES, TREE_RULES, AcceptFn, TreeAcceptFn
-from quickdraft.config import LOSSLESS_RULES, AcceptRule, SamplingParams, SpecConfig
+from quickdraft.config import LOSSLESS_RULES, AcceptRule, SamplingParams
 from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.engine import Engine, RequestOutput
@@ -29,6 +29,8 @@ from quickdraft.sampling import probs_from_logits
 from quickdraft.toys import (
     TOY_VOCAB,
     NGramTreeDrafter,
+    eagle_row,
+    lookahead_row,
     toy_eagle,
     toy_llama,
     toy_pair,
@@ -60,7 +62,7 @@ LOOKAHEAD_ROWS = ("lookahead:2,4,2",)
 # requests wait, join at every step as others leave, and arrive in random bursts.
 SERVING_ROWS = 1024
 # Every step drafts, however many rows run (the batch policy would verify none at 50,000).
-ALWAYS_DRAFT = SpecConfig(disable_by_batch_size=None)
+ALWAYS_DRAFT = {"disable_by_batch_size": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,14 +137,14 @@ def full_cases() -> list[Case]:
         cases.append(Case(rule, t, top_k, top_p, toy_tree(tree).max_depth, tree=tree))
     eagle = itertools.product(LOSSLESS_RULES, EAGLE_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
     for rule, tree, (t, top_k, top_p) in eagle:
-        cases.append(Case(rule, t, top_k, top_p, int(tree[6:].split(",")[0]), tree=tree))
+        cases.append(Case(rule, t, top_k, top_p, eagle_row(tree)[0].depth, tree=tree))
     for rule, shortlist in itertools.product(LOSSLESS_RULES, EAGLE_SHORTLIST_ROWS):
         cases.append(Case(rule, 0.6, 5, 0.9, 3, shortlist, tree=EAGLE_ROWS[0]))
     for rule in LOSSLESS_RULES:  # a quantized target
         cases.append(Case(rule, 0.6, 5, 0.9, 3, tree=EAGLE_ROWS[0], target="int8"))
     lookahead = itertools.product(LOSSLESS_RULES, LOOKAHEAD_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
     for rule, tree, (t, top_k, top_p) in lookahead:
-        cases.append(Case(rule, t, top_k, top_p, int(tree.split(",")[1]) - 1, tree=tree))
+        cases.append(Case(rule, t, top_k, top_p, lookahead_row(tree).ngram - 1, tree=tree))
     for rule in LOSSLESS_RULES:  # serving: a chain, a sampled tree and lookahead
         cases.append(Case(rule, 0.6, 5, 0.9, 4, serving=True))
         cases.append(Case(rule, 0.6, 5, 0.9, 3, tree=TREE_ROWS[0], serving=True))
@@ -222,11 +224,9 @@ def run_case(
         target = toy_llama(seed, device, int8=case.target == "int8")
         drafter = drafter or toy_eagle(target, case.tree, seed, case.shortlist)
     if case.tree.startswith("lookahead") and drafter is None:
-        from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
+        from quickdraft.drafters.lookahead import LookaheadDrafter
 
-        window, ngram, candidates = (int(v) for v in case.tree.partition(":")[2].split(","))
-        config = LookaheadConfig(window=window, ngram=ngram, candidates=candidates, seed=seed)
-        drafter = LookaheadDrafter(TOY_VOCAB, config)
+        drafter = LookaheadDrafter(TOY_VOCAB, lookahead_row(case.tree, seed))
     if drafter is None and case.tree:
         shape = toy_tree(case.tree)
         drafter = NGramTreeDrafter(draft, shape, sampled=case.tree.startswith("sample"))
@@ -246,7 +246,7 @@ def run_case(
         engine = Engine(
             target,
             drafter,
-            ALWAYS_DRAFT,
+            **ALWAYS_DRAFT,
             rules=rules,
             max_batch=samples,
             max_model_len=16,
@@ -301,7 +301,7 @@ def _serve(
     engine = Engine(
         target,
         drafter,
-        ALWAYS_DRAFT,
+        **ALWAYS_DRAFT,
         rules=rules,
         max_batch=SERVING_ROWS,
         max_model_len=16,

@@ -54,7 +54,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     A one-hot row always yields its token, so greedy decoding goes through here unchanged.
     When every row has a probability of exactly 1.0 (greedy decoding: one-hot rows), the draw is
     its argmax without touching the generator: torch.multinomial would spend an exponential
-    variate per vocabulary entry (3 ms a row at 152k tokens on 2 cores) to say the same. A
+    variate per vocabulary entry to say the same (``benchmarks/results/defaults.md``). A
     float32 row whose largest entry rounds to 1.0 leaves the others less than float32's
     resolution of 1.0 between them, the precision the distribution is given in.
     """

@@ -4,6 +4,8 @@ n-gram table, an untrained EAGLE on a tiny Llama, shortlists with a random route
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, Stateless
@@ -11,13 +13,17 @@ from quickdraft.models.base import Model
 from quickdraft.models.toy import NGramLM
 from quickdraft.sampling import probs_for_rows, sample_rows
 from quickdraft.tree import TreeShape
+
+if TYPE_CHECKING:
+    from quickdraft.drafters.eagle.tree import DynamicTree
+    from quickdraft.drafters.lookahead import LookaheadConfig
 from quickdraft.vocab import (
     ClusterShortlist,
     FrequencyShortlist,
     Router,
     RouterConfig,
     Shortlist,
-    parse_shortlist,
+    ShortlistChoice,
 )
 
 # The toy pair every case runs on: small enough to enumerate V^(k+1) sequences, peaked enough
@@ -69,17 +75,30 @@ def toy_eagle(target: Model, tree: str, seed: int = 0, shortlist: str = "full") 
     the toy Llama's width), over the whole toy vocabulary."""
     from quickdraft.drafters.eagle.drafter import EagleDrafter
     from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
-    from quickdraft.drafters.eagle.tree import DynamicTree
 
     torch.manual_seed(seed + 13)
     net = EagleNet(EagleConfig.for_target(target.config, "eagle3", 6))  # type: ignore
     net.draft_vocab = torch.randperm(TOY_VOCAB)[:6]
-    shape, _, lookup = tree.partition(":")[2].partition("+")
-    depth = DynamicTree.parse(shape).depth
-    chosen = toy_shortlist(shortlist, depth, seed, hidden=target.config.hidden_size)  # type: ignore
-    return EagleDrafter(
-        target, net, DynamicTree.parse(shape), lookup=int(lookup or 0), shortlist=chosen
-    )
+    dynamic, lookup = eagle_row(tree)
+    hidden = target.config.hidden_size  # type: ignore[attr-defined]
+    chosen = toy_shortlist(shortlist, dynamic.depth, seed, hidden=hidden)
+    return EagleDrafter(target, net, dynamic, lookup=lookup, shortlist=chosen)
+
+
+def eagle_row(row: str) -> tuple[DynamicTree, int]:
+    """A conformance row ``eagle:D,K,N[,MIN_PROB][+LOOKUP]`` -> (its tree, lookup tokens)."""
+    from quickdraft.drafters.eagle.tree import DynamicTree
+
+    shape, _, lookup = row.removeprefix("eagle:").partition("+")
+    return DynamicTree.parse(shape), int(lookup or 0)
+
+
+def lookahead_row(row: str, seed: int = 0) -> LookaheadConfig:
+    """A conformance row ``lookahead:W,N,G`` -> its settings."""
+    from quickdraft.drafters.lookahead import LookaheadConfig
+
+    window, ngram, candidates = (int(v) for v in row.removeprefix("lookahead:").split(","))
+    return LookaheadConfig(window=window, ngram=ngram, candidates=candidates, seed=seed)
 
 
 def toy_tree(text: str) -> TreeShape:
@@ -144,7 +163,8 @@ def toy_shortlist(
     """A shortlist for the toy draft: a random frequency ranking, or round-robin clusters with
     a randomly initialised router over the toy's one-hot context states (or over ``hidden``
     wide states, a toy Llama's)."""
-    kind, size = parse_shortlist(text)
+    choice = ShortlistChoice.parse(text)
+    kind, size = choice.kind, choice.size
     generator = torch.Generator().manual_seed(seed + 7)
     if kind == "full":
         return None

@@ -41,10 +41,11 @@ def test_task_and_method_parsing():
 
 def test_eagle_method_strings_set_the_tree_floor_and_grafted_lookup():
     runs = {r.label: r.spec for r in parse_methods("eagle,eagle+0,eagle@6.4.10p0.2+8")}
-    assert runs["eagle"].tree == "default" and runs["eagle"].eagle_lookup is None
-    assert runs["eagle lookup=0"].eagle_lookup == 0
-    custom = runs["eagle tree=6,4,10,0.2 lookup=8"]
-    assert custom.tree == "6,4,10,0.2" and custom.eagle_lookup == 8
+    options = {label: spec.options for label, spec in runs.items()}
+    assert str(options["eagle"].tree) == "default" and options["eagle"].eagle_lookup is None
+    assert options["eagle lookup=0"].eagle_lookup == 0
+    custom = options["eagle tree=6,4,10,0.2 lookup=8"]
+    assert str(custom.tree) == "6,4,10,0.2" and custom.eagle_lookup == 8
     for bad in ("eagle+x", "eagle@6.4.10p2", "eagle@6.4", "eagle+1+2", "eagle+fr:8+dyna:2"):
         with pytest.raises(ValueError, match="methods"):
             parse_methods(bad)
@@ -52,10 +53,10 @@ def test_eagle_method_strings_set_the_tree_floor_and_grafted_lookup():
 
 def test_eagle_method_strings_take_a_shortlist_beside_the_lookup():
     runs = {r.label: r.spec for r in parse_methods("eagle+dyna-pa:8,eagle@6.4.10+0+fr:4096")}
-    plain = runs["eagle dyna-pa:8"]
-    assert plain.draft_shortlist == "dyna-pa:8" and plain.eagle_lookup is None
-    both = runs["eagle tree=6,4,10 lookup=0 fr:4096"]
-    assert both.draft_shortlist == "fr:4096" and both.eagle_lookup == 0
+    plain = runs["eagle dyna-pa:8"].options
+    assert str(plain.draft_shortlist) == "dyna-pa:8" and plain.eagle_lookup is None
+    both = runs["eagle tree=6,4,10 lookup=0 fr:4096"].options
+    assert str(both.draft_shortlist) == "fr:4096" and both.eagle_lookup == 0
     with pytest.raises(ValueError, match="dyna-pa:x"):
         parse_methods("eagle+dyna-pa:x")
 

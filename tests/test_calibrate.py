@@ -4,8 +4,8 @@ import pytest
 
 from quickdraft.cli import main
 from quickdraft.config import Method
-from quickdraft.methods import PickContext
 from quickdraft.pick.calibrate import ChainProfile, calibrate, forward_costs
+from quickdraft.pick.context import PickContext
 from quickdraft.pick.picker import Workload
 
 

@@ -3,6 +3,7 @@ import math
 import pytest
 
 from quickdraft.config import AcceptRule, Method, SamplingParams, SpecConfig
+from quickdraft.drafters.registry import make_spec
 
 
 def test_defaults_are_valid_and_frozen():
@@ -74,7 +75,7 @@ def test_sampling_params_reject_bad_values_naming_the_field(field, value):
 )
 def test_spec_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
-        SpecConfig(**{field: value})
+        make_spec(**{field: value})
 
 
 def test_enums_accept_their_string_values():
@@ -86,8 +87,8 @@ def test_enums_accept_their_string_values():
 
 def test_draft_temperature_only_for_draft_model():
     with pytest.raises(ValueError, match="draft_temperature"):
-        SpecConfig(method=Method.AR, draft_temperature=0.5)
-    assert SpecConfig(draft_temperature=0.0).draft_temperature == 0.0
+        make_spec(method=Method.AR, draft_temperature=0.5)
+    assert make_spec(draft_temperature=0.0).options.draft_temperature == 0.0
 
 
 def test_lists_become_tuples():

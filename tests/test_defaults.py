@@ -121,7 +121,7 @@ def test_a_draft_smaller_than_the_prompts_ids_reads_them_as_its_last_id():
     target = NGramLM.random(8, order=2, seed=0)
     small = NGramLM.random(5, order=2, seed=1)
     spec = SpecConfig(method="draft_model", num_speculative_tokens=2)
-    from quickdraft.drafters import build_drafter
+    from quickdraft.drafters.registry import build_drafter
 
     drafter = build_drafter(spec, target, small, same_tokenizer=True)
     greedy = SamplingParams(temperature=0, max_new_tokens=6)

@@ -17,7 +17,8 @@ from quickdraft.drafters.base import Batch, StepResult
 from quickdraft.drafters.eagle.drafter import EagleDrafter
 from quickdraft.drafters.eagle.io import load_eagle, save_eagle
 from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
-from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree
+from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree, EagleTree
+from quickdraft.drafters.registry import make_spec
 from quickdraft.models.llama import LlamaRunner
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=32)
@@ -61,7 +62,9 @@ def targets():
 @pytest.mark.parametrize("tree", ["default", "3,1,3", "2,3,5", "5,2,10"])
 def test_eagle_trees_are_token_identical_to_plain_decoding(targets, family, variant, tree):
     target = targets[family]
-    drafter = EagleDrafter(target, random_net(target, variant), DynamicTree.parse(tree))
+    drafter = EagleDrafter(
+        target, random_net(target, variant), EagleTree.parse(tree).resolve("cpu")
+    )
     for prompt in PROMPTS:
         expected = generate(target, prompt, sampling=GREEDY).token_ids
         out = generate(target, prompt, sampling=GREEDY, draft=drafter)
@@ -84,8 +87,10 @@ def test_batched_rows_share_a_tree_shape_and_stay_identical(targets, variant):
 def test_thresholds_grafted_lookup_and_int8_stay_token_identical(targets, family, tree, lookup):
     target = targets[family]
     net = random_net(target, "eagle3")
-    drafter = EagleDrafter(target, net, DynamicTree.parse(tree), int8=True, lookup=lookup)
-    assert drafter.needs.tokens == DynamicTree.parse(tree).tokens + lookup
+    drafter = EagleDrafter(
+        target, net, EagleTree.parse(tree).resolve("cpu"), int8=True, lookup=lookup
+    )
+    assert drafter.needs.tokens == EagleTree.parse(tree).resolve("cpu").tokens + lookup
     for prompt in PROMPTS:
         expected = generate(target, prompt, sampling=GREEDY).token_ids
         out = generate(target, prompt, sampling=GREEDY, draft=drafter)
@@ -236,28 +241,28 @@ def test_save_load_round_trip_and_config_errors(targets, tmp_path):
 
 
 def test_tree_option_is_validated_at_the_boundary():
-    assert DynamicTree.parse("default") == DEFAULT_TREES["cpu"]
-    assert DynamicTree.parse("default", "cuda") == DEFAULT_TREES["cuda"]
+    assert EagleTree.parse("default").resolve("cpu") == DEFAULT_TREES["cpu"]
+    assert EagleTree.parse("default").resolve("cuda") == DEFAULT_TREES["cuda"]
     assert DynamicTree.parse("5,4,16") == DynamicTree(5, 4, 16)
     assert DynamicTree.parse("6,2,8,0.2") == DynamicTree(6, 2, 8, 0.2)
     for bad in ("6,2,8,1.5", "6,2,8,-0.1", "6,2,8,x", "6,2,8,0.1,3"):
         with pytest.raises(ValueError, match="tree"):
-            SpecConfig(method="eagle", tree=bad)
+            make_spec(method="eagle", tree=bad)
     with pytest.raises(ValueError, match="eagle_lookup"):
-        SpecConfig(method="eagle", eagle_lookup=-1)
+        make_spec(method="eagle", eagle_lookup=-1)
     with pytest.raises(ValueError, match="eagle_lookup"):
-        SpecConfig(method="eagle", eagle_lookup=True)
+        make_spec(method="eagle", eagle_lookup=True)
     with pytest.raises(ValueError, match="eagle_lookup"):
-        SpecConfig(method="ngram", eagle_lookup=3)
+        make_spec(method="ngram", eagle_lookup=3)
     with pytest.raises(ValueError, match="drafter_int8"):
-        SpecConfig(method="eagle", drafter_int8="yes")
+        make_spec(method="eagle", drafter_int8="yes")
     with pytest.raises(ValueError, match="tree"):
-        SpecConfig(method="eagle", tree="4,2")
+        make_spec(method="eagle", tree="4,2")
     with pytest.raises(ValueError, match="tree"):
-        SpecConfig(method="eagle", tree="0,2,3")
+        make_spec(method="eagle", tree="0,2,3")
     with pytest.raises(ValueError, match="eagle_dir"):
-        SpecConfig(method="medusa", eagle_dir="x")
-    assert SpecConfig(method="eagle", tree="4,1,4").tree == "4,1,4"
+        make_spec(method="medusa", eagle_dir="x")
+    assert str(make_spec(method="eagle", tree="4,1,4").options.tree) == "4,1,4"
 
 
 def test_train_eagle_command_then_generate_and_export(tmp_path, smollm2, capsys):
@@ -409,7 +414,7 @@ def test_bad_training_settings_name_the_field():
 
 
 def test_shipped_drafter_on_smollm2_is_the_default_and_token_identical(smollm2):
-    from quickdraft.drafters import build_drafter
+    from quickdraft.drafters.registry import build_drafter
 
     target, tokenizer = smollm2
     drafter = build_drafter(SpecConfig(method="eagle"), target, target_name="smollm2-135m")
@@ -473,7 +478,7 @@ def test_shipped_smollm2_eagle_takes_a_frequency_shortlist_through_specconfig(sm
     """SpecConfig(method="eagle", draft_shortlist=...) on the real model: the shortlist
     scores the target's own head rows (FR-Spec counted on a little text here), outputs equal
     plain decoding, and the head scores far fewer rows than the full vocabulary."""
-    from quickdraft.drafters import build_drafter
+    from quickdraft.drafters.registry import build_drafter
     from quickdraft.vocab.shortlist import save_frequency
 
     target, tokenizer = smollm2
@@ -483,7 +488,7 @@ def test_shipped_smollm2_eagle_takes_a_frequency_shortlist_through_specconfig(sm
         0, torch.tensor(tokenizer.encode(text)), torch.ones(len(tokenizer.encode(text)))
     )
     save_frequency(tmp_path, frequency, {"source": "test"})
-    spec = SpecConfig(method="eagle", draft_shortlist="fr:4096", shortlist_dir=str(tmp_path))
+    spec = make_spec(method="eagle", draft_shortlist="fr:4096", shortlist_dir=str(tmp_path))
     drafter = build_drafter(spec, target)
     assert all(a > 1.0 for a in shipped_drafter_runs(smollm2, drafter))
     assert drafter.head_rows == 4096 < target.vocab_size
@@ -558,7 +563,7 @@ def test_an_exported_drafter_imports_back_and_drafts_the_same(targets, tmp_path,
     same drafts and the same accepted lengths (EAGLE-1's draft vocabulary travels as
     token_map.pt, EAGLE-3's as d2t/t2d, and an LM head copied from the target is read as
     the target's)."""
-    from quickdraft.drafters import build_drafter
+    from quickdraft.drafters.registry import build_drafter
     from quickdraft.interop.eagle_export import export_eagle
 
     target = targets["llama-untied"]
@@ -573,7 +578,7 @@ def test_an_exported_drafter_imports_back_and_drafts_the_same(targets, tmp_path,
         assert imported.config.feature_layers == original.config.feature_layers
         assert sorted(imported.draft_vocab.tolist()) == sorted(original.draft_vocab.tolist())
         assert _drafts_and_lengths(target, imported) == expected, engine
-        spec = SpecConfig(method="eagle", eagle_dir=str(folder), tree="3,2,5", eagle_lookup=0)
+        spec = make_spec(method="eagle", eagle_dir=str(folder), tree="3,2,5", eagle_lookup=0)
         drafter = build_drafter(spec, target)
         assert isinstance(drafter, EagleDrafter)
 

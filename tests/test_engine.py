@@ -3,6 +3,7 @@
 import pytest
 
 from quickdraft import AcceptRule, Method, SamplingParams, SpecConfig, generate, generate_batch
+from quickdraft.drafters.registry import make_spec
 from quickdraft.models import NGramLM, ToyTokenizer
 
 VOCAB = 26
@@ -217,7 +218,7 @@ def test_draft_temperature_changes_acceptance_not_exactness(target, draft):
         target,
         PROMPTS[2],
         sampling=greedy_params(max_new_tokens=30, seed=0),
-        spec=SpecConfig(num_speculative_tokens=4, draft_temperature=1.5),
+        spec=make_spec(num_speculative_tokens=4, draft_temperature=1.5),
         draft=draft,
     )
     assert out.token_ids == expected

@@ -1,5 +1,7 @@
-"""Seeded fuzzing of every SamplingParams and SpecConfig field: a bad value raises ValueError
-naming its field within 100 ms; an accepted one runs a short toy generation."""
+"""Seeded fuzzing of every SamplingParams field and every spec field (SpecConfig's own and each
+registered method's options, given flat to ``make_spec`` as the command line and JSON configs
+give them): a bad value raises ValueError naming its field within 100 ms; an accepted one runs
+a short toy generation."""
 
 import random
 import time
@@ -10,9 +12,11 @@ import pytest
 import torch
 
 from quickdraft import SamplingParams, SpecConfig, generate
+from quickdraft.drafters import registry
 from quickdraft.drafters.eagle.io import save_eagle
 from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
 from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads, save_heads
+from quickdraft.drafters.registry import make_spec, spec_fields
 from quickdraft.toys import TOY_VOCAB, toy_llama
 
 # Values of every type and range the fields meet in the wild: edges, overflows, typos.
@@ -31,7 +35,9 @@ EDGES = [
     [2**70], ["\udcff"], [""], ["x"] * 65, Path("."), Path(""), object(),
 ]  # fmt: skip
 SAMPLING_FIELDS = [f.name for f in fields(SamplingParams)]
-SPEC_FIELDS = [f.name for f in fields(SpecConfig)]
+SPEC_FIELDS = [f.name for f in fields(SpecConfig) if f.name != "options"] + sorted(
+    {name for entry in registry.entries() for name in entry.option_names()}
+)
 # Needing trained vocabulary artifacts, these are fuzzed for validation but generate with the
 # full vocabulary (their artifacts' loading is tested in test_vocab and test_cli_errors).
 NOT_GENERATED = {"draft_shortlist", "shortlist_dir"}
@@ -67,6 +73,8 @@ def build(kind: type, given: dict):
     start = time.perf_counter()
     try:
         return kind(**given), None
+    except TypeError as error:  # make_spec: a SpecConfig field's value of the wrong kind
+        raise AssertionError(f"{given}: {error}") from None
     except ValueError as error:
         return None, (time.perf_counter() - start, str(error))
 
@@ -106,19 +114,21 @@ def test_every_spec_value_is_rejected_by_name_or_generates(toy):
     sampled = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=4, seed=0)
     expected = generate(target, PROMPT, sampling=greedy).token_ids
     for index, given in enumerate(cases(SPEC_FIELDS, 2500, seed=2)):
-        spec, failure = build(SpecConfig, given)
+        spec, failure = build(make_spec, given)
         if failure is not None:
             assert_names_a_field(given, failure)
             continue
         accepted += 1
-        if set(given) & NOT_GENERATED and spec.draft_shortlist != "full":
+        flat = spec_fields(spec)
+        if set(given) & NOT_GENERATED and flat.get("draft_shortlist", "full") != "full":
             continue
-        overrides = {"draft_shortlist": "full", "shortlist_dir": None}
+        for name in NOT_GENERATED:
+            flat.pop(name, None)
         if spec.method.value == "medusa":
-            overrides["medusa_dir"] = str(folder / "medusa")
+            flat["medusa_dir"] = str(folder / "medusa")
         if spec.method.value == "eagle":
-            overrides["eagle_dir"] = str(folder / "eagle")
-        runnable = SpecConfig(**{**_as_fields(spec), **overrides})
+            flat["eagle_dir"] = str(folder / "eagle")
+        runnable = make_spec(**flat)
         uses_draft = runnable.method.value == "draft_model"
         sampling = greedy if index % 2 else sampled
         try:

@@ -18,9 +18,11 @@ import shlex
 
 import torch
 
-from quickdraft import methods
+from quickdraft.drafters import registry
 from quickdraft.interop import launch as engines
-from quickdraft.methods import PickContext
+from quickdraft.interop.launch import launch_configs
+from quickdraft.pick.candidates import support
+from quickdraft.pick.context import PickContext
 
 VLLM_KEYS = {
     "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size",
@@ -77,11 +79,9 @@ def check_sglang_flags(flags: list[str]) -> None:
 def test_every_candidate_of_every_method_prints_configs_the_engines_define(tmp_path):
     context = PickContext(target="smollm2-135m", draft="org/draft", export_dir=tmp_path)
     seen = set()
-    for entry in methods.entries():
-        if entry.pick is None or entry.pick.engines is None:
-            continue
-        for label, spec in entry.pick.candidates(context):
-            for config in entry.pick.engines(spec, context):
+    for entry in registry.entries():
+        for label, spec in support(entry.name).candidates(context):
+            for config in launch_configs(spec, context):
                 assert config.engine in engines.ENGINES
                 if config.speculative is None:  # unsupported: said, with the reason
                     assert config.note and config.command("t") is None

@@ -7,6 +7,7 @@ from conftest import FAMILIES, tiny_runners
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter, side_mask
+from quickdraft.drafters.registry import make_spec
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7]]
@@ -22,7 +23,7 @@ def targets():
 def test_lookahead_is_token_identical_to_plain_decoding(targets, family, settings):
     target = targets[family]
     window, ngram, candidates = settings
-    spec = SpecConfig(
+    spec = make_spec(
         method="lookahead",
         lookahead_window=window,
         lookahead_ngram=ngram,
@@ -37,7 +38,7 @@ def test_lookahead_is_token_identical_to_plain_decoding(targets, family, setting
 
 def test_batched_rows_are_identical_too(targets):
     target = targets["qwen2-bias"]
-    spec = SpecConfig(method="lookahead", lookahead_window=3, lookahead_candidates=2)
+    spec = make_spec(method="lookahead", lookahead_window=3, lookahead_candidates=2)
     prompts = torch.tensor([[5, 17, 3, 99, 42], [1, 2, 3, 1, 2], [8, 8, 8, 8, 8]])
     out = generate_batch(target, prompts, sampling=GREEDY, spec=spec)
     for row, prompt in enumerate(prompts.tolist()):
@@ -74,11 +75,11 @@ def test_pool_carries_over_to_the_next_request(targets):
 
 def test_settings_are_validated_at_the_boundary():
     with pytest.raises(ValueError, match="lookahead_window"):
-        SpecConfig(method="lookahead", lookahead_window=0)
+        make_spec(method="lookahead", lookahead_window=0)
     with pytest.raises(ValueError, match="lookahead_ngram"):
-        SpecConfig(method="lookahead", lookahead_ngram=1)
+        make_spec(method="lookahead", lookahead_ngram=1)
     with pytest.raises(ValueError, match="lookahead"):
-        SpecConfig(method="ngram", lookahead_candidates=2)
+        make_spec(method="ngram", lookahead_candidates=2)
     with pytest.raises(ValueError, match="lookahead"):
         from quickdraft.bench.harness import parse_methods
 

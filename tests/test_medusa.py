@@ -13,10 +13,10 @@ from conftest import (
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.config import Method
-from quickdraft.drafters import build_drafter
 from quickdraft.drafters.medusa.drafter import MedusaDrafter
 from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads, load_heads, save_heads
 from quickdraft.drafters.medusa.tree import default_tree, parse_tree
+from quickdraft.drafters.registry import build_drafter, make_spec
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7]]
@@ -91,7 +91,7 @@ def test_heads_round_trip_and_build_from_a_spec(targets, tmp_path):
     loaded = load_heads(tmp_path)
     hidden = torch.randn(3, target.config.hidden_size)
     torch.testing.assert_close(loaded(hidden), heads(hidden), atol=1e-2, rtol=1e-2)  # fp16 file
-    spec = SpecConfig(method=Method.MEDUSA, medusa_dir=str(tmp_path), tree="2,2")
+    spec = make_spec(method=Method.MEDUSA, medusa_dir=str(tmp_path), tree="2,2")
     drafter = build_drafter(spec, target)
     assert (
         isinstance(drafter, MedusaDrafter)
@@ -103,11 +103,11 @@ def test_heads_round_trip_and_build_from_a_spec(targets, tmp_path):
 def test_bad_medusa_settings_name_the_field(targets, tmp_path):
     target = targets["llama-tied"]
     with pytest.raises(ValueError, match="tree applies to methods medusa and eagle"):
-        SpecConfig(method=Method.NGRAM, tree="2,2")
+        make_spec(method=Method.NGRAM, tree="2,2")
     with pytest.raises(ValueError, match="tree"):
-        SpecConfig(method=Method.MEDUSA, tree="two")
+        make_spec(method=Method.MEDUSA, tree="two")
     with pytest.raises(ValueError, match="medusa_dir"):
-        build_drafter(SpecConfig(method=Method.MEDUSA, medusa_dir=str(tmp_path)), target)
+        build_drafter(make_spec(method=Method.MEDUSA, medusa_dir=str(tmp_path)), target)
     with pytest.raises(ValueError, match="medusa_dir: no Medusa heads ship"):
         build_drafter(SpecConfig(method=Method.MEDUSA), target, target_name="nope")
     heads = random_heads(target.config.hidden_size, target.vocab_size, 2)
@@ -227,9 +227,9 @@ def test_fitted_trees_take_the_most_likely_paths():
     assert fit_tree(accuracy, 100).num_nodes == 3 + 3 * 2 + 3 * 2  # every path the heads allow
     with pytest.raises(ValueError, match="nodes"):
         fit_tree(accuracy, 0)
-    assert SpecConfig(method=Method.MEDUSA, tree="fit:8").tree == "fit:8"
+    assert str(make_spec(method=Method.MEDUSA, tree="fit:8").options.tree) == "fit:8"
     with pytest.raises(ValueError, match="fit:N"):
-        SpecConfig(method=Method.MEDUSA, tree="fit:x")
+        make_spec(method=Method.MEDUSA, tree="fit:x")
 
 
 def test_pruned_draft_with_a_distilled_exit_agrees_more_and_stays_exact(targets, tmp_path):

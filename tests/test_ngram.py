@@ -1,8 +1,9 @@
 import pytest
 
-from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.drafters import NGramDrafter, build_drafter
+from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Batch
+from quickdraft.drafters.ngram import NGramDrafter
+from quickdraft.drafters.registry import build_drafter, make_spec
 from quickdraft.models import NGramLM
 
 
@@ -33,7 +34,7 @@ def test_continuation_is_cut_at_the_end_of_the_text():
 
 def test_builder_and_config_validation():
     target = NGramLM.random(20, order=2, seed=0)
-    spec = SpecConfig(
+    spec = make_spec(
         method="ngram", num_speculative_tokens=6, prompt_lookup_min=2, prompt_lookup_max=4
     )
     drafter = build_drafter(spec, target)
@@ -41,6 +42,6 @@ def test_builder_and_config_validation():
     with pytest.raises(ValueError, match="draft"):
         build_drafter(spec, target, target)
     with pytest.raises(ValueError, match="prompt_lookup_min"):
-        SpecConfig(method="ngram", prompt_lookup_min=5, prompt_lookup_max=2)
+        make_spec(method="ngram", prompt_lookup_min=5, prompt_lookup_max=2)
     with pytest.raises(ValueError, match="prompt_lookup_max"):
-        SpecConfig(method="ngram", prompt_lookup_max=0)
+        make_spec(method="ngram", prompt_lookup_max=0)

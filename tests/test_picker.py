@@ -7,10 +7,12 @@ import json
 import pytest
 from test_interop_launch import check_sglang_flags, check_vllm_config
 
-from quickdraft import methods
 from quickdraft.cli import main
-from quickdraft.config import Method, SpecConfig
-from quickdraft.methods import MethodEntry, PickContext, PickSupport, StepPrior
+from quickdraft.config import Method, NoOptions, SpecConfig
+from quickdraft.drafters import ngram, registry
+from quickdraft.drafters.registry import MethodEntry, make_spec
+from quickdraft.pick.candidates import PICK
+from quickdraft.pick.context import PickContext, PickSupport, StepPrior
 from quickdraft.pick.picker import Workload, options, pick
 
 SMOLLM2 = PickContext(target="smollm2-135m")  # EAGLE drafter and Medusa heads ship for it
@@ -24,7 +26,7 @@ def everything() -> PickContext:
 def test_every_registered_method_is_a_candidate():
     ranked, reasons = options(Workload(task="code"), everything())
     offered = {str(option.spec.method) for option in ranked}
-    assert offered == set(methods.names()), reasons
+    assert offered == set(registry.names()), reasons
     # Candidates differ in the settings that matter: k, tree shapes and lookup grafts.
     labels = {option.label for option in ranked}
     assert {"draft_model k=2", "draft_model k=8", "ngram k=5", "medusa tree=fit:8",
@@ -32,26 +34,23 @@ def test_every_registered_method_is_a_candidate():
 
 
 def test_a_method_registered_in_a_test_is_picked_with_no_picker_change():
-    entry = MethodEntry(
-        "test_only",
-        "a method that exists only in this test",
-        lambda spec, context: None,
-        pick=PickSupport(
-            candidates=lambda context: [("test_only k=4", SpecConfig(method="test_only"))],
-            prior=lambda spec, task: StepPrior(6.0, 0.1, 1.2, 5, "this test"),
-        ),
+    entry = MethodEntry("test_only", NoOptions, ngram.build, "exists only in this test")
+    registry.register(entry)
+    PICK["test_only"] = PickSupport(  # what the picker knows of it, in the picker's own table
+        candidates=lambda context: [("test_only k=4", SpecConfig(method="test_only"))],
+        prior=lambda spec, task: StepPrior(6.0, 0.1, 1.2, 5, "this test"),
     )
-    methods.register(entry)
     try:
         choice = pick(Workload(task="qa"), SMOLLM2)
         assert choice.label == "test_only k=4" and choice.predicted_speedup > 4
         assert choice.quickdraft_json()["method"] == "test_only"
-        assert choice.engines == []  # it says nothing of other engines
+        assert all(e.speculative is None for e in choice.engines)  # no equivalent elsewhere
         restricted = pick(Workload(task="qa", methods=("ngram",)), SMOLLM2)
         assert restricted.spec.method in (Method.NGRAM, Method.AR)  # plain decoding: baseline
         assert {str(o.spec.method) for o in restricted.options} <= {"ngram", "ar"}
     finally:
-        methods.unregister("test_only")
+        registry.unregister("test_only")
+        del PICK["test_only"]
 
 
 def test_short_outputs_and_very_high_temperature_do_not_speculate():
@@ -67,7 +66,7 @@ def test_smollm2_picks_eagle_with_the_measured_batch_policy_and_engine_configs(t
     assert choice.spec.method is Method.EAGLE and choice.predicted_speedup > 1.2
     # The batch threshold comes from the cost model: 3 requests, as engine_batch measured.
     assert choice.spec.disable_by_batch_size == 3
-    spec = SpecConfig(**choice.quickdraft_json())  # generate's and serve's config as it is
+    spec = make_spec(**choice.quickdraft_json())  # generate's and serve's config as it is
     assert spec == choice.spec
     vllm, sglang = choice.engine("vllm"), choice.engine("sglang")
     check_vllm_config(vllm.speculative)

@@ -12,12 +12,12 @@ import shutil
 import pytest
 from test_server import MODEL, SERVED, client, drafter, raw, serving, tiny_target
 
-from quickdraft import Engine, SamplingParams, SpecConfig
-from quickdraft.drafters import DraftModelDrafter
+from quickdraft import Engine, SamplingParams
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.engine.requests import Origin, StepDetail, step_details
 from quickdraft.server.pool import MethodOption, OtherMethods
 
-ALWAYS = SpecConfig(disable_by_batch_size=None)
+ALWAYS = {"disable_by_batch_size": None}
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
 
 
@@ -43,7 +43,7 @@ def rebuilt(steps: list[StepDetail]) -> list[int]:
 def run_with_steps(
     target, tokenizer, draft, n: int = 24, steps: bool = True, **sampling
 ) -> tuple[list, object]:
-    engine = Engine(target, draft, ALWAYS, tokenizer=tokenizer, max_batch=2)
+    engine = Engine(target, draft, **ALWAYS, tokenizer=tokenizer, max_batch=2)
     params = SamplingParams(max_new_tokens=n, draft_steps=steps, **sampling)
     engine.add_request(tokenizer.encode(PROMPT), params, "r")
     made, last = [], None
@@ -120,7 +120,7 @@ def test_steps_cut_by_a_stop_string_or_a_stop_token_inside_the_drafts(target, to
 
 
 def test_a_step_the_batch_policy_runs_without_drafts_is_plain(target, tokenizer):
-    engine = Engine(target, DraftModelDrafter(target, 3), SpecConfig(disable_by_batch_size=1),
+    engine = Engine(target, DraftModelDrafter(target, 3), disable_by_batch_size=1,
                     tokenizer=tokenizer, max_batch=2)  # fmt: skip
     params = SamplingParams(max_new_tokens=6, draft_steps=True, temperature=0)
     for name in ("a", "b"):
@@ -138,7 +138,7 @@ def others_for(target, tokenizer) -> OtherMethods:
         if method == "lookahead":
             raise ValueError("lookahead: refused for the test")
         draft = DraftModelDrafter(target, 3) if method == "draft_model" else drafter(target, method)
-        return Engine(target, draft, ALWAYS, tokenizer=tokenizer, max_batch=2)
+        return Engine(target, draft, **ALWAYS, tokenizer=tokenizer, max_batch=2)
 
     options = [
         MethodOption(m, f"{m} drafting") for m in ("ar", "ngram", "draft_model", "lookahead")
@@ -151,7 +151,7 @@ def test_a_request_names_its_method_and_streams_its_steps(target, tokenizer):
     """Served: plain decoding. A request naming ngram or draft_model runs on that method's
     engine, made on first use, and gives plain decoding's tokens at temperature 0; its
     streamed steps rebuild its tokens; /v1/methods says what runs and why not."""
-    engine = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2)
+    engine = Engine(target, None, **ALWAYS, tokenizer=tokenizer, max_batch=2)
     with serving(engine, tokenizer, others=others_for(target, tokenizer)) as url:
         api = client(url)
         extra = {"return_token_ids": True}
@@ -203,7 +203,7 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 
 
 def test_bad_quickdraft_options_get_a_400_naming_the_field(target, tokenizer):
-    engine = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2)
+    engine = Engine(target, None, **ALWAYS, tokenizer=tokenizer, max_batch=2)
     base = {"prompt": "hi", "max_tokens": 2}
     with serving(engine, tokenizer, others=others_for(target, tokenizer)) as url:
         cases = [
@@ -229,7 +229,7 @@ def test_bad_quickdraft_options_get_a_400_naming_the_field(target, tokenizer):
 
 
 def test_the_page_is_self_contained_and_talks_to_its_own_server_only(target, tokenizer):
-    engine = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2)
+    engine = Engine(target, None, **ALWAYS, tokenizer=tokenizer, max_batch=2)
     with serving(engine, tokenizer, api_key="k") as url:
         host, port = url.removeprefix("http://").split(":")
         import http.client
@@ -249,7 +249,7 @@ def test_the_page_is_self_contained_and_talks_to_its_own_server_only(target, tok
 
 
 def test_drain_reaches_engines_made_for_other_methods_and_refuses_new_ones(target, tokenizer):
-    engine = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2, max_model_len=512)
+    engine = Engine(target, None, **ALWAYS, tokenizer=tokenizer, max_batch=2, max_model_len=512)
     body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True}
     with serving(engine, tokenizer, others=others_for(target, tokenizer)) as url:
         stream = client(url).completions.create(
@@ -276,7 +276,7 @@ def test_another_methods_failure_leaves_the_server_healthy(target, tokenizer):
         made.append(method)
         if method == "lookahead":
             raise RuntimeError("out of memory")
-        failing = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2)
+        failing = Engine(target, None, **ALWAYS, tokenizer=tokenizer, max_batch=2)
 
         def step():
             raise RuntimeError("a bug")
@@ -285,7 +285,7 @@ def test_another_methods_failure_leaves_the_server_healthy(target, tokenizer):
         return failing
 
     options = (MethodOption("ngram", "n"), MethodOption("lookahead", "l"))
-    engine = Engine(target, None, ALWAYS, tokenizer=tokenizer, max_batch=2)
+    engine = Engine(target, None, **ALWAYS, tokenizer=tokenizer, max_batch=2)
     with serving(engine, tokenizer, others=OtherMethods(options, make)) as url:
         base = {"prompt": "x", "max_tokens": 4}
         status, error = _post(url, {**base, "quickdraft": {"method": "ngram"}})
@@ -359,11 +359,13 @@ def page_server(target, tokenizer):
     def make(method: str) -> Engine:
         if method == "lookahead":
             raise ValueError("lookahead: refused for the test")
-        return Engine(target, drafter(target, method), ALWAYS, tokenizer=tokenizer, max_batch=2)
+        return Engine(target, drafter(target, method), **ALWAYS, tokenizer=tokenizer, max_batch=2)
 
     names = ("ar", "ngram", "eagle", "lookahead")
     options = tuple(MethodOption(m, f"{m} drafting") for m in names)
-    served = Engine(target, DraftModelDrafter(target, 3), ALWAYS, tokenizer=tokenizer, max_batch=2)
+    served = Engine(
+        target, DraftModelDrafter(target, 3), **ALWAYS, tokenizer=tokenizer, max_batch=2
+    )
     others = OtherMethods((MethodOption("draft_model", "draft model"), *options), make)
     with serving(served, tokenizer, others=others, method="draft_model") as url:
         yield url

@@ -20,16 +20,17 @@ from test_eagle import random_net
 from test_medusa import random_heads
 
 from quickdraft import Engine, SamplingParams, SpecConfig, generate
-from quickdraft.drafters import DraftModelDrafter, NGramDrafter
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.drafters.eagle.drafter import EagleDrafter
 from quickdraft.drafters.eagle.tree import DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
 from quickdraft.drafters.medusa.drafter import MedusaDrafter
+from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.server import ServerConfig, create_app
 from quickdraft.server.detok import TextStream
 
-ALWAYS = SpecConfig(disable_by_batch_size=None)
+ALWAYS = {"disable_by_batch_size": None}
 METHODS = ["ar", "draft_model", "ngram", "medusa", "eagle", "lookahead"]
 MODEL = "tiny"
 SERVED: list = []  # the apps ``serving`` started, latest last
@@ -126,14 +127,14 @@ def settled(url: str) -> dict[str, float]:
 def offline(target, tokenizer, ids: list[int], n: int, method: str) -> list[int]:
     greedy = SamplingParams(temperature=0, max_new_tokens=n)
     draft = drafter(target, method)
-    spec = None if draft is None else ALWAYS
+    spec = None if draft is None else SpecConfig(**ALWAYS)
     out = generate(target, ids, sampling=greedy, draft=draft, spec=spec)
     return out.token_ids
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_over_http_equals_offline_generate(target, tokenizer, method):
-    engine = Engine(target, drafter(target, method), ALWAYS, tokenizer=tokenizer, max_batch=4)
+    engine = Engine(target, drafter(target, method), **ALWAYS, tokenizer=tokenizer, max_batch=4)
     prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
     chat = [{"role": "user", "content": "Write a haiku about the sea."}]
     ids = tokenizer.encode(prompt)
@@ -184,7 +185,7 @@ def test_every_method_over_http_equals_offline_generate(target, tokenizer, metho
 
 
 def test_logprobs_stop_strings_n_and_seeds(target, tokenizer):
-    engine = Engine(target, drafter(target, "eagle"), ALWAYS, tokenizer=tokenizer, max_batch=4)
+    engine = Engine(target, drafter(target, "eagle"), **ALWAYS, tokenizer=tokenizer, max_batch=4)
     prompt = "Once upon a time"
     ids = tokenizer.encode(prompt)
     expected = offline(target, tokenizer, ids, 30, "ar")
@@ -453,11 +454,8 @@ def test_cli_serve_answers_then_drains_on_sigterm_and_exits_0(tmp_path, smollm2)
 def test_smollm2_over_http_equals_offline_generate(smollm2, method):
     """The real model with its shipped EAGLE drafter (the server's automatic choice for it)
     and without: chat and completion, whole and streamed, equal offline plain decoding."""
-    from quickdraft.drafters import build_drafter
-
     target, tokenizer = smollm2
-    spec = SpecConfig(method=method)
-    engine = Engine(target, build_drafter(spec, target), spec, tokenizer=tokenizer, max_batch=2)
+    engine = Engine.from_spec(target, SpecConfig(method=method), tokenizer=tokenizer, max_batch=2)
     chat = [{"role": "user", "content": "Write a Python function that reverses a string."}]
     greedy = SamplingParams(temperature=0, max_new_tokens=40)
     expected = generate(target, tokenizer.apply_chat(chat), sampling=greedy, tokenizer=tokenizer)

@@ -8,12 +8,13 @@ from conftest import tiny_hf_model
 from test_eagle import random_net
 from test_medusa import random_heads
 
-from quickdraft import Engine, SamplingParams, SpecConfig, generate, generate_batch
-from quickdraft.drafters import DraftModelDrafter, NGramDrafter
+from quickdraft import Engine, SamplingParams, generate, generate_batch
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.drafters.eagle.drafter import EagleDrafter
 from quickdraft.drafters.eagle.tree import DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
 from quickdraft.drafters.medusa.drafter import MedusaDrafter
+from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.llama import LlamaRunner
 
 PROMPTS = [
@@ -23,7 +24,7 @@ PROMPTS = [
     [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80],
     [9, 9],
 ]
-ALWAYS = SpecConfig(disable_by_batch_size=None)
+ALWAYS = {"disable_by_batch_size": None}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_every_method_is_token_identical_with_ragged_prompts_joining_mid_run(tar
     expected = [
         generate(target, p, sampling=s).token_ids for p, s in zip(PROMPTS, greedy, strict=True)
     ]
-    engine = Engine(target, drafters(target)[method], ALWAYS, max_batch=3, prefill_chunk=6)
+    engine = Engine(target, drafters(target)[method], **ALWAYS, max_batch=3, prefill_chunk=6)
     # Five requests over three rows: some wait for a row, some join while others decode.
     arrivals = {0: [(PROMPTS[0], greedy[0], "a"), (PROMPTS[1], greedy[1], "b")]}
     arrivals[2] = [(PROMPTS[2], greedy[2], "c")]
@@ -76,10 +77,10 @@ def test_every_method_is_token_identical_with_ragged_prompts_joining_mid_run(tar
 def test_a_seeded_request_gives_the_same_tokens_alone_and_in_a_batch(target, method):
     seeded = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=20, seed=1234)
     alone = serve(
-        Engine(target, drafters(target)[method], ALWAYS), {0: [(PROMPTS[0], seeded, "x")]}
+        Engine(target, drafters(target)[method], **ALWAYS), {0: [(PROMPTS[0], seeded, "x")]}
     )
     others = [SamplingParams(temperature=1.0, max_new_tokens=12), SamplingParams(temperature=0)]
-    engine = Engine(target, drafters(target)[method], ALWAYS, max_batch=3, seed=5)
+    engine = Engine(target, drafters(target)[method], **ALWAYS, max_batch=3, seed=5)
     arrivals = {
         0: [(PROMPTS[1], others[0], "o1"), (PROMPTS[3], others[1], "o2")],
         2: [(PROMPTS[0], seeded, "x")],  # joins mid-run beside unseeded and greedy rows
@@ -94,13 +95,13 @@ def test_seeded_speculation_with_deterministic_drafts_gives_plain_sampling(targe
     seeded = SamplingParams(temperature=0.8, max_new_tokens=24, seed=99)
     plain = serve(Engine(target), {0: [(PROMPTS[1], seeded, "x")]})["x"].token_ids
     for method in ("ngram", "eagle", "medusa"):
-        engine = Engine(target, drafters(target)[method], ALWAYS)
+        engine = Engine(target, drafters(target)[method], **ALWAYS)
         assert serve(engine, {0: [(PROMPTS[1], seeded, "x")]})["x"].token_ids == plain, method
 
 
 def test_abort_frees_the_row_and_leaves_the_others_alone(target):
     greedy = SamplingParams(temperature=0, max_new_tokens=20)
-    engine = Engine(target, drafters(target)["eagle"], ALWAYS, max_batch=2)
+    engine = Engine(target, drafters(target)["eagle"], **ALWAYS, max_batch=2)
     for rid, prompt in zip("abc", PROMPTS[:3], strict=True):
         engine.add_request(prompt, greedy, request_id=rid)
     outputs: dict = {}
@@ -120,9 +121,9 @@ def test_abort_frees_the_row_and_leaves_the_others_alone(target):
 
 def test_batch_policy_decodes_without_drafts_above_its_threshold(target):
     greedy = SamplingParams(temperature=0, max_new_tokens=16)
-    policy = SpecConfig(disable_by_batch_size=1)
+    policy = {"disable_by_batch_size": 1}
     for method in ("draft_model", "eagle", "lookahead"):
-        engine = Engine(target, drafters(target)[method], policy, max_batch=2)
+        engine = Engine(target, drafters(target)[method], **policy, max_batch=2)
         out = serve(engine, {0: [(PROMPTS[0], greedy, "a")], 3: [(PROMPTS[1], greedy, "b")]})
         for rid, prompt in (("a", PROMPTS[0]), ("b", PROMPTS[1])):
             assert out[rid].token_ids == generate(target, prompt, sampling=greedy).token_ids
@@ -134,7 +135,7 @@ def test_per_request_stops_and_sampling_in_one_batch(target):
     base = SamplingParams(temperature=0, max_new_tokens=30)
     expected = generate(target, PROMPTS[0], sampling=base).token_ids
     stop_at = expected[5]
-    engine = Engine(target, drafters(target)["ngram"], ALWAYS, max_batch=3)
+    engine = Engine(target, drafters(target)["ngram"], **ALWAYS, max_batch=3)
     out = serve(
         engine,
         {
@@ -181,7 +182,7 @@ def test_chunked_prefill_of_a_long_prompt_matches_one_pass(target):
         int(t) for t in torch.randint(0, 101, (50,), generator=torch.Generator().manual_seed(0))
     ]
     expected = generate(target, prompt, sampling=greedy).token_ids
-    engine = Engine(target, drafters(target)["eagle"], ALWAYS, prefill_chunk=7)
+    engine = Engine(target, drafters(target)["eagle"], **ALWAYS, prefill_chunk=7)
     assert serve(engine, {0: [(prompt, greedy, "p")]})["p"].token_ids == expected
 
 
@@ -190,10 +191,10 @@ def test_drafters_follow_along_through_undrafted_steps_and_short_joiners(target)
     still follow every row (EAGLE's cache holds one entry per committed token, the draft
     model catches up on the gap), also when a one-token prompt joins beside a long gap."""
     greedy = SamplingParams(temperature=0, max_new_tokens=24)
-    policy = SpecConfig(disable_by_batch_size=1)
+    policy = {"disable_by_batch_size": 1}
     for method in ("draft_model", "eagle", "medusa"):
         drafter = drafters(target)[method]
-        engine = Engine(target, drafter, policy, max_batch=3)
+        engine = Engine(target, drafter, **policy, max_batch=3)
         arrivals = {0: [(PROMPTS[0], greedy, "a"), (PROMPTS[1], greedy, "b")]}
         arrivals[6] = [([7], greedy, "c")]
         out, step = {}, 0
@@ -235,7 +236,11 @@ def test_engine_arguments_are_checked_by_name(target):
     ):
         with pytest.raises(ValueError, match=field):
             Engine(target, **kwargs)
-    with pytest.raises(ValueError, match="spec"):
+    with pytest.raises(ValueError, match="acceptance"):
+        Engine(target, None, acceptance="lossy-ish")
+    with pytest.raises(ValueError, match="disable_by_batch_size"):
+        Engine(target, None, disable_by_batch_size=0)
+    with pytest.raises(TypeError):  # the method is the spec's: Engine.from_spec
         Engine(target, None, "ngram")
     engine = Engine(target)
     with pytest.raises(ValueError, match="sampling"):
@@ -258,7 +263,7 @@ def test_logprobs_are_the_targets_own_at_every_emitted_token(target, method):
     """Read off the verify pass, they equal one plain forward over prompt + output, for
     accepted drafts and corrected tokens alike, and stop-string cuts keep them aligned."""
     drafter = None if method == "ar" else drafters(target)[method]
-    engine = Engine(target, drafter, ALWAYS, max_batch=3)
+    engine = Engine(target, drafter, **ALWAYS, max_batch=3)
     asks = [3, 0, None]
     for i, top in enumerate(asks):
         sampling = SamplingParams(

@@ -9,18 +9,19 @@ decoding, token for token.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from quickdraft import methods as registry
+from quickdraft.bench.labels import parse_label
 from quickdraft.bench.tasks import TaskItem
 from quickdraft.config import Method, SamplingParams, SpecConfig
-from quickdraft.drafters import build_drafter
-from quickdraft.engine import generate, same_vocabulary
+from quickdraft.drafters import registry
+from quickdraft.drafters.registry import build_drafter
+from quickdraft.engine import generate
 from quickdraft.models.base import Model
+from quickdraft.models.tokenizer import same_vocabulary
 from quickdraft.stats import Stats
 
 
@@ -31,28 +32,13 @@ class MethodRun:
 
 
 def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
-    """Comma-separated methods, each a registered name with its entry's label syntax
-    (``quickdraft.methods``): 'ar,draft_model,ngram,medusa,eagle', with '@K' for chains
-    ('draft_model@3'; ``k`` or the method's default k otherwise); for medusa the tree's
-    widths, 'medusa@4.2.1'; for eagle its dynamic tree's depth, top-k and tokens with an
-    optional minimum path probability, 'eagle@4.4.12', 'eagle@6.4.10p0.1'; for lookahead
-    W.N.G, 'lookahead@4.4.3'; for draft_model '+SHORTLIST' ('draft_model@5+dyna-pa:32', see
-    ``quickdraft.vocab``), for eagle '+N', the prompt-lookup tokens grafted onto its tree
-    ('eagle+0': the network alone). ar always runs, first."""
+    """Comma-separated method labels (``bench.labels``): 'ar,draft_model,ngram,medusa,eagle',
+    with '@K' for chains ('draft_model@3'; ``k`` or the method's default k otherwise) and each
+    method's own forms ('medusa@4.2.1', 'eagle@6.4.10p0.1+5', 'lookahead@4.4.3',
+    'draft_model@5+dyna-pa:32'). ar always runs, first."""
     runs: dict[str, MethodRun] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        match = re.match(r"[A-Za-z0-9_]*", part)
-        name = match.group(0) if match else ""
-        rest = part[len(name) :]
-        try:
-            entry = registry.get(name)
-        except ValueError as error:
-            raise ValueError(f"methods: unknown method {name!r}; {error}") from None
-        try:
-            label, fields = entry.label(rest.removeprefix("@"), k)
-            spec = SpecConfig(method=entry.name, **fields)
-        except ValueError as error:
-            raise ValueError(f"methods: {part!r}: {error}") from None
+        label, spec = parse_label(part, k)
         runs[label] = MethodRun(label, spec)
     runs.setdefault("ar", MethodRun("ar", SpecConfig(method=Method.AR)))
     return [runs["ar"]] + [run for label, run in runs.items() if label != "ar"]
@@ -161,8 +147,11 @@ def run_bench(
     folders = {"medusa_dir": medusa_dir, "eagle_dir": eagle_dir}
     runs = []
     for run in methods:
-        owned = {f: v for f, v in folders.items() if v and f in entries[run.label].options}
-        runs.append(MethodRun(run.label, dataclasses.replace(run.spec, **owned)) if owned else run)
+        names = entries[run.label].option_names()
+        owned = {f: v for f, v in folders.items() if v and f in names}
+        runs.append(
+            MethodRun(run.label, registry.with_options(run.spec, **owned)) if owned else run
+        )
     bench.methods = runs
     built = {
         run.label: given[run.label]
@@ -178,9 +167,8 @@ def run_bench(
         for run in runs
     }
     for run in runs:
-        drafter, rows = built[run.label], entries[run.label].head_rows
-        known = drafter is not None and rows is not None
-        bench.drafter_vocab[run.label] = rows(drafter, target) if known else None
+        drafter = built[run.label]
+        bench.drafter_vocab[run.label] = None if drafter is None else drafter.head_rows
     sampling = SamplingParams(
         temperature=settings.temperature,
         max_new_tokens=settings.max_new_tokens,

@@ -82,12 +82,15 @@ def _bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.summary import summarise
     from quickdraft.bench.tasks import load_tasks, parse_tasks
     from quickdraft.config import Method
+    from quickdraft.drafters import registry
     from quickdraft.models.loading import load_model
 
     methods = parse_methods(args.methods, args.num_speculative_tokens)
     if not args.draft_int8:  # the trained drafters' weights follow the draft model's flag
         methods = [
-            dataclasses.replace(m, spec=dataclasses.replace(m.spec, drafter_int8=False))
+            dataclasses.replace(m, spec=registry.with_options(m.spec, drafter_int8=False))
+            if "drafter_int8" in registry.get(m.spec.method).option_names()
+            else m
             for m in methods
         ]
     tasks = load_tasks(parse_tasks(args.tasks), args.prompts_per_task)
@@ -253,8 +256,8 @@ def _add_pick(commands: argparse._SubParsersAction) -> None:
 
 
 def _pick_inputs(args: argparse.Namespace):
-    from quickdraft.methods import PickContext
     from quickdraft.models.loading import DEFAULT_MODEL
+    from quickdraft.pick.context import PickContext
     from quickdraft.pick.picker import Workload
 
     chosen = None

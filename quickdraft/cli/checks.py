@@ -165,15 +165,16 @@ def _draft_shape(tree: str, k: int) -> str:
     dynamic tree (6 nodes)'."""
     if not tree:
         return "chain"
+    from quickdraft.toys import eagle_row, lookahead_row, toy_tree
+
     if tree.startswith("eagle"):
-        shape, _, lookup = tree.partition(":")[2].partition("+")
-        _, _, tokens, *floor = shape.split(",")
-        extra = (f", p >= {floor[0]}" if floor else "") + (f", + {lookup} lookup" if lookup else "")
-        return f"EAGLE dynamic tree ({tokens} nodes{extra})"
+        shape, lookup = eagle_row(tree)
+        floor = f", p >= {shape.min_prob:g}" if shape.min_prob else ""
+        extra = floor + (f", + {lookup} lookup" if lookup else "")
+        return f"EAGLE dynamic tree ({shape.tokens} nodes{extra})"
     if tree.startswith("lookahead"):
-        window, ngram, candidates = tree.partition(":")[2].split(",")
-        return f"lookahead W={window} N={ngram} G={candidates}"
-    from quickdraft.toys import toy_tree
+        config = lookahead_row(tree)
+        return f"lookahead W={config.window} N={config.ngram} G={config.candidates}"
 
     kind = "sampled" if tree.startswith("sample") else "top-k"
     return f"{kind} tree ({toy_tree(tree).num_nodes} nodes)"

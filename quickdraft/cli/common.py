@@ -12,7 +12,6 @@ from rich.console import Console
 
 if TYPE_CHECKING:
     from quickdraft.config import SpecConfig
-    from quickdraft.drafters import Drafter
     from quickdraft.models.base import Model
     from quickdraft.models.tokenizer import HFTokenizer
 
@@ -37,8 +36,8 @@ def _threads(text: str) -> int:
 
 def auto_method(target: str, draft: str | None = None, backend: str = "auto") -> str:
     """The method ``auto`` means: draft_model with a draft; EAGLE where a drafter ships for
-    the target alias and the native runner serves it (on SmolLM2-135M the fastest method in
-    the bench, 1.31x over seven task kinds on CPU against 1.08x for prompt lookup); else
+    the target alias and the native runner serves it (the fastest method in the bench where
+    one ships: ``benchmarks/results/defaults.md``); else
     prompt lookup, which needs nothing trained. A shipped drafter whose config says
     ``"auto": false`` is left to ``--method eagle`` (``eagle_io.offered_by_auto``)."""
     from quickdraft.drafters.eagle.io import ARTIFACTS, offered_by_auto
@@ -62,7 +61,7 @@ def default_shortlist(method: str, target: str, eagle_dir: str | None = None) ->
         folder = eagle_folder(target, eagle_dir)
     except ValueError:  # no drafter: building it says so, with the remedy
         return "full"
-    return shipped_shortlist(folder)
+    return str(shipped_shortlist(folder))
 
 
 def load_speculation(
@@ -74,32 +73,22 @@ def load_speculation(
     backend: str,
     draft_int8: bool,
     quant: str | None = None,
-) -> tuple[Model, HFTokenizer, Drafter | None]:
-    """The target (``quant``: its weights quantized, ``load_model``), its tokenizer and the
-    drafter ``spec`` asks for (loading the draft model for draft_model: int8 weights on the
-    native CPU runner when ``draft_int8``)."""
-    from quickdraft import methods
-    from quickdraft.drafters import build_drafter, same_vocabulary
+) -> tuple[Model, HFTokenizer, Model | None, HFTokenizer | None]:
+    """The target (``quant``: its weights quantized, ``load_model``) and its tokenizer, and
+    the draft model and its tokenizer when ``spec``'s method takes one (int8 weights on the
+    native CPU runner when ``draft_int8``), else None: what ``Engine.from_spec`` and
+    ``generate`` build the drafter from."""
+    from quickdraft.drafters import registry
     from quickdraft.models.loading import load_model
 
-    entry = methods.get(spec.method)
-    if draft_name and not entry.draft_model:
-        raise ValueError(f"draft: a draft model is used by method draft_model, not {entry.name}")
-    if entry.draft_model and not draft_name:
-        raise ValueError(f"draft: method {entry.name} needs a draft model (--draft MODEL)")
+    entry = registry.get(spec.method)
+    registry.check_draft(entry, draft_name is not None)
     target, tokenizer = load_model(target_name, device=device, backend=backend, quant=quant)
-    if not entry.draft_model:
-        return target, tokenizer, build_drafter(spec, target, target_name=target_name)
+    if draft_name is None:
+        return target, tokenizer, None, None
     int8 = draft_int8 and device == "cpu" and backend != "hf"
-    draft_model, draft_tokenizer = load_model(draft_name, device=device, backend=backend, int8=int8)
-    drafter = build_drafter(
-        spec,
-        target,
-        draft_model,
-        same_tokenizer=same_vocabulary(tokenizer, draft_tokenizer),
-        draft_name=draft_name,
-    )
-    return target, tokenizer, drafter
+    draft, draft_tokenizer = load_model(draft_name, device=device, backend=backend, int8=int8)
+    return target, tokenizer, draft, draft_tokenizer
 
 
 def add_quant(parser: argparse.ArgumentParser) -> None:

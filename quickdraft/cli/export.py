@@ -89,9 +89,9 @@ def _export_token_map(args: argparse.Namespace) -> int:
 def _export_medusa(args: argparse.Namespace) -> int:
     from quickdraft.drafters.medusa.net import heads_folder, load_heads
     from quickdraft.interop import launch as engines
+    from quickdraft.interop.launch import model_path
     from quickdraft.interop.medusa_export import export_medusa
     from quickdraft.models.loading import load_model
-    from quickdraft.pick.candidates import model_path
 
     target, _ = load_model(args.target)
     heads = load_heads(heads_folder(args.target, args.medusa_dir))
@@ -110,11 +110,11 @@ def _export_medusa(args: argparse.Namespace) -> int:
 def _export_eagle(args: argparse.Namespace) -> int:
     from quickdraft.drafters.eagle.io import eagle_folder, load_eagle
     from quickdraft.drafters.eagle.net import check_fits
-    from quickdraft.drafters.eagle.tree import DynamicTree
+    from quickdraft.drafters.eagle.tree import EagleTree
     from quickdraft.interop import launch as engines
     from quickdraft.interop.eagle_export import export_eagle
+    from quickdraft.interop.launch import model_path
     from quickdraft.models.loading import load_model
-    from quickdraft.pick.candidates import model_path
 
     target, _ = load_model(args.target)
     net = load_eagle(eagle_folder(args.target, args.eagle_dir), target.config.num_layers)
@@ -122,7 +122,7 @@ def _export_eagle(args: argparse.Namespace) -> int:
     head = target.head_weight  # type: ignore[attr-defined]
     folder = export_eagle(net, head.float(), args.out, args.engine, target.max_positions)
     console.print(f"wrote {folder} ({net.config.variant}, for {args.engine})")
-    tree = DynamicTree.parse("default", "cuda")  # the engines run on GPUs
+    tree = EagleTree().resolve("cuda")  # the engines run on GPUs
     export = {engine: ("", Path(folder)) for engine in engines.ENGINES}
     token_map = net.config.variant == "eagle1" and net.config.draft_vocab_size < target.vocab_size
     configs = engines.eagle(

@@ -7,7 +7,6 @@ from typing import Any
 
 from rich.text import Text
 
-from quickdraft import methods
 from quickdraft.cli.common import _threads, add_quant, auto_method, console, load_speculation
 
 DEFAULT_PROMPT = (
@@ -18,6 +17,7 @@ DEFAULT_PROMPT = (
 
 def _add_generate(commands: argparse._SubParsersAction) -> None:
     from quickdraft.config import AcceptRule
+    from quickdraft.drafters import registry
     from quickdraft.models.loading import ALIASES, DEFAULT_MODEL
 
     generate = commands.add_parser(
@@ -39,10 +39,10 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument(
         "--method",
         default="auto",
-        choices=["auto", *methods.names()],
+        choices=["auto", *registry.names()],
         help="auto: draft_model with --draft, else eagle where an EAGLE drafter ships for "
         "the target (the fastest method measured for it), else ngram; "
-        + "; ".join(f"{entry.name}: {entry.description}" for entry in methods.entries()),
+        + "; ".join(f"{entry.name}: {entry.description}" for entry in registry.entries()),
     )
     generate.add_argument("--draft", default=None, help="draft model for --method draft_model")
     generate.add_argument(
@@ -141,35 +141,39 @@ def _generate(args: argparse.Namespace) -> int:
     import torch
 
     from quickdraft.cli.common import default_shortlist
-    from quickdraft.config import SamplingParams, SpecConfig
+    from quickdraft.config import SamplingParams
+    from quickdraft.drafters import registry
     from quickdraft.engine import generate
+    from quickdraft.models.tokenizer import same_vocabulary
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     method = auto_method(args.target, args.draft, args.backend)
-    entry = methods.get(method if args.method == "auto" else args.method)
-    if args.draft and not entry.draft_model:
-        raise ValueError(f"draft: --draft is used by --method draft_model, not {entry.name}")
-    k = args.num_speculative_tokens
-    spec = SpecConfig(
-        method=entry.name,
-        num_speculative_tokens=entry.default_k if k is None else k,
-        acceptance=args.acceptance,
-        draft_temperature=args.draft_temperature,
-        prompt_lookup_min=args.prompt_lookup_min,
-        prompt_lookup_max=args.prompt_lookup_max,
-        draft_shortlist=args.shortlist
-        or default_shortlist(entry.name, args.target, args.eagle_dir),
-        shortlist_dir=args.shortlist_dir,
-        medusa_dir=args.medusa_dir,
-        tree=args.tree,
-        eagle_dir=args.eagle_dir,
-        eagle_lookup=args.eagle_lookup,
-        drafter_int8=args.draft_int8,
-        lookahead_window=args.lookahead_window,
-        lookahead_ngram=args.lookahead_ngram,
-        lookahead_candidates=args.lookahead_candidates,
+    entry = registry.get(method if args.method == "auto" else args.method)
+    registry.check_draft(entry, args.draft is not None)
+    shortlist = args.shortlist
+    if shortlist is None and "draft_shortlist" in entry.option_names():
+        shortlist = default_shortlist(entry.name, args.target, args.eagle_dir)
+    options = registry.given_options(
+        {
+            "draft_temperature": args.draft_temperature,
+            "prompt_lookup_min": args.prompt_lookup_min,
+            "prompt_lookup_max": args.prompt_lookup_max,
+            "draft_shortlist": shortlist,
+            "shortlist_dir": args.shortlist_dir,
+            "medusa_dir": args.medusa_dir,
+            "tree": args.tree,
+            "eagle_dir": args.eagle_dir,
+            "eagle_lookup": args.eagle_lookup,
+            "drafter_int8": args.draft_int8,
+            "lookahead_window": args.lookahead_window,
+            "lookahead_ngram": args.lookahead_ngram,
+            "lookahead_candidates": args.lookahead_candidates,
+        }
     )
+    if "drafter_int8" not in entry.option_names():  # a draft model's int8 is how it loads
+        options.pop("drafter_int8", None)
+    spec = registry.make_spec(entry.name, args.num_speculative_tokens, args.acceptance, **options)
     sampling = SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,
@@ -177,7 +181,7 @@ def _generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
     )
-    target, tokenizer, draft = load_speculation(
+    target, tokenizer, draft_model, draft_tokenizer = load_speculation(
         args.target,
         spec,
         args.draft,
@@ -186,6 +190,11 @@ def _generate(args: argparse.Namespace) -> int:
         draft_int8=args.draft_int8,
         quant=args.quant,
     )
+    same = None if draft_tokenizer is None else same_vocabulary(tokenizer, draft_tokenizer)
+    draft = registry.build_drafter(
+        spec, target, draft_model, same_tokenizer=same, draft_name=args.draft,
+        target_name=args.target,
+    )  # fmt: skip
     chat = args.chat if args.chat is not None else args.prompt is None
     text = args.prompt if args.prompt is not None else DEFAULT_PROMPT
     prompt = tokenizer.apply_chat(text) if chat else tokenizer.encode(text)
@@ -202,7 +211,7 @@ def _generate(args: argparse.Namespace) -> int:
         prompt,
         sampling=sampling,
         spec=spec,
-        draft=draft,  # the drafter built above: its tokenizers were checked there
+        draft=draft,  # the drafter built above from spec: its tokenizers were checked there
         tokenizer=tokenizer,
         on_step=on_step,
     )
@@ -213,12 +222,11 @@ def _generate(args: argparse.Namespace) -> int:
         return 0
     printer.show(out.token_ids, out.from_draft)
     console.print()
-    shortlist = getattr(draft, "shortlist", None)
-    vocab = (
-        "" if shortlist is None else f", {shortlist.name} mean {shortlist.mean_size():.0f} tokens"
-    )
+    head = getattr(draft, "shortlist", None)
+    vocab = "" if head is None else f", {head.name} mean {head.mean_size():.0f} tokens"
+    shape = "no drafts" if draft is None else draft.describe()
     console.print(
-        f"[dim]{entry.name}, {entry.shape(spec, draft)}{vocab}: {out.stats.summary()}; "
+        f"[dim]{entry.name}, {shape}{vocab}: {out.stats.summary()}; "
         f"finish: {out.finish_reason}[/dim]"
     )
     return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -21,8 +20,9 @@ from quickdraft.cli.common import (
     load_speculation,
 )
 
-# Keys of --speculative-config besides SpecConfig's fields: the draft model (vLLM calls it
-# "model"), and int8 weights for it.
+# Keys of --speculative-config besides the methods' options: the spec's own fields, and the
+# draft model (vLLM calls it "model"); "drafter_int8" is also how a draft model loads.
+_SPEC_KEYS = ("method", "num_speculative_tokens", "acceptance", "disable_by_batch_size")
 _DRAFT_KEYS = ("draft", "model")
 
 
@@ -126,9 +126,10 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
 def speculative_config(
     text: str | None, target: str, draft: str | None, backend: str
 ) -> tuple[Any, str | None, bool]:
-    """(SpecConfig, draft model or None, int8 draft weights) from --speculative-config."""
-    from quickdraft import methods
-    from quickdraft.config import SpecConfig
+    """(SpecConfig, draft model or None, int8 draft weights) from --speculative-config: the
+    spec's own fields and the method's options, flat as vLLM's speculative_config takes
+    them, and ``model``/``draft_model`` for the draft model."""
+    from quickdraft.drafters import registry
 
     data: dict[str, Any] = {}
     if text is not None:
@@ -139,7 +140,9 @@ def speculative_config(
         if not isinstance(data, dict):
             raise ValueError("--speculative-config must be a JSON object")
     data = dict(data)
-    names = {field.name for field in dataclasses.fields(SpecConfig)}
+    names = set(_SPEC_KEYS) | {
+        name for entry in registry.entries() for name in entry.option_names()
+    }
     unknown = sorted(set(data) - names - set(_DRAFT_KEYS))
     if unknown:
         raise ValueError(
@@ -153,16 +156,19 @@ def speculative_config(
             draft = data.pop(key)
             if not isinstance(draft, str):
                 raise ValueError(f"--speculative-config: {key!r} must be a model name or path")
-    method = data.get("method", "auto")
+    method = data.pop("method", "auto")
     if method == "auto":
         method = auto_method(target, draft, backend)
-    data["method"] = method
-    entry = methods.get(method)
-    if "draft_shortlist" not in data:
+    entry = registry.get(method)
+    owned = "drafter_int8" in entry.option_names()
+    int8 = data.get("drafter_int8", True) if owned else data.pop("drafter_int8", True)
+    if "draft_shortlist" not in data and "draft_shortlist" in entry.option_names():
         data["draft_shortlist"] = default_shortlist(entry.name, target, data.get("eagle_dir"))
-    data.setdefault("num_speculative_tokens", entry.default_k)
-    spec = SpecConfig(**data)
-    return spec, draft, spec.drafter_int8
+    try:
+        spec = registry.make_spec(entry.name, **data)
+    except TypeError as error:  # a value of the wrong type for a spec's own field
+        raise ValueError(f"--speculative-config: {error}") from None
+    return spec, draft, int8
 
 
 def _server_class(loop, grace: float):
@@ -201,7 +207,6 @@ def _serve(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
-    from quickdraft import methods
     from quickdraft.engine import Engine
     from quickdraft.server import ServerConfig, create_app
     from quickdraft.server.pool import registry_methods
@@ -219,15 +224,17 @@ def _serve(args: argparse.Namespace) -> int:
     spec, draft, int8 = speculative_config(
         args.speculative_config, args.target, args.draft, args.backend
     )
-    entry = methods.get(spec.method)
-    target, tokenizer, drafter = load_speculation(
+    target, tokenizer, draft_model, draft_tokenizer = load_speculation(
         args.target, spec, draft, device=args.device, backend=args.backend, draft_int8=int8,
         quant=args.quant,
     )  # fmt: skip
-    engine = Engine(
+    engine = Engine.from_spec(
         target,
-        drafter,
         spec,
+        draft_model,
+        draft_tokenizer=draft_tokenizer,
+        draft_name=draft,
+        target_name=args.target,
         tokenizer=tokenizer,
         max_batch=args.max_batch,
         max_model_len=args.max_model_len,
@@ -235,10 +242,11 @@ def _serve(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     name = args.served_model_name or args.target
-    label = entry.name if drafter is None else f"{entry.name}, {entry.shape(spec, drafter)}"
+    drafter = engine.drafter
+    label = spec.method if drafter is None else f"{spec.method}, {drafter.describe()}"
     config = ServerConfig(
         model_name=name,
-        method=entry.name,
+        method=str(spec.method),
         api_key=args.api_key,
         max_queue=args.max_queue,
         request_timeout=args.request_timeout,

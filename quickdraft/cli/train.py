@@ -244,7 +244,7 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
 def _train_eagle(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from quickdraft.train.eagle import EagleTraining, build_eagle
+    from quickdraft.train.eagle import EagleTraining, train_eagle
 
     steps = args.steps or (3 if args.variant == "eagle3" else 1)
     training = EagleTraining(
@@ -262,7 +262,7 @@ def _train_eagle(args: argparse.Namespace) -> int:
         *_progress_columns(), console=console, transient=True, disable=not reporting
     ) as progress:
         advance = _stages(progress)
-        metrics = build_eagle(
+        metrics = train_eagle(
             args.target, args.data, training, args.out, args.cache, args.budget_tokens,
             args.max_tokens, args.context, args.max_cache_gb, advance, scaling,
         )  # fmt: skip

@@ -24,6 +24,7 @@ from quickdraft.config import SamplingParams
 from quickdraft.tree import TreeShape
 
 if TYPE_CHECKING:
+    from quickdraft.models.base import Model
     from quickdraft.vocab.shortlist import Shortlist
 
 
@@ -185,6 +186,19 @@ class Draft:
         return self.tokens.shape[1] if self.tree is None else self.tree.max_depth
 
 
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    """What a method's builder may use besides its options: the target, a draft model
+    (methods registered with ``draft_model=True``), whether the draft's tokenizer is the
+    target's (None: unknown), and the aliases that find shipped artifacts."""
+
+    target: Model
+    draft: Model | None = None
+    same_tokenizer: bool | None = None
+    draft_name: str | None = None
+    target_name: str | None = None
+
+
 class Drafter(Protocol):
     """Proposes tokens for the target to verify; one fixed signature for every method.
 
@@ -202,12 +216,17 @@ class Drafter(Protocol):
 
     vocab_size: int
     needs: Needs
+    head_rows: int | None  # vocabulary rows its head scores a token (0: no head; None: unknown)
 
     def reserve(self, rows: int, capacity: int) -> None: ...
 
     def begin(self, first: int, start: StepResult) -> None: ...
 
     def propose(self, batch: Batch) -> Draft: ...
+
+    def describe(self) -> str:
+        """The draft's shape in a few words, for the command line (``k=4``, a tree's size)."""
+        ...
 
     def observe(self, result: StepResult) -> None: ...
 

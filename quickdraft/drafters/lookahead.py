@@ -29,10 +29,11 @@ from quickdraft.config import (
     MAX_DRAFT_TOKENS,
     MAX_LOOKAHEAD_NGRAM,
     MAX_TREE_WIDTH,
+    MethodOptions,
     SpecConfig,
     show_value,
 )
-from quickdraft.drafters.base import Batch, Draft, Needs, SideBranch, StepResult
+from quickdraft.drafters.base import Batch, BuildContext, Draft, Needs, SideBranch, StepResult
 from quickdraft.models.base import Model
 
 
@@ -145,6 +146,12 @@ class LookaheadDrafter:
         self.levels[: order.shape[0]] = self.levels[order.cpu()].clone()
         self.age[: order.shape[0]] = self.age[order.cpu()].clone()
 
+    head_rows = 0  # no head: the n-gram pool and the Jacobi window
+
+    def describe(self) -> str:
+        config = self.config
+        return f"W={config.window} N={config.ngram} G={config.candidates}"
+
     def propose(self, batch: Batch) -> Draft:
         tokens, parents = self._candidates(batch)
         side = SideBranch(self.levels[: batch.size].flatten(1), self._offsets, self._mask)
@@ -218,25 +225,49 @@ def _trie(chains: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor([tokens], dtype=torch.long), torch.tensor(parents, dtype=torch.long)
 
 
-# Defaults by device. CPU, measured on SmolLM2-135M (benchmarks/results/smollm2_methods/):
-# every token in a forward costs (a 16-token pass costs 1.7 one-token passes), so the smallest
-# branches ran fastest: W 2, N 3, G 2 (at most 1 + 4 + 4 tokens a pass) reached 0.96x plain
-# decoding over the seven tasks and 1.63 accepted tokens a step on code, against 0.77x and
-# 1.91 for W 4, N 4, G 3. GPU: the paper's setting for 7B models on an A100 (W 15, N 5,
-# G 15), where a pass of tens of tokens costs about one; not measured here.
+# Defaults by device. CPU: the smallest branches, since every token of a forward costs there
+# (measured on SmolLM2-135M: benchmarks/results/defaults.md). GPU: the paper's setting for 7B
+# models on an A100, where a pass of tens of tokens costs about one; not measured here.
 DEFAULTS = {
     "cpu": LookaheadConfig(window=2, ngram=3, candidates=2),
     "cuda": LookaheadConfig(window=15, ngram=5, candidates=15),
 }
 
 
-def build_lookahead(spec: SpecConfig, target: Model) -> LookaheadDrafter:
-    """The drafter for ``spec``: unset settings take the defaults of the target's device."""
-    device = target.device.type
-    base = DEFAULTS.get(device, DEFAULTS["cpu"])
-    config = LookaheadConfig(
-        window=spec.lookahead_window or base.window,
-        ngram=spec.lookahead_ngram or base.ngram,
-        candidates=spec.lookahead_candidates or base.candidates,
-    )
-    return LookaheadDrafter(target.vocab_size, config)
+@dataclass(frozen=True, slots=True)
+class LookaheadOptions(MethodOptions):
+    """lookahead_window, lookahead_ngram, lookahead_candidates: the Jacobi window W, the
+    n-gram size N and the cap G on verified candidates; None picks the defaults measured for
+    the target's device (``DEFAULTS``). Bounds: W <= 64, N in 2..16, G <= 64, and
+    (N - 1) * (W + G) <= 256 tokens a verify pass (checked with the defaults of
+    ``LookaheadConfig`` for what is not given)."""
+
+    lookahead_window: int | None = None
+    lookahead_ngram: int | None = None
+    lookahead_candidates: int | None = None
+
+    def __post_init__(self) -> None:
+        given = {"window": self.lookahead_window, "ngram": self.lookahead_ngram}
+        given["candidates"] = self.lookahead_candidates
+        LookaheadConfig(**{name: value for name, value in given.items() if value is not None})
+
+    def config(self, device: str) -> LookaheadConfig:
+        """The settings on ``device``: those given, the device's defaults for the rest."""
+        base = DEFAULTS.get(device, DEFAULTS["cpu"])
+        return LookaheadConfig(
+            window=self.lookahead_window or base.window,
+            ngram=self.lookahead_ngram or base.ngram,
+            candidates=self.lookahead_candidates or base.candidates,
+        )
+
+
+def build_lookahead(options: LookaheadOptions, target: Model) -> LookaheadDrafter:
+    """The drafter for ``options`` on the target's device."""
+    return LookaheadDrafter(target.vocab_size, options.config(target.device.type))
+
+
+def build(spec: SpecConfig, context: BuildContext) -> LookaheadDrafter:
+    """The registry's builder: ``spec.options`` are ``LookaheadOptions``."""
+    options = spec.options
+    assert isinstance(options, LookaheadOptions)
+    return build_lookahead(options, context.target)

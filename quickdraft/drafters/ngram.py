@@ -9,19 +9,39 @@ summaries and anything that quotes its input.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from quickdraft.drafters.base import Batch, Draft, Needs, Stateless
+from quickdraft.config import MAX_LOOKUP_NGRAM, MethodOptions, SpecConfig, check_range
+from quickdraft.drafters.base import Batch, BuildContext, Draft, Needs, Stateless
+
+
+def check_lookup_ngram(low: int, high: int) -> None:
+    """``prompt_lookup_min`` and ``_max``: n-gram sizes in 1..32, min <= max."""
+    for name, value in (("prompt_lookup_min", low), ("prompt_lookup_max", high)):
+        check_range(name, value, 1, MAX_LOOKUP_NGRAM, integer=True)
+    if low > high:
+        raise ValueError(f"prompt_lookup_min ({low}) must not exceed prompt_lookup_max ({high})")
+
+
+@dataclass(frozen=True, slots=True)
+class NGramOptions(MethodOptions):
+    """prompt_lookup_min, prompt_lookup_max: the n-gram sizes matched, longest first,
+    1..32."""
+
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 3
+
+    def __post_init__(self) -> None:
+        check_lookup_ngram(self.prompt_lookup_min, self.prompt_lookup_max)
 
 
 class NGramDrafter(Stateless):
     def __init__(self, vocab_size: int, num_tokens: int, min_n: int = 1, max_n: int = 3):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-        if not 1 <= min_n <= max_n:
-            raise ValueError(
-                f"prompt_lookup_min/max must satisfy 1 <= min <= max, got {min_n}, {max_n}"
-            )
+        check_lookup_ngram(min_n, max_n)
         self.vocab_size = vocab_size
         self.num_tokens = num_tokens
         self.needs = Needs(tokens=num_tokens, depth=num_tokens)
@@ -51,3 +71,22 @@ class NGramDrafter(Stateless):
                 start = int(starts[-1]) + n  # the most recent match
                 return sequence[start : start + self.num_tokens].tolist()
         return []
+
+    @property
+    def head_rows(self) -> int:
+        return 0  # no head: the text is the model
+
+    def describe(self) -> str:
+        return f"k={self.num_tokens}"
+
+
+def build(spec: SpecConfig, context: BuildContext) -> NGramDrafter:
+    """The registry's builder: ``spec.options`` are ``NGramOptions``."""
+    options = spec.options
+    assert isinstance(options, NGramOptions)
+    return NGramDrafter(
+        context.target.vocab_size,
+        spec.num_speculative_tokens,
+        options.prompt_lookup_min,
+        options.prompt_lookup_max,
+    )

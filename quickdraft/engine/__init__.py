@@ -1,7 +1,6 @@
 """The serving engine (``Engine``: requests join and leave at any step) and the two calls
 built on it for prompts at hand (``generate``, ``generate_batch``)."""
 
-from quickdraft.drafters import same_vocabulary
 from quickdraft.engine.api import generate, generate_batch
 from quickdraft.engine.core import Engine
 from quickdraft.engine.requests import RequestOutput
@@ -14,5 +13,4 @@ __all__ = [
     "RequestOutput",
     "generate",
     "generate_batch",
-    "same_vocabulary",
 ]

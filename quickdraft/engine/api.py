@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from quickdraft.config import SamplingParams, SpecConfig
-from quickdraft.drafters import Drafter, drafter_for
+from quickdraft.config import Method, SamplingParams, SpecConfig
+from quickdraft.drafters.base import Drafter
 from quickdraft.engine.core import Engine
 from quickdraft.engine.prompts import encode, token_ids
 from quickdraft.engine.requests import RequestOutput
@@ -100,18 +100,29 @@ def _engine(
     sampling: SamplingParams,
 ) -> Engine:
     """An engine sized for these prompts: a row each, every prompt prefilled in one pass, the
-    batch's shared generator seeded with ``sampling.seed``."""
-    drafter, spec = drafter_for(target, spec, draft, tokenizer, draft_tokenizer)
-    return Engine(
-        target,
-        drafter,
-        spec,
-        tokenizer=tokenizer,
-        max_batch=len(rows),
-        max_model_len=_length(target, rows, sampling),
-        prefill_chunk=max(len(r) for r in rows),
-        seed=sampling.seed,
-    )
+    batch's shared generator seeded with ``sampling.seed``. A drafter given as ``draft`` is
+    used as it is, with the spec's acceptance rule and batch policy (its method is then the
+    drafter's own); no spec means plain decoding, or draft-model speculation when a draft
+    model is given."""
+    sizing = {
+        "tokenizer": tokenizer,
+        "max_batch": len(rows),
+        "max_model_len": _length(target, rows, sampling),
+        "prefill_chunk": max(len(r) for r in rows),
+        "seed": sampling.seed,
+    }
+    if draft is not None and not isinstance(draft, Model):
+        policy = SpecConfig() if spec is None else spec
+        return Engine(
+            target,
+            draft,
+            acceptance=policy.acceptance,
+            disable_by_batch_size=policy.disable_by_batch_size,
+            **sizing,
+        )
+    if spec is None:
+        spec = SpecConfig(method=Method.AR if draft is None else Method.DRAFT_MODEL)
+    return Engine.from_spec(target, spec, draft, draft_tokenizer=draft_tokenizer, **sizing)
 
 
 def _length(target: Model, rows: list[list[int]], sampling: SamplingParams) -> int:

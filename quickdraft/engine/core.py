@@ -15,11 +15,22 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from quickdraft.accept import ACCEPT_RULES, TREE_RULES, AcceptFn, TreeAcceptFn
-from quickdraft.config import MAX_BATCH, MAX_SEED, SamplingParams, SpecConfig, check_range
+from quickdraft.config import (
+    DEFAULT_DISABLE_BY_BATCH_SIZE,
+    MAX_BATCH,
+    MAX_SEED,
+    AcceptRule,
+    SamplingParams,
+    SpecConfig,
+    accept_rule,
+    check_batch_policy,
+    check_range,
+)
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
 from quickdraft.engine.requests import Request, RequestOutput, Status, step_details
 from quickdraft.engine.scheduler import Rows, Scheduler
@@ -50,15 +61,17 @@ class Engine:
     """Continuous batching with speculative decoding.
 
     target: the model whose distribution every request follows.
-    drafter: proposes tokens (``drafters.build_drafter`` makes one from a ``SpecConfig``);
-        None decodes autoregressively through the same step.
-    spec: the acceptance rule and the batch policy (``SpecConfig.disable_by_batch_size``:
-        above that many running requests a step decodes without drafting).
+    drafter: proposes tokens; None decodes autoregressively through the same step.
+        ``Engine.from_spec`` builds the engine with the drafter a ``SpecConfig`` names, which
+        is how a spec and a drafter meet: this constructor takes no method.
+    acceptance: the acceptance rule (``AcceptRule``); rejection sampling by default.
+    disable_by_batch_size: the batch policy (``SpecConfig.disable_by_batch_size``): above
+        that many running requests a step decodes without drafting; None always drafts.
     max_batch: rows of the tables: the most requests decoding at once; more wait their turn.
     max_model_len: the longest prompt + max_new_tokens a request may ask for.
     prefill_chunk: the most prompt tokens of one request the target prefills in one step.
     seed: seeds the generator that requests without a seed of their own share.
-    rules: (chain rule, tree rule) in place of ``spec.acceptance``'s, for tests that prove
+    rules: (chain rule, tree rule) in place of ``acceptance``'s, for tests that prove
         a broken rule is caught.
     """
 
@@ -66,8 +79,9 @@ class Engine:
         self,
         target: Model,
         drafter: Drafter | None = None,
-        spec: SpecConfig | None = None,
         *,
+        acceptance: AcceptRule | str = AcceptRule.REJECTION_SAMPLING,
+        disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE,
         tokenizer: Tokenizer | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_model_len: int | None = None,
@@ -75,9 +89,8 @@ class Engine:
         seed: int | None = None,
         rules: tuple[AcceptFn, TreeAcceptFn] | None = None,
     ):
-        spec = SpecConfig() if spec is None else spec
-        if not isinstance(spec, SpecConfig):
-            raise ValueError(f"spec must be a SpecConfig, got {type(spec).__name__}")
+        acceptance = accept_rule(acceptance)
+        check_batch_policy(disable_by_batch_size)
         limit = target.max_positions
         if max_model_len is None:
             max_model_len = min(limit, DEFAULT_MAX_MODEL_LEN)
@@ -105,10 +118,10 @@ class Engine:
             target = target.with_taps(self.needs.taps)  # same weights, also returns them
         self.target, self.drafter, self.tokenizer = target, drafter, tokenizer
         self.chain_rule, self.tree_rule = rules or (
-            ACCEPT_RULES[spec.acceptance],
-            TREE_RULES[spec.acceptance],
+            ACCEPT_RULES[acceptance],
+            TREE_RULES[acceptance],
         )
-        self.disable_by_batch_size = spec.disable_by_batch_size
+        self.disable_by_batch_size = disable_by_batch_size
         self.max_model_len = max_model_len
         self.device = target.device
         # Room past the longest request: a verify pass's draft and side branch, or prefill
@@ -128,6 +141,46 @@ class Engine:
         self.stats = Stats(k=self.needs.depth)  # every step of this engine's life
         self._ids = itertools.count()
         self._aborted: list[Request] = []
+
+    @classmethod
+    def from_spec(
+        cls,
+        target: Model,
+        spec: SpecConfig,
+        draft: Model | None = None,
+        *,
+        draft_tokenizer: Tokenizer | None = None,
+        draft_name: str | None = None,
+        target_name: str | None = None,
+        **engine: Any,
+    ) -> Engine:
+        """An engine that speculates as ``spec`` says: its drafter built from the spec
+        (``drafters.registry.build_drafter``; ``draft`` is the draft model of methods that
+        take one), its acceptance rule and batch policy. ``draft_tokenizer`` with
+        ``tokenizer`` checks that draft and target share a vocabulary; ``engine``: the
+        other arguments of ``Engine`` (tokenizer, max_batch, max_model_len, ...)."""
+        from quickdraft.drafters.registry import build_drafter
+        from quickdraft.models.tokenizer import same_vocabulary
+
+        tokenizer = engine.get("tokenizer")
+        same = None
+        if tokenizer is not None and draft_tokenizer is not None:
+            same = same_vocabulary(tokenizer, draft_tokenizer)
+        drafter = build_drafter(
+            spec,
+            target,
+            draft,
+            same_tokenizer=same,
+            draft_name=draft_name,
+            target_name=target_name,
+        )
+        return cls(
+            target,
+            drafter,
+            acceptance=spec.acceptance,
+            disable_by_batch_size=spec.disable_by_batch_size,
+            **engine,
+        )
 
     # -- requests ---------------------------------------------------------------------------
 

@@ -16,14 +16,20 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quickdraft.config import SpecConfig
+    from quickdraft.pick.context import PickContext
 
 ENGINES = ("vllm", "sglang")
 
 
 @dataclass(frozen=True, slots=True)
-class EngineConfig:
+class LaunchConfig:
     """One engine's form of a configuration.
 
     speculative: vLLM's speculative_config (a dict) or SGLang's flags (a list); empty for plain
@@ -60,16 +66,16 @@ class EngineConfig:
         }
 
 
-def plain() -> list[EngineConfig]:
+def plain() -> list[LaunchConfig]:
     """Plain decoding: both engines serve the target without speculative settings."""
-    return [EngineConfig("vllm", {}), EngineConfig("sglang", [])]
+    return [LaunchConfig("vllm", {}), LaunchConfig("sglang", [])]
 
 
-def unsupported(engine: str, why: str) -> EngineConfig:
-    return EngineConfig(engine, None, note=why)
+def unsupported(engine: str, why: str) -> LaunchConfig:
+    return LaunchConfig(engine, None, note=why)
 
 
-def draft_model(k: int, draft: str, shortlist: str = "full") -> list[EngineConfig]:
+def draft_model(k: int, draft: str, shortlist: str = "full") -> list[LaunchConfig]:
     """A separate draft model proposing k tokens: vLLM's ``draft_model``, SGLang's
     ``STANDALONE`` (a chain: top-1 per step)."""
     note = _shortlist_note(shortlist)
@@ -79,10 +85,10 @@ def draft_model(k: int, draft: str, shortlist: str = "full") -> list[EngineConfi
         "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", str(k + 1),
     ]  # fmt: skip
-    return [EngineConfig("vllm", vllm, note=note), EngineConfig("sglang", sglang, note=note)]
+    return [LaunchConfig("vllm", vllm, note=note), LaunchConfig("sglang", sglang, note=note)]
 
 
-def ngram(k: int, lookup_min: int, lookup_max: int) -> list[EngineConfig]:
+def ngram(k: int, lookup_min: int, lookup_max: int) -> list[LaunchConfig]:
     """Prompt lookup: vLLM's ``ngram`` with the same n-gram sizes; SGLang's ``NGRAM`` (a trie
     over the text, CUDA only) with k draft tokens a step."""
     vllm = {
@@ -93,17 +99,17 @@ def ngram(k: int, lookup_min: int, lookup_max: int) -> list[EngineConfig]:
     }
     sglang = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k)]
     note = "SGLang matches against a trie of earlier text (its own n-gram rules); CUDA only"
-    return [EngineConfig("vllm", vllm), EngineConfig("sglang", sglang, note=note)]
+    return [LaunchConfig("vllm", vllm), LaunchConfig("sglang", sglang, note=note)]
 
 
-def medusa(heads: int, export: tuple[str, Path]) -> list[EngineConfig]:
+def medusa(heads: int, export: tuple[str, Path]) -> list[LaunchConfig]:
     """Medusa heads exported for vLLM (``export``: the export command and its folder), one
     draft token per head; SGLang has no Medusa."""
     command, folder = export
     vllm = {"method": "medusa", "model": str(folder), "num_speculative_tokens": heads}
     note = "vLLM drafts one chain of the heads' top tokens (quickdraft drafts a tree)"
     return [
-        EngineConfig("vllm", vllm, (command,) if command else (), note),
+        LaunchConfig("vllm", vllm, (command,) if command else (), note),
         unsupported("sglang", "SGLang has no Medusa"),
     ]
 
@@ -122,7 +128,7 @@ def eagle(
     shortlist: str = "full",
     token_map: bool = False,
     lookup: int = 0,
-) -> list[EngineConfig]:
+) -> list[LaunchConfig]:
     """An EAGLE drafter exported per engine (``export``: engine -> (export command, folder)):
     vLLM drafts a chain of ``depth`` tokens, SGLang the same dynamic tree (depth steps, top-k
     per step, ``tokens`` verified). ``token_map``: an EAGLE-1 export with a draft vocabulary
@@ -140,7 +146,7 @@ def eagle(
     if token_map:
         notes.append("vLLM's EAGLE-1 scores the whole head (it takes no draft vocabulary)")
     vllm_note = "; ".join(n for n in notes if n)
-    configs = [EngineConfig("vllm", vllm, (command,), vllm_note)]
+    configs = [LaunchConfig("vllm", vllm, (command,), vllm_note)]
     command, folder = export["sglang"]
     sglang = [
         "--speculative-algorithm", method.upper(), "--speculative-draft-model-path", str(folder),
@@ -149,7 +155,7 @@ def eagle(
     ]  # fmt: skip
     if token_map:
         sglang += ["--speculative-token-map", str(folder / "token_map.pt")]
-    configs.append(EngineConfig("sglang", sglang, (command,), note))
+    configs.append(LaunchConfig("sglang", sglang, (command,), note))
     return configs
 
 
@@ -160,3 +166,97 @@ def _shortlist_note(shortlist: str) -> str:
         f"the engine drafts over the full vocabulary (quickdraft's shortlist {shortlist} has "
         "no equivalent there)"
     )
+
+
+# -- per method: what the picker's recommendation launches elsewhere -------------------------
+
+
+def model_path(name: str) -> str:
+    """A model alias as the folder other engines load (the converted checkpoint)."""
+    from quickdraft.models.loading import ALIASES, resolve
+
+    return str(resolve(name)) if name in ALIASES else name
+
+
+def _draft_model(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
+    assert context.draft is not None
+    shortlist = str(spec.options.draft_shortlist)  # type: ignore[union-attr]
+    return draft_model(spec.num_speculative_tokens, model_path(context.draft), shortlist)
+
+
+def _ngram(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
+    options = spec.options
+    return ngram(
+        spec.num_speculative_tokens,
+        options.prompt_lookup_min,  # type: ignore[union-attr]
+        options.prompt_lookup_max,  # type: ignore[union-attr]
+    )
+
+
+def _medusa(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
+    from quickdraft.drafters.medusa.net import heads_folder, read_heads_config
+
+    folder = heads_folder(context.target, spec.options.medusa_dir)  # type: ignore[union-attr]
+    out = export_folder(context.export_dir.resolve(), context.target, "medusa", "vllm")
+    command = (
+        f"quickdraft export medusa --target {context.target} --medusa-dir {folder} --out {out}"
+    )
+    return medusa(read_heads_config(folder).num_heads, (command, out))
+
+
+def _eagle(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
+    from quickdraft.drafters.eagle.io import eagle_folder, read_eagle_config
+    from quickdraft.drafters.eagle.options import EagleOptions
+
+    options = spec.options
+    assert isinstance(options, EagleOptions)
+    folder = eagle_folder(context.target, options.eagle_dir)
+    tree = options.tree.resolve("cuda" if context.device == "gpu" else "cpu")
+    export = {}
+    for engine in ENGINES:
+        out = export_folder(context.export_dir.resolve(), context.target, "eagle", engine)
+        command = (
+            f"quickdraft export eagle --target {context.target} --eagle-dir {folder} "
+            f"--engine {engine} --out {out}"
+        )
+        export[engine] = (command, out)
+    config = read_eagle_config(folder)
+    token_map = config.variant == "eagle1" and (
+        config.draft_vocab_size < config.vocab_size or (folder / "token_map.pt").exists()
+    )
+    return eagle(
+        config.variant, tree.depth, tree.topk, tree.tokens, export,
+        str(options.draft_shortlist), token_map=token_map, lookup=options.lookup,
+    )  # fmt: skip
+
+
+def _lookahead(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
+    return [
+        unsupported("vllm", "vLLM has no lookahead decoding"),
+        unsupported("sglang", "SGLang has no lookahead decoding (its NGRAM is prompt lookup)"),
+    ]
+
+
+LAUNCH: dict[str, Callable[[SpecConfig, PickContext], list[LaunchConfig]]] = {
+    "ar": lambda spec, context: plain(),
+    "draft_model": _draft_model,
+    "ngram": _ngram,
+    "medusa": _medusa,
+    "eagle": _eagle,
+    "lookahead": _lookahead,
+}
+
+
+def launch_configs(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
+    """vLLM's and SGLang's forms of ``spec`` (options resolved) in ``context``'s deployment;
+    a method with no entry in ``LAUNCH`` is unsupported there, saying so."""
+    import dataclasses
+
+    from quickdraft.drafters.registry import resolve
+
+    form = LAUNCH.get(str(spec.method))
+    spec = dataclasses.replace(spec, options=resolve(spec)[1])
+    if form is None:
+        why = f"quickdraft's method {spec.method} has no equivalent there"
+        return [unsupported(engine, why) for engine in ENGINES]
+    return form(spec, context)

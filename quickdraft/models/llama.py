@@ -260,10 +260,8 @@ class LlamaRunner:
         no weights of its own; an update to the model (a fine-tuning step) is seen by the next
         call. shared=False builds the layout ``load_model`` builds (fused q/k/v and gate/up
         products, prepacked for oneDNN on CPU in float32): a copy of every projection. Which
-        is faster depends on the CPU: on an AVX2 EPYC the prepacked product keeps a 5-token
-        verify near a 1-token step's cost, where plain ``F.linear`` pays 3.5 times; on an
-        AVX-512 Xeon the shared layout's SmolLM2 step took 31 ms against 51 ms prepacked
-        (``benchmarks/results/native_runner_from_transformers.md``).
+        is faster depends on the CPU: prepacking helped a verify pass on an AVX2 EPYC and
+        slowed a step on an AVX-512 Xeon (``benchmarks/results/defaults.md``).
         """
         config = getattr(model, "config", None)
         if config is None or not callable(getattr(model, "state_dict", None)):

@@ -208,8 +208,8 @@ def attend_each(
     return out
 
 
-# Below this many slots a gather is faster by advanced indexing (7 against 10 us for 25 slots):
-# the select's setup costs more than it saves.
+# Below this many slots a gather is faster by advanced indexing: the select's setup costs more
+# than it saves (measured: benchmarks/results/defaults.md).
 SELECT_FROM = 128
 
 
@@ -220,10 +220,9 @@ def gather_slots(
     cache slots [G, n] of rows [G] from part [B, S, Hkv, D], as a new contiguous
     [G, n, Hkv, D]. Where each row's slots lie end to end in memory (a cache's buffer, sliced
     to its used length) one ``index_select`` over the rows laid end to end copies them; the
-    same numbers, and on CPU 2.5-5x faster than advanced indexing for a pass's groups (16
-    against 6 us for one query over 300 slots, 44 against 9 us for four): the gathers were
-    15% of an 11-token tree verify pass on Qwen2.5-Coder-0.5B int8. Parts laid out alike
-    share one index (keys and values of one cache are)."""
+    same numbers, and on CPU several times faster than advanced indexing for a pass's groups
+    (``benchmarks/results/defaults.md``). Parts laid out alike share one index (keys and
+    values of one cache are)."""
     if slots.numel() < SELECT_FROM:
         return [part[rows.unsqueeze(1), slots] for part in parts]
     out, index_for = [], {}

@@ -60,3 +60,13 @@ class HFTokenizer:
 
     def same_vocabulary(self, other: HFTokenizer) -> bool:
         return len(self) == len(other) and self.hf.get_vocab() == other.hf.get_vocab()
+
+
+def same_vocabulary(a: Any, b: Any) -> bool:
+    """Whether two tokenizers map text to the same ids (padded model vocabularies may differ);
+    False when that cannot be told (tokenizers other than Hugging Face ones)."""
+    if a is b:
+        return True
+    if isinstance(a, HFTokenizer) and isinstance(b, HFTokenizer):
+        return a.same_vocabulary(b)
+    return False

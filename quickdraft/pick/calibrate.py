@@ -29,11 +29,12 @@ from typing import Any
 
 import torch
 
-from quickdraft import methods
 from quickdraft.config import Method, SamplingParams, SpecConfig
+from quickdraft.drafters import registry
 from quickdraft.engine import generate
-from quickdraft.methods import PickContext, StepPrior
 from quickdraft.models.base import Model
+from quickdraft.pick.candidates import support
+from quickdraft.pick.context import PickContext, StepPrior
 from quickdraft.pick.picker import Option, Recommendation, Workload, choose, finish, options
 from quickdraft.stats import Stats
 
@@ -119,7 +120,7 @@ def _sampling(workload: Workload, max_new_tokens: int, stop: tuple[int, ...]) ->
 
 def _run(target, prompts, sampling, spec, draft) -> Stats:
     """One spec over the prompts, pooled stats (times and acceptance)."""
-    uses_draft = methods.get(spec.method).draft_model
+    uses_draft = registry.get(spec.method).draft_model
     pooled = Stats(k=0)
     for prompt in prompts:
         out = generate(target, prompt, sampling=sampling, spec=spec,
@@ -229,7 +230,7 @@ def _confirm(calibration, target, prompts, sampling, draft, rescored, workload, 
     rates: dict[str, list[float]] = {label: [] for label, _ in contenders}
     for index, prompt in enumerate(prompts):
         for label, spec in contenders:
-            uses_draft = methods.get(spec.method).draft_model
+            uses_draft = registry.get(spec.method).draft_model
             out = generate(target, prompt, sampling=sampling, spec=spec,
                            draft=draft if uses_draft else None)  # fmt: skip
             rates[label].append(out.stats.decode_tokens_per_second)
@@ -261,8 +262,7 @@ def _confirm(calibration, target, prompts, sampling, draft, rescored, workload, 
 
 
 def _is_chain(option: Option) -> bool:
-    entry = methods.get(option.spec.method)
-    return entry.pick is not None and entry.pick.chain
+    return support(str(option.spec.method)).chain
 
 
 def _chain_key(spec: SpecConfig) -> SpecConfig:
@@ -285,7 +285,7 @@ def _chain_profile(stats: Stats, spec: SpecConfig) -> ChainProfile:
     head's saving counts); a lookup's is per step."""
     k = spec.num_speculative_tokens
     steps = max(len(stats.drafted), 1)
-    uses_model = methods.get(spec.method).draft_model
+    uses_model = registry.get(spec.method).draft_model
     draft_forward = stats.time_draft / max(sum(stats.drafted), 1)
     acceptance = [0.0 if a != a else a for a in stats.acceptance_by_position]
     acceptance += [0.0] * (k - len(acceptance))

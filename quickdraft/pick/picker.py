@@ -1,11 +1,12 @@
 """Choose how to speculate for a workload: method, k or tree, shortlist, draft temperature and
-the batch threshold, among every method in the registry (``quickdraft.methods``).
+the batch threshold, among every method in the registry (``drafters.registry``).
 
-Each method's registry entry says what it can offer here (``PickSupport.candidates``: k values,
-tree shapes, shortlists, given the drafters and artifacts the deployment has), what one step of
-each costs and yields before measuring (``prior``, measured here: ``pick/priors.py``), and
-how other engines take it (``engines``). A method registered later shows up with no change
-here. ``quickdraft.pick.calibrate`` replaces the priors with measurements on the user's prompts.
+The picker's table of methods (``pick.candidates``, keyed by name) says what each can offer
+here (``PickSupport.candidates``: k values, tree shapes, shortlists, given the drafters and
+artifacts the deployment has) and what one step of each costs and yields before measuring
+(``prior``, measured here: ``pick/priors.py``); ``interop.launch`` says how other engines take
+it. A method registered later shows up with a generic candidate and no change here.
+``quickdraft.pick.calibrate`` replaces the priors with measurements on the user's prompts.
 
 The model of a step: with E expected tokens per target forward, a draft costing c and a verify
 pass costing v (both in target decode steps), speculation runs E / (c + v) times as fast as
@@ -22,11 +23,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from quickdraft import methods
 from quickdraft.bench.tasks import TASK_KINDS
 from quickdraft.config import MAX_BATCH, Method, SpecConfig
-from quickdraft.interop.launch import EngineConfig
-from quickdraft.methods import PickContext, StepPrior
+from quickdraft.drafters import registry
+from quickdraft.interop.launch import LaunchConfig, launch_configs
+from quickdraft.pick.candidates import support
+from quickdraft.pick.context import PickContext, StepPrior
 
 MIN_GAIN = 1.05  # below this modelled speedup, speculation is not worth its complexity
 SHORT_OUTPUT = 5  # tokens: drafting overhead dominates outputs this short
@@ -67,7 +69,7 @@ class Workload:
         if self.memory_gb is not None and not self.memory_gb >= 0:
             raise ValueError(f"memory_gb must be >= 0, got {self.memory_gb}")
         if self.methods is not None:
-            registered = methods.names()
+            registered = registry.names()
             unknown = [m for m in self.methods if m not in registered]
             if unknown:
                 raise ValueError(f"methods: unknown {unknown}; registered: {', '.join(registered)}")
@@ -123,7 +125,7 @@ class Recommendation:
     predicted_speedup: float
     reasons: list[str] = field(default_factory=list)
     options: list[Option] = field(default_factory=list)
-    engines: list[EngineConfig] = field(default_factory=list)
+    engines: list[LaunchConfig] = field(default_factory=list)
     target_path: str | None = None
 
     @property
@@ -133,15 +135,9 @@ class Recommendation:
     def quickdraft_json(self) -> dict[str, Any]:
         """The spec's fields that differ from the defaults: ``--speculative-config`` of
         ``quickdraft generate`` and ``quickdraft serve`` as it is."""
-        defaults = SpecConfig(method=self.spec.method)
-        data: dict[str, Any] = {"method": str(self.spec.method)}
-        for item in dataclasses.fields(SpecConfig):
-            value = getattr(self.spec, item.name)
-            if item.name != "method" and value != getattr(defaults, item.name):
-                data[item.name] = value.value if hasattr(value, "value") else value
-        return data
+        return registry.spec_fields(self.spec)
 
-    def engine(self, name: str) -> EngineConfig | None:
+    def engine(self, name: str) -> LaunchConfig | None:
         return next((e for e in self.engines if e.engine == name), None)
 
     def as_dict(self) -> dict[str, Any]:
@@ -194,13 +190,11 @@ def options(
     calibration to measure; the prior has no figure that tells them apart)."""
     reasons: list[str] = []
     found: list[Option] = []
-    for entry in methods.entries():
+    for entry in registry.entries():
         chosen = workload.methods is None or entry.name in workload.methods
         if not chosen and entry.drafts:  # plain decoding is always the baseline
             continue
-        if entry.pick is None:
-            reasons.append(f"{entry.name}: the picker has no model of it; not ranked")
-            continue
+        method = support(entry.name)
         if (
             entry.draft_model
             and context.draft is not None
@@ -212,16 +206,17 @@ def options(
                 f"{workload.memory_gb:g} GB are free"
             )
             continue
-        candidates = entry.pick.candidates(context)
-        if cooler_drafts and workload.temperature > 0 and "draft_temperature" in entry.options:
+        candidates = method.candidates(context)
+        cooler = "draft_temperature" in entry.option_names()
+        if cooler_drafts and workload.temperature > 0 and cooler:
             cooler = round(0.7 * workload.temperature, 3)
             candidates += [
                 (f"{label} draft_temperature={cooler:g}",
-                 dataclasses.replace(spec, draft_temperature=cooler))
+                 registry.with_options(spec, draft_temperature=cooler))
                 for label, spec in candidates
             ]  # fmt: skip
         for label, spec in candidates:
-            prior = entry.pick.prior(spec, workload.task)
+            prior = method.prior(spec, workload.task)
             found.append(Option(label, spec, prior, modelled_speedup(prior, workload)))
         if entry.name in context.missing:
             reasons.append(f"{entry.name}: {context.missing[entry.name]}")
@@ -280,8 +275,9 @@ def choose(
             f"at the stated concurrency ({workload.concurrency}) the engine would decode "
             "plainly most of the time"
         )
-    if "draft_temperature" in methods.get(spec.method).options:
-        chosen = spec.draft_temperature
+    entry, options = registry.resolve(spec)
+    if "draft_temperature" in entry.option_names():
+        chosen = options.draft_temperature  # type: ignore[attr-defined]
         notes.append(
             "draft temperature: the target's (any keeps the output exact; the same shape "
             "keeps acceptance high; pick --calibrate also measures a cooler draft)"
@@ -311,15 +307,13 @@ def _tokens_at(prior: StepPrior, workload: Workload) -> float:
 
 def finish(recommendation: Recommendation, context: PickContext) -> Recommendation:
     """The engine forms of the choice, with the target as other engines load it."""
-    entry = methods.get(recommendation.spec.method)
-    if entry.pick is not None and entry.pick.engines is not None:
-        recommendation.engines = entry.pick.engines(recommendation.spec, context)
+    recommendation.engines = launch_configs(recommendation.spec, context)
     threshold = recommendation.spec.disable_by_batch_size
     for config in recommendation.engines:
         # vLLM's batch policy has the same meaning (and needs at least 2); SGLang has none.
         if config.engine == "vllm" and config.speculative and threshold and threshold >= 2:
             config.speculative["disable_by_batch_size"] = threshold
-    from quickdraft.pick.candidates import model_path
+    from quickdraft.interop.launch import model_path
 
     recommendation.target_path = model_path(context.target)
     return recommendation

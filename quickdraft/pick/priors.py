@@ -15,7 +15,7 @@ measures. A temperature above 0 lowers acceptance (``picker.at_temperature``).
 
 from __future__ import annotations
 
-from quickdraft.methods import StepPrior
+from quickdraft.pick.context import StepPrior
 
 SMOLLM2 = "smollm2_methods (SmolLM2-135M, CPU)"
 QWEN_PAIR = "qwen_pair (Qwen2.5-Coder 1.5B / int8 0.5B, CPU)"

@@ -205,29 +205,26 @@ def registry_methods(
     none needed), and how to make its engine: the method's defaults, over the same target,
     with ``rows`` rows. A draft model runs only as the served method: the server loads one
     draft model, for that."""
-    from quickdraft import methods
-    from quickdraft.config import SpecConfig
-    from quickdraft.drafters import build_drafter
+    from quickdraft.drafters import registry
+    from quickdraft.pick.candidates import support
+    from quickdraft.pick.context import PickContext
 
-    context = methods.PickContext(target=target_name, draft=None, device=device)
+    context = PickContext(target=target_name, draft=None, device=device)
     options = []
-    for entry in methods.entries():
+    for entry in registry.entries():
         reason = None
         if entry.name == served:
             pass
         elif entry.draft_model:
             reason = "a draft model runs only as the served method (--draft)"
-        elif entry.pick is not None and not entry.pick.candidates(context):
+        elif not support(entry.name).candidates(context):
             reason = context.missing.get(entry.name, f"nothing to draft with for {target_name}")
         options.append(MethodOption(entry.name, entry.description, reason))
 
     def make(method: str) -> Engine:
-        entry = methods.get(method)
-        spec = SpecConfig(method=method, num_speculative_tokens=entry.default_k)
-        drafter = build_drafter(spec, target, target_name=target_name)
-        return Engine(
-            target, drafter, spec, tokenizer=tokenizer, max_batch=rows,
-            max_model_len=max_model_len, prefill_chunk=prefill_chunk, seed=seed,
+        return Engine.from_spec(
+            target, registry.make_spec(method), target_name=target_name, tokenizer=tokenizer,
+            max_batch=rows, max_model_len=max_model_len, prefill_chunk=prefill_chunk, seed=seed,
         )  # fmt: skip
 
     return OtherMethods(tuple(options), make)

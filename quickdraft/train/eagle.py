@@ -366,7 +366,7 @@ def evaluate(
     }
 
 
-def build_eagle(
+def train_eagle(
     target_name: str,
     data: list[str],
     settings: EagleTraining,

@@ -1,6 +1,7 @@
 """Drafter output-head shortlists: frequency (FR-Spec) and context-aware clusters (DynaSpec).
 
-``parse_shortlist`` reads the command line's and the config's shortlist strings:
+``ShortlistChoice`` (``vocab.choice``) reads the command line's and the config's shortlist
+strings:
 
 ====================  =========================================================================
 ``full``              the whole vocabulary (the default)
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quickdraft.vocab.choice import FULL, KINDS, ShortlistChoice, as_shortlist
 from quickdraft.vocab.router import Router, RouterConfig
 from quickdraft.vocab.shortlist import (
     ClusterShortlist,
@@ -42,21 +44,6 @@ from quickdraft.vocab.shortlist import (
 )
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
-KINDS = ("full", "fr", "fr-pa", "dyna", "dyna-pa", "dyna-hybrid", "dyna-hybrid-pa")
-
-
-def parse_shortlist(text: str) -> tuple[str, int]:
-    """'kind:K' -> (kind, K); 'full' -> ('full', 0). ValueError names the field."""
-    kind, _, size = text.strip().partition(":")
-    if kind not in KINDS:
-        raise ValueError(f"shortlist: unknown kind {kind!r}; choose from {', '.join(KINDS)}")
-    if kind == "full":
-        if size:
-            raise ValueError("shortlist: 'full' takes no size")
-        return kind, 0
-    if not size.isdigit() or int(size) < (0 if kind in ("dyna", "dyna-hybrid") else 1):
-        raise ValueError(f"shortlist: {text!r} needs a positive size, as in '{kind}:32'")
-    return kind, int(size)
 
 
 def artifact_folder(model_name: str | None, folder: str | Path | None = None) -> Path:
@@ -75,10 +62,14 @@ def artifact_folder(model_name: str | None, folder: str | Path | None = None) ->
 
 
 def build_shortlist(
-    text: str, folder: str | Path, num_positions: int, parallel_router: bool = False
+    choice: ShortlistChoice | str,
+    folder: str | Path,
+    num_positions: int,
+    parallel_router: bool = False,
 ) -> Shortlist | None:
-    """The shortlist described by ``text`` with artifacts from ``folder``; None for 'full'."""
-    kind, size = parse_shortlist(text)
+    """The shortlist ``choice`` names with artifacts from ``folder``; None for ``full``."""
+    choice = as_shortlist(choice)
+    kind, size = choice.kind, choice.size
     if kind == "full":
         return None
     if kind == "fr":
@@ -92,16 +83,51 @@ def build_shortlist(
     )  # fmt: skip
 
 
+def shortlist_for(
+    choice: ShortlistChoice,
+    folder: str | Path | None,
+    head_model: str | None,
+    positions: int,
+    inputs: str = "hidden",
+    shipped: Path | None = None,
+) -> Shortlist | None:
+    """A drafter head's shortlist, or None for the full head. Its artifacts are ``folder``
+    (the ``shortlist_dir`` option), else ``shipped`` when it exists (an EAGLE drafter's own
+    folder), else those shipped for ``head_model``: the model whose LM head is shortlisted
+    (the draft model's, or the target's for Medusa and EAGLE, which score the target's own
+    head rows). A DynaSpec router must have learnt from the states this drafter hands it
+    (``inputs``): a draft model's or the target's hidden states, or an EAGLE drafter's
+    features; the widths match either way, so this is checked by name."""
+    if choice.full:
+        return None
+    if folder is None and shipped is not None and shipped.is_dir():
+        folder = shipped
+    else:
+        folder = artifact_folder(head_model, folder)
+    shortlist = build_shortlist(choice, folder, positions)
+    if isinstance(shortlist, ClusterShortlist) and shortlist.router.inputs != inputs:
+        raise ValueError(
+            f"shortlist_dir: the router in {folder} learnt from {shortlist.router.inputs} "
+            f"states, this drafter gives it {inputs} states; train one with quickdraft train "
+            "router" + (" --eagle-dir" if inputs == "eagle" else "")
+        )
+    return shortlist
+
+
 __all__ = [
     "ARTIFACTS",
+    "FULL",
+    "KINDS",
     "ClusterShortlist",
     "FrequencyShortlist",
     "Router",
     "RouterConfig",
     "SegmentedHead",
     "Shortlist",
+    "ShortlistChoice",
     "artifact_folder",
+    "as_shortlist",
     "build_shortlist",
-    "parse_shortlist",
     "position_budget",
+    "shortlist_for",
 ]

@@ -80,8 +80,8 @@ class PackedRouter:
     """A router frozen for decoding: the same function as ``Router.forward``, with its first
     product prepacked (``ops.Linear``: oneDNN on CPU, float32, exact up to rounding). The
     router runs at every draft level, a few rows at a time, where the module's plain
-    ``F.linear`` reads its 3.7 MB first layer at more than twice the packed kernel's cost
-    (0.17 against 0.08 ms for 4 rows, 2 threads, AVX-512 EPYC)."""
+    ``F.linear`` reads its 3.7 MB first layer at about twice the packed kernel's cost
+    (``benchmarks/results/defaults.md``)."""
 
     def __init__(self, router: Router):
         norm = router.norm
@@ -89,7 +89,7 @@ class PackedRouter:
         self.norm_weight, self.norm_bias = norm.weight.detach(), norm.bias.detach()
         self.up = Linear(router.up.weight.detach().clone(), router.up.bias.detach().clone())
         # The M-wide output product stays a plain F.linear: prepacked, so small a product
-        # costs more than it computes (29 against 5 us for 512 x 32, one row, same machine).
+        # costs more than it computes (benchmarks/results/defaults.md).
         self.out_weight = router.out.weight.detach().clone()
         self.out_bias = router.out.bias.detach().clone()
 

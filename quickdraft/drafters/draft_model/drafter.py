@@ -7,10 +7,19 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Batch, Draft, Needs, ShortlistContext, StepResult
+from quickdraft.config import SamplingParams, SpecConfig
+from quickdraft.drafters.base import (
+    Batch,
+    BuildContext,
+    Draft,
+    Needs,
+    ShortlistContext,
+    StepResult,
+)
+from quickdraft.drafters.draft_model.options import DraftModelOptions
 from quickdraft.models.base import Cache, FeatureModel, Model
 from quickdraft.sampling import probs_for_rows, sample_rows
+from quickdraft.vocab import shortlist_for
 from quickdraft.vocab.shortlist import Shortlist
 
 
@@ -113,6 +122,14 @@ class DraftModelDrafter:
         self._valid[:size] = torch.minimum(fed, before + result.accepted)
 
     # -- drafting -------------------------------------------------------------------------
+
+    @property
+    def head_rows(self) -> int:
+        """Vocabulary rows its head scores a draft token (a shortlist's are fewer)."""
+        return self.vocab_size
+
+    def describe(self) -> str:
+        return f"k={self.num_tokens}"
 
     def propose(self, batch: Batch) -> Draft:
         assert self._cache is not None, "reserve() first"
@@ -231,3 +248,36 @@ class DraftModelDrafter:
         if self.temperature is None:
             return target
         return dataclasses.replace(target, temperature=self.temperature)
+
+
+def build(spec: SpecConfig, context: BuildContext) -> DraftModelDrafter:
+    """The registry's builder: ``spec.options`` are ``DraftModelOptions``; the draft model
+    must share the target's tokenizer (padded vocabulary sizes may differ when the caller
+    says the tokenizers agree)."""
+    options = spec.options
+    assert isinstance(options, DraftModelOptions)
+    target, draft = context.target, context.draft
+    assert draft is not None  # build_drafter checks that a draft model is given
+    if context.same_tokenizer is False:
+        raise ValueError(
+            "draft: the draft model's tokenizer differs from the target's; "
+            "draft and target must share one vocabulary"
+        )
+    if draft.vocab_size != target.vocab_size and not context.same_tokenizer:
+        raise ValueError(
+            f"draft: its vocabulary ({draft.vocab_size}) differs from the target's "
+            f"({target.vocab_size}); pass both tokenizers to check they agree"
+        )
+    shortlist = shortlist_for(
+        options.draft_shortlist,
+        options.shortlist_dir,
+        context.draft_name,
+        spec.num_speculative_tokens,
+    )
+    return DraftModelDrafter(
+        draft,
+        spec.num_speculative_tokens,
+        options.draft_temperature,
+        vocab_size=target.vocab_size,
+        shortlist=shortlist,
+    )

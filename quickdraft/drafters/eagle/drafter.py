@@ -39,21 +39,25 @@ from typing import Any
 
 import torch
 
+from quickdraft.config import SpecConfig
 from quickdraft.drafters.base import (
     Batch,
+    BuildContext,
     Draft,
     Needs,
     ShortlistContext,
     StepResult,
     pad_rows,
 )
-from quickdraft.drafters.eagle.io import load_eagle
+from quickdraft.drafters.eagle.io import eagle_folder, load_eagle
 from quickdraft.drafters.eagle.net import EagleNet, check_fits
-from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree
+from quickdraft.drafters.eagle.options import EagleOptions
+from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree, EagleTree
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.kv_cache import KVCache
 from quickdraft.models.ops import Linear, packed_copy, prefix_tree_mask
+from quickdraft.vocab import shortlist_for
 from quickdraft.vocab.shortlist import Shortlist
 
 
@@ -186,6 +190,15 @@ class EagleDrafter:
         if self.shortlist_context is not None:
             self.shortlist_context.reorder(order)
         self._fresh[: order.shape[0]] = [self._fresh[i] for i in order.tolist()]
+
+    def describe(self) -> str:
+        tree = self.tree
+        shape = f"dynamic tree: depth {tree.depth}, top-{tree.topk}, {tree.tokens} tokens"
+        if tree.min_prob:
+            shape += f" of path probability >= {tree.min_prob:g}"
+        if self.lookup is not None:
+            shape += f", + up to {self.lookup.num_tokens} of prompt lookup"
+        return shape
 
     @torch.inference_mode()
     def propose(self, batch: Batch) -> Draft:
@@ -437,24 +450,48 @@ def _ancestors(entry_parent: list[int]) -> torch.Tensor:
 def build_eagle(
     target: Model,
     folder: str | Path,
-    tree: str | None = None,
+    tree: DynamicTree | None = None,
     *,
     int8: bool = False,
     lookup: int = 0,
     lookup_ngram: tuple[int, int] = (1, 3),
     shortlist: Shortlist | None = None,
 ) -> EagleDrafter:
-    """A drafter from the network saved in ``folder``; ``tree`` as in ``DynamicTree.parse``;
-    ``int8``: int8 weights for its layers and head on CPU; ``lookup``: the most tokens of
-    prompt lookup (n-gram sizes ``lookup_ngram``) grafted onto each tree, 0 for none;
-    ``shortlist``: the head's rows per depth, out of the target's whole vocabulary."""
-    device = target.device.type
+    """A drafter from the network saved in ``folder``; ``tree`` None is the default of the
+    target's device; ``int8``: int8 weights for its layers and head on CPU; ``lookup``: the
+    most tokens of prompt lookup (n-gram sizes ``lookup_ngram``) grafted onto each tree, 0 for
+    none; ``shortlist``: the head's rows per depth, out of the target's whole vocabulary."""
     return EagleDrafter(
         target,
         load_eagle(folder, getattr(getattr(target, "config", None), "num_layers", None)),
-        DynamicTree.parse(tree, device),
+        tree or EagleTree().resolve(target.device.type),
         int8=int8,
         lookup=lookup,
         lookup_ngram=lookup_ngram,
+        shortlist=shortlist,
+    )
+
+
+def build(spec: SpecConfig, context: BuildContext) -> EagleDrafter:
+    """The registry's builder: ``spec.options`` are ``EagleOptions``."""
+    options = spec.options
+    assert isinstance(options, EagleOptions)
+    folder = eagle_folder(context.target_name, options.eagle_dir)
+    tree = options.tree.resolve(context.target.device.type)
+    shortlist = shortlist_for(
+        options.draft_shortlist,
+        options.shortlist_dir,
+        context.target_name,
+        tree.depth,
+        inputs="eagle",
+        shipped=folder / "shortlist",
+    )
+    return build_eagle(
+        context.target,
+        folder,
+        tree,
+        int8=options.drafter_int8,
+        lookup=options.lookup,
+        lookup_ngram=(options.prompt_lookup_min, options.prompt_lookup_max),
         shortlist=shortlist,
     )

@@ -14,6 +14,7 @@ from quickdraft import artifacts
 from quickdraft.artifacts import load_state, read_json, read_safetensors
 from quickdraft.drafters.base import shipped_folder
 from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
+from quickdraft.vocab.choice import FULL, ShortlistChoice
 
 CONFIG_FILE = "eagle.json"
 WEIGHTS_FILE = "eagle.safetensors"
@@ -102,25 +103,21 @@ def offered_by_auto(folder: str | Path) -> bool:
     return offered
 
 
-def shipped_shortlist(folder: str | Path) -> str:
+def shipped_shortlist(folder: str | Path) -> ShortlistChoice:
     """The head shortlist this drafter runs with when none is asked for: ``"shortlist"`` in
     its ``eagle.json`` (a kind of ``--shortlist``, whose artifacts are the folder's
-    ``shortlist/``), set where a bench measured it faster than the full head; else "full"."""
-    from quickdraft.vocab import parse_shortlist
-
+    ``shortlist/``), set where a bench measured it faster than the full head; else the full
+    head."""
     path = Path(folder) / CONFIG_FILE
     if not path.exists():
-        return "full"
+        return FULL
     text = read_json(path, REMEDY, required=("config",)).get("shortlist", "full")
     try:
-        if not isinstance(text, str):
-            raise ValueError(f"got {text!r}")
-        parse_shortlist(text)
+        return ShortlistChoice.parse(text)
     except ValueError as error:
         raise artifacts.ArtifactError(
             path, f"'shortlist' must be a shortlist such as dyna-pa:4 ({error})", REMEDY
         ) from None
-    return text
 
 
 def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> Path:

@@ -4,6 +4,7 @@ along (``drafters.eagle`` grows the trees)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH, show_value
@@ -40,41 +41,59 @@ class DynamicTree:
             or not 0.0 <= self.min_prob < 1.0
         ):
             raise ValueError(f"tree: min_prob must be in [0, 1), got {show_value(self.min_prob)}")
+        object.__setattr__(self, "min_prob", float(self.min_prob))
 
     @classmethod
-    def parse(cls, text: str | None, device: str = "cpu") -> DynamicTree:
-        """``default`` (``DEFAULT_TREES`` for the device) or ``DEPTH,TOPK,TOKENS`` (such as
-        ``5,4,16``) with an optional ``,MIN_PROB`` (such as ``6,2,8,0.2``); TOPK 1 is a
-        chain."""
-        if text is None or text == "default":
-            return DEFAULT_TREES.get(device, DEFAULT_TREES["cpu"])
-        parts = text.split(",")
-        try:
-            if len(parts) not in (3, 4):
-                raise ValueError
-            depth, topk, tokens = (int(part) for part in parts[:3])
-            min_prob = float(parts[3]) if len(parts) == 4 else 0.0
-        except ValueError:
+    def parse(cls, text: str) -> DynamicTree:
+        """``DEPTH,TOPK,TOKENS`` (such as ``5,4,16``) with an optional ``,MIN_PROB`` (such as
+        ``6,2,8,0.2``); TOPK 1 is a chain. ``parse(str(tree)) == tree``."""
+        # ASCII digits, no spaces, each number capped in length before it is converted.
+        number = r"([0-9]{1,6})"
+        shape = rf"{number},{number},{number}(?:,([0-9]{{0,3}}\.?[0-9]{{1,12}}))?"
+        match = re.fullmatch(shape, text) if isinstance(text, str) else None
+        if match is None:
             raise ValueError(
                 "tree: expected default or DEPTH,TOPK,TOKENS[,MIN_PROB] such as 4,4,12 or "
-                f"6,2,8,0.2; got {text!r}"
-            ) from None
-        return cls(depth, topk, tokens, min_prob)
+                f"6,2,8,0.2; got {show_value(text)}"
+            )
+        depth, topk, tokens, min_prob = match.groups()
+        return cls(int(depth), int(topk), int(tokens), float(min_prob or 0.0))
+
+    def __str__(self) -> str:
+        shape = f"{self.depth},{self.topk},{self.tokens}"
+        return shape + (f",{float(self.min_prob)!r}" if self.min_prob else "")
 
 
-# Default trees by the target's device. CPU: measured on SmolLM2-135M with its shipped drafter
-# (int8, 2 threads, greedy; benchmarks/results/smollm2_methods/), where every token of a
-# verify pass costs (a 2-token pass about 1.12 one-token passes, a 13-token one 1.7) and the
-# drafter's confidence is informative: a tree of up to 10 nodes of path probability >= 0.1
-# (depth 6, top-4) ran 1.09x plain decoding over seven task kinds, a fixed chain of 3 1.00x;
-# it drafts about one node a step on hard text and up to ten on easy text.
-# GPU: EAGLE-2's published setting (depth 6, top-10, 60 tokens), not measured here.
+@dataclass(frozen=True, slots=True)
+class EagleTree:
+    """The ``tree`` option of EAGLE: ``default`` (``shape`` None: the tree measured for the
+    target's device, ``DEFAULT_TREES``) or an explicit ``DynamicTree``.
+    ``parse(str(x)) == x``."""
+
+    shape: DynamicTree | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> EagleTree:
+        return cls(None if text == "default" else DynamicTree.parse(text))
+
+    def __str__(self) -> str:
+        return "default" if self.shape is None else str(self.shape)
+
+    def resolve(self, device: str) -> DynamicTree:
+        """The tree a drafter on ``device`` ("cpu", "cuda") grows."""
+        if self.shape is not None:
+            return self.shape
+        return DEFAULT_TREES.get(device, DEFAULT_TREES["cpu"])
+
+
+# Default trees by the target's device. CPU: up to 10 nodes of path probability >= 0.1, since
+# every verified token costs there and the drafter's confidence is informative: about one node
+# a step on hard text, up to ten on easy text (measured on SmolLM2-135M:
+# benchmarks/results/defaults.md). GPU: EAGLE-2's published setting, not measured here.
 DEFAULT_TREES = {"cpu": DynamicTree(6, 4, 10, 0.1), "cuda": DynamicTree(6, 10, 60)}
 
-# Prompt-lookup tokens grafted onto each tree by default (``SpecConfig.eagle_lookup``). The
+# Prompt-lookup tokens grafted onto each tree by default (``EagleOptions.eagle_lookup``). The
 # two drafters are right in different places, the network where the text is new, lookup
-# where it repeats its prompt or itself, and the graft costs verify tokens only on a match:
-# on SmolLM2-135M's 24 code prompts the default tree alone accepts 1.4-1.5 tokens a step,
-# prompt lookup 1.60, the tree with 5 lookup tokens 2.52 (1.71x plain decoding, prompt lookup
-# 1.32x); over the seven tasks 2.02 (1.19x; prompt lookup 1.04x).
+# where it repeats its prompt or itself, and the graft costs verify tokens only on a match
+# (measured on SmolLM2-135M: benchmarks/results/defaults.md).
 DEFAULT_LOOKUP = 5

@@ -17,15 +17,26 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.drafters.base import Batch, Draft, Needs, ShortlistContext, StepResult
+from quickdraft.config import MAX_TREE_DEPTH, SpecConfig
+from quickdraft.drafters.base import (
+    Batch,
+    BuildContext,
+    Draft,
+    Needs,
+    ShortlistContext,
+    StepResult,
+)
 from quickdraft.drafters.medusa.net import (
     MedusaHeads,
+    heads_folder,
     load_heads,
 )
-from quickdraft.drafters.medusa.tree import default_tree, parse_tree
+from quickdraft.drafters.medusa.options import MedusaOptions
+from quickdraft.drafters.medusa.tree import MedusaTree, default_tree, parse_tree
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.ops import Linear
 from quickdraft.tree import TreeShape
+from quickdraft.vocab import shortlist_for
 from quickdraft.vocab.shortlist import Shortlist
 
 
@@ -105,6 +116,14 @@ class MedusaDrafter:
         if self.shortlist_context is not None:
             self.shortlist_context.reorder(order)
 
+    @property
+    def head_rows(self) -> int:
+        """Vocabulary rows its heads score a draft token (the target's whole head)."""
+        return self.vocab_size
+
+    def describe(self) -> str:
+        return f"tree of {self.needs.tokens} nodes, depth {self.needs.depth}"
+
     @torch.inference_mode()
     def propose(self, batch: Batch) -> Draft:
         tree = self.tree
@@ -161,7 +180,7 @@ def _last_kept(result: StepResult, like: torch.Tensor) -> torch.Tensor:
 def build_medusa(
     target: Model,
     folder: str | Path,
-    tree: str | None = None,
+    tree: MedusaTree | str | None = None,
     *,
     int8: bool = False,
     shortlist: Shortlist | None = None,
@@ -177,3 +196,16 @@ def build_medusa(
         )
     shape = parse_tree(tree, heads.config.num_heads, heads.rank_accuracy)
     return MedusaDrafter(target, heads, shape, int8=int8, shortlist=shortlist)
+
+
+def build(spec: SpecConfig, context: BuildContext) -> MedusaDrafter:
+    """The registry's builder: ``spec.options`` are ``MedusaOptions``."""
+    options = spec.options
+    assert isinstance(options, MedusaOptions)
+    folder = heads_folder(context.target_name, options.medusa_dir)
+    shortlist = shortlist_for(  # a shortlist's last position's size repeats past its end
+        options.draft_shortlist, options.shortlist_dir, context.target_name, MAX_TREE_DEPTH
+    )
+    return build_medusa(
+        context.target, folder, options.tree, int8=options.drafter_int8, shortlist=shortlist
+    )

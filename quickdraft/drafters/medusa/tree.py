@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH
+from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH, show_value
 from quickdraft.tree import TreeShape
 
 DEFAULT_NODES = 16
@@ -64,51 +65,83 @@ def fit_tree(rank_accuracy: Sequence[Sequence[float]], nodes: int) -> TreeShape:
     return TreeShape.from_paths(chosen)
 
 
-def check_tree(text: str) -> None:
-    """The syntax and size of a tree option (``default``, ``fit:N``, ``W1,W2,..``), by
-    arithmetic alone: nothing is built, so a typo such as 300,300,300 fails at once."""
-    if text == "default":
-        return
-    if text.startswith("fit:"):
-        if not re.fullmatch(r"[0-9]+", text[4:]) or not 1 <= int(text[4:]) <= MAX_DRAFT_TOKENS:
-            raise ValueError(f"tree: expected fit:N with N in 1..{MAX_DRAFT_TOKENS}, got {text!r}")
-        return
-    parts = text.split(",")
-    if not all(re.fullmatch(r" *[0-9]+ *", part) for part in parts):
-        raise ValueError(f"tree: expected default or widths like 4,2,1, got {text!r}")
-    widths = [int(part) for part in parts]
-    if len(widths) > MAX_TREE_DEPTH or not all(1 <= w <= MAX_TREE_WIDTH for w in widths):
-        raise ValueError(
-            f"tree: at most {MAX_TREE_DEPTH} levels of 1..{MAX_TREE_WIDTH} children, got {text!r}"
-        )
-    nodes, level = 0, 1
-    for width in widths:
-        level *= width
-        nodes += level
-        if nodes > MAX_DRAFT_TOKENS:
+@dataclass(frozen=True, slots=True)
+class MedusaTree:
+    """The ``tree`` option of Medusa: ``default`` (fitted to the heads' measured accuracies
+    when they are known), ``fit:N`` (fitted with N nodes) or sibling counts per depth such as
+    ``4,2,1`` (``widths``). Checked by arithmetic alone: nothing is built, so a typo such as
+    300,300,300 fails at once. ``parse(str(x)) == x``."""
+
+    fit: int | None = None
+    widths: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.fit is not None and self.widths:
+            raise ValueError("tree: fit:N or widths, not both")
+        if self.fit is not None and (
+            isinstance(self.fit, bool)
+            or not isinstance(self.fit, int)
+            or not 1 <= self.fit <= MAX_DRAFT_TOKENS
+        ):
+            raise ValueError(f"tree: expected fit:N with N in 1..{MAX_DRAFT_TOKENS}, got {self}")
+        widths = self.widths
+        if len(widths) > MAX_TREE_DEPTH or not all(1 <= w <= MAX_TREE_WIDTH for w in widths):
             raise ValueError(
-                f"tree: {text!r} has more than {MAX_DRAFT_TOKENS} nodes; use fewer or narrower "
-                "levels, or fit:N"
+                f"tree: at most {MAX_TREE_DEPTH} levels of 1..{MAX_TREE_WIDTH} children, got {self}"
             )
+        nodes, level = 0, 1
+        for width in widths:
+            level *= width
+            nodes += level
+            if nodes > MAX_DRAFT_TOKENS:
+                raise ValueError(
+                    f"tree: {self} has more than {MAX_DRAFT_TOKENS} nodes; use fewer or "
+                    "narrower levels, or fit:N"
+                )
+
+    @classmethod
+    def parse(cls, text: str) -> MedusaTree:
+        if text == "default":
+            return cls()
+        # ASCII digits, no spaces, each number capped in length before it is converted.
+        if isinstance(text, str) and text.startswith("fit:"):
+            if not re.fullmatch(r"[0-9]{1,4}", text[4:]):
+                raise ValueError(
+                    f"tree: expected fit:N with N in 1..{MAX_DRAFT_TOKENS}, got {show_value(text)}"
+                )
+            return cls(fit=int(text[4:]))
+        parts = text.split(",") if isinstance(text, str) else [""]
+        if len(parts) > MAX_TREE_DEPTH or not all(re.fullmatch(r"[0-9]{1,4}", p) for p in parts):
+            raise ValueError(
+                f"tree: expected default, fit:N or at most {MAX_TREE_DEPTH} widths like "
+                f"4,2,1; got {show_value(text)}"
+            )
+        return cls(widths=tuple(int(part) for part in parts))
+
+    def __str__(self) -> str:
+        if self.fit is not None:
+            return f"fit:{self.fit}"
+        return ",".join(map(str, self.widths)) if self.widths else "default"
 
 
 def parse_tree(
-    text: str | None, num_heads: int, rank_accuracy: Sequence[Sequence[float]] | None = None
+    tree: MedusaTree | str | None,
+    num_heads: int,
+    rank_accuracy: Sequence[Sequence[float]] | None = None,
 ) -> TreeShape:
-    """``None`` or ``default``: fitted to the heads' measured accuracies with 16 nodes when
-    they are known, else ``default_tree``; ``fit:N``: fitted with N nodes; ``W1,W2,..``: a
+    """The tree shape of ``tree`` (a ``MedusaTree`` or its text; None is ``default``) for
+    ``num_heads`` heads: ``default`` is fitted to the heads' measured accuracies with 16 nodes
+    when they are known, else ``default_tree``; ``fit:N`` fitted with N nodes; widths give a
     full tree of those widths, at most one depth per head."""
-    if text is None or text == "default":
+    tree = MedusaTree.parse(tree) if isinstance(tree, str) else tree or MedusaTree()
+    if tree.fit is None and not tree.widths:
         if rank_accuracy:
             return fit_tree(rank_accuracy, DEFAULT_NODES)
         return default_tree(num_heads)
-    check_tree(text)
-    if text.startswith("fit:"):
-        nodes = int(text[4:])
+    if tree.fit is not None:
         if not rank_accuracy:
             raise ValueError("tree: fit:N needs heads with measured rank accuracies")
-        return fit_tree(rank_accuracy, nodes)
-    widths = [int(w) for w in text.split(",")]
-    if len(widths) > num_heads:
-        raise ValueError(f"tree: {len(widths)} levels but the heads predict only {num_heads}")
-    return TreeShape.from_branching(widths)
+        return fit_tree(rank_accuracy, tree.fit)
+    if len(tree.widths) > num_heads:
+        raise ValueError(f"tree: {len(tree.widths)} levels but the heads predict only {num_heads}")
+    return TreeShape.from_branching(list(tree.widths))

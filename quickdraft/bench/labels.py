@@ -1,0 +1,126 @@
+"""The bench's method labels: ``ar,draft_model@3,eagle@6.4.10p0.1+5,lookahead@4.4.3``.
+
+Every registered method takes ``name[@K]`` (k from the label, else the bench's ``--k``, else
+the method's default). Methods whose options have a shorter form here get a parser in
+``LABELS``, keyed by method name:
+
+- ``draft_model[@K][+SHORTLIST]``: ``draft_model@5+dyna-pa:32``;
+- ``medusa[@W.W.W]``: the tree's sibling counts per depth, ``medusa@4.2.1``;
+- ``eagle[@D.K.N[pMIN_PROB]][+LOOKUP][+SHORTLIST]``: the dynamic tree (``eagle@6.4.10p0.1``
+  is ``--tree 6,4,10,0.1``), the prompt-lookup tokens grafted on (``+0``: none) and the
+  head's shortlist; a number after ``+`` is the lookup, anything else a shortlist;
+- ``lookahead[@W.N.G]``: ``lookahead@4.4.3``.
+
+A parser turns a label into (the label as reported, the method's option fields as text); the
+option classes parse those, so the label syntax is only a spelling of the option's text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from quickdraft.config import SpecConfig
+from quickdraft.drafters import registry
+
+Parsed = tuple[str, dict[str, Any]]
+
+
+def k_label(name: str, text: str, k: int | None, default_k: int) -> Parsed:
+    """``name[@K]``: k from the label, else ``k``, else the default."""
+    try:
+        chosen = int(text) if text else (default_k if k is None else k)
+    except ValueError:
+        raise ValueError(f"the number after @ must be an integer, got {text!r}") from None
+    return f"{name} k={chosen}", {"num_speculative_tokens": chosen}
+
+
+def _draft_model(text: str, k: int | None) -> Parsed:
+    text, _, shortlist = text.partition("+")
+    label, fields = k_label("draft_model", text, k, 4)
+    if shortlist:
+        label, fields = f"{label} {shortlist}", {**fields, "draft_shortlist": shortlist}
+    return label, fields
+
+
+def _medusa(text: str, k: int | None) -> Parsed:
+    tree = text.replace(".", ",") if text else "default"
+    return "medusa" + (f" tree={text}" if text else ""), {"tree": tree}
+
+
+def _eagle(text: str, k: int | None) -> Parsed:
+    label_tree, *extras = text.split("+")
+    shape, _, min_prob = label_tree.partition("p")
+    tree = shape.replace(".", ",") + (f",{min_prob}" if min_prob else "") if shape else "default"
+    fields: dict[str, Any] = {"tree": tree}
+    label = "eagle" + (f" tree={tree}" if label_tree else "")
+    for extra in extras:
+        key = "eagle_lookup" if extra.isdigit() else "draft_shortlist"
+        if key in fields:
+            raise ValueError(
+                "eagle takes at most one +N (the prompt-lookup tokens grafted onto its tree) and "
+                "one +SHORTLIST, such as eagle@6.4.10p0.1+5+dyna-pa:8"
+            )
+        fields[key] = int(extra) if key == "eagle_lookup" else extra
+        label += f" lookup={extra}" if key == "eagle_lookup" else f" {extra}"
+    return label, fields
+
+
+def _lookahead(text: str, k: int | None) -> Parsed:
+    try:
+        values = [int(v) for v in text.split(".")] if text else []
+        if values and len(values) != 3:
+            raise ValueError
+    except ValueError:
+        raise ValueError("lookahead takes @W.N.G, such as lookahead@4.4.3") from None
+    names = ("lookahead_window", "lookahead_ngram", "lookahead_candidates")
+    return "lookahead" + (f" W.N.G={text}" if text else ""), dict(zip(names, values, strict=False))
+
+
+LABELS: dict[str, Callable[[str, int | None], Parsed]] = {
+    "ar": lambda text, k: ("ar", {}),
+    "draft_model": _draft_model,
+    "medusa": _medusa,
+    "eagle": _eagle,
+    "lookahead": _lookahead,
+}
+
+
+def parse_label(part: str, k: int | None = None) -> tuple[str, SpecConfig]:
+    """One label (``eagle@3.1.3+0``) -> (the label as reported, its spec)."""
+    match = re.match(r"[A-Za-z0-9_]*", part)
+    name = match.group(0) if match else ""
+    rest = part[len(name) :].removeprefix("@")
+    try:
+        entry = registry.get(name)
+    except ValueError as error:
+        raise ValueError(f"methods: unknown method {name!r}; {error}") from None
+    try:
+        parser = LABELS.get(entry.name)
+        if parser is None:
+            label, fields = k_label(entry.name, rest, k, entry.default_k)
+        else:
+            label, fields = parser(rest, k)
+        return label, registry.make_spec(entry.name, **fields)
+    except ValueError as error:
+        raise ValueError(f"methods: {part!r}: {error}") from None
+
+
+def label_of(spec: SpecConfig) -> str:
+    """The label a spec of the built-in trained methods is reported under (what the bench
+    called it), for priors measured by the bench; the method's name for others."""
+    entry, options = registry.resolve(spec)
+    if entry.name == "eagle":
+        shape = options.tree.shape  # type: ignore[attr-defined]
+        lookup = options.eagle_lookup  # type: ignore[attr-defined]
+        shortlist = options.draft_shortlist  # type: ignore[attr-defined]
+        text = "" if shape is None else f"{shape.depth}.{shape.topk}.{shape.tokens}"
+        text += f"p{shape.min_prob!r}" if shape is not None and shape.min_prob else ""
+        text += "" if lookup is None else f"+{lookup}"
+        text += "" if shortlist.full else f"+{shortlist}"
+        return _eagle(text, None)[0]
+    if entry.name == "medusa":
+        tree = str(options.tree)  # type: ignore[attr-defined]
+        return "medusa" if tree == "default" else f"medusa tree={tree}"
+    return entry.name

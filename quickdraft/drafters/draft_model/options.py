@@ -1,0 +1,36 @@
+"""The draft_model method's options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quickdraft.config import MethodOptions, check_path, check_temperature, parsed
+from quickdraft.vocab.choice import FULL, ShortlistChoice
+
+
+@dataclass(frozen=True, slots=True)
+class DraftModelOptions(MethodOptions):
+    """draft_temperature: the draft model's own sampling temperature; None means the
+        target's. Any value keeps the output exact (the draft's probabilities are what the
+        rule divides by); a cooler draft is often accepted more often.
+    draft_shortlist: the draft model's head shortlist (``ShortlistChoice``: ``full``,
+        ``fr:K``, ``dyna-pa:K``, ...); exact, the target always verifies over the full
+        vocabulary.
+    shortlist_dir: the folder of the shortlist's artifacts; None uses those shipped for the
+        draft model.
+    """
+
+    draft_temperature: float | None = None
+    draft_shortlist: ShortlistChoice = FULL
+    shortlist_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.draft_temperature is not None:
+            check_temperature("draft_temperature", self.draft_temperature)
+            object.__setattr__(self, "draft_temperature", float(self.draft_temperature))
+        object.__setattr__(
+            self,
+            "draft_shortlist",
+            parsed("draft_shortlist", self.draft_shortlist, ShortlistChoice),
+        )
+        check_path("shortlist_dir", self.shortlist_dir)

@@ -1,0 +1,41 @@
+"""The medusa method's options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quickdraft.config import MethodOptions, check_flag, check_path, parsed
+from quickdraft.drafters.medusa.tree import MedusaTree
+from quickdraft.vocab.choice import FULL, ShortlistChoice
+
+DEFAULT = MedusaTree()  # fitted to the heads' accuracies when they are known
+
+
+@dataclass(frozen=True, slots=True)
+class MedusaOptions(MethodOptions):
+    """medusa_dir: the folder of trained heads (``quickdraft train medusa``); None uses those
+        shipped for the target.
+    tree: the draft tree (``MedusaTree``): ``default`` (a sparse tree fitted to the heads),
+        ``fit:N`` or sibling counts per depth such as ``4,2,1``.
+    draft_shortlist, shortlist_dir: the heads score these rows of the target's head
+        (``ShortlistChoice``); None uses the artifacts shipped for the target.
+    drafter_int8: int8 weights (per output channel) for the heads and their head rows, on
+        CPU; exact, only the proposals can shift. Ignored on other devices.
+    """
+
+    medusa_dir: str | None = None
+    tree: MedusaTree = DEFAULT
+    draft_shortlist: ShortlistChoice = FULL
+    shortlist_dir: str | None = None
+    drafter_int8: bool = True
+
+    def __post_init__(self) -> None:
+        check_path("medusa_dir", self.medusa_dir)
+        object.__setattr__(self, "tree", parsed("tree", self.tree, MedusaTree))
+        object.__setattr__(
+            self,
+            "draft_shortlist",
+            parsed("draft_shortlist", self.draft_shortlist, ShortlistChoice),
+        )
+        check_path("shortlist_dir", self.shortlist_dir)
+        check_flag("drafter_int8", self.drafter_int8)
