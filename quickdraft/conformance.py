@@ -58,6 +58,7 @@ EAGLE_SHORTLIST_ROWS = ("fr:4", "fr-pa:6", "dyna:2", "dyna-pa:2")
 # Lookahead rows: the toy target itself runs the Jacobi window (W 2, 3 levels) beside up to 2
 # pool candidates of 3 tokens (N 4); pool and window change with every step.
 LOOKAHEAD_ROWS = ("lookahead:2,4,2",)
+MIN_SAMPLES = 2
 # Serving rows: the engine's table holds this many rows, far fewer than the samples, so
 # requests wait, join at every step as others leave, and arrive in random bursts.
 SERVING_ROWS = 1024
@@ -218,6 +219,11 @@ def run_case(
     deliberately broken ones to check that the test has the power to catch them. device: where
     the EAGLE rows' tiny Llama runs (the n-gram toys are the host's).
     """
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < MIN_SAMPLES:
+        raise ValueError(
+            f"samples must be an integer of at least {MIN_SAMPLES} (a serving row tests two "
+            f"sampling settings, each on its share), got {samples!r}"
+        )
     start = time.perf_counter()
     target, draft = toy_pair(seed)
     if case.tree.startswith("eagle"):
@@ -313,12 +319,16 @@ def _serve(
     ]
     prompts = [PROMPT, (5, *PROMPT), (0, 6, 2, *PROMPT)]
     chooser = random.Random(seed)
+    # Each setting gets half the requests, in a shuffled order: a random choice per request
+    # could leave one setting without rows when the samples are few.
+    order = [index % len(settings) for index in range(samples)]
+    chooser.shuffle(order)
     setting_of: dict[str, int] = {}
     outputs: dict[str, RequestOutput] = {}
     while len(setting_of) < samples or engine.has_unfinished():
         burst = min(chooser.randint(0, 2 * SERVING_ROWS // 3), samples - len(setting_of))
         for _ in range(burst):
-            which = chooser.randrange(2)
+            which = order[len(setting_of)]
             rid = engine.add_request(chooser.choice(prompts), settings[which])
             setting_of[rid] = which
         outputs.update((o.request_id, o) for o in engine.step() if o.finished)

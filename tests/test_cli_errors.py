@@ -94,6 +94,23 @@ def files(tmp_path_factory, smollm2):
         made[name] = broken
     made["bad_prompts"] = root / "prompts.jsonl"
     made["bad_prompts"].write_text('{"prompt": "ok"}\n{broken\n')
+    made["string_messages"] = root / "string_messages.jsonl"
+    made["string_messages"].write_text('{"messages": "hello"}\n')
+    made["role_less"] = root / "role_less.jsonl"
+    made["role_less"].write_text('{"messages": [{"content": "hi"}]}\n')
+    # A config transformers refuses (hidden size not a multiple of the heads), no weights.
+    invalid = root / "invalid_config"
+    invalid.mkdir()
+    config = json.loads((folder / "config.json").read_text())
+    (invalid / "config.json").write_text(json.dumps({**config, "hidden_size": 30}))
+    made["invalid_config"] = invalid
+    # A draft whose tokenizer is larger than its embedding table.
+    small = root / "small_vocab"
+    small.mkdir()
+    for item in folder.iterdir():
+        (small / item.name).write_bytes(item.read_bytes())
+    (small / "config.json").write_text(json.dumps({**config, "vocab_size": 101}))
+    made["small_vocab"] = small
     return made
 
 
@@ -181,6 +198,22 @@ def invocations(f) -> list[list[str]]:
         ["pick", "--calibrate", str(f["bad_prompts"])],
         ["pick", "--methods", "bogus"],
         ["pick", "--temperature", "-2"],
+        ["pick", "--draft-gb", "nan"],
+        ["pick", "--memory-gb", "inf"],
+        ["bench", "--methods", "", "--out", out],
+        ["conformance", "--samples", "1"],
+        [*gen, "--max-new-tokens", " 5"],
+        [*gen, "-k", "\u0663"],
+        [*gen, "--method", "medusa", "--tree", "9" * 10000],
+        [*gen, "--shortlist", " fr:32"],
+        [*gen, "--shortlist", "fr:\u00b2"],
+        [*gen, "--method", "eagle", "--eagle-dir", "a\x00b"],
+        [*gen, "--target", str(f["invalid_config"])],
+        [*gen, "--method", "draft_model", "--draft", str(f["small_vocab"])],
+        ["train", "medusa", "--target", "smollm2-135m", "--data", str(f["string_messages"]),
+         "--out", out],
+        ["train", "medusa", "--target", "smollm2-135m", "--data", str(f["role_less"]),
+         "--out", out],
     ]  # fmt: skip
 
 

@@ -284,3 +284,13 @@ def test_sampled_candidates_judged_as_point_masses_stay_exact_but_accept_less():
     informed = run_case(TREE_CASE, samples=50_000, seed=1)
     assert blind.p_value >= 1e-3 and informed.p_value >= 1e-3
     assert informed.mean_accepted_length > blind.mean_accepted_length + 0.5
+
+
+def test_a_serving_row_gives_each_sampling_setting_its_share_of_few_samples():
+    """Requests alternate between two sampling settings; with few samples a random choice per
+    request could leave one setting none (and its test an empty tensor)."""
+    serving = next(case for case in quick_cases() if case.serving and not case.tree)
+    result = run_case(serving, samples=5, seed=3)
+    assert result.samples == 5
+    with pytest.raises(ValueError, match="samples"):
+        run_case(serving, samples=1)

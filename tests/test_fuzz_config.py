@@ -3,6 +3,7 @@ registered method's options, given flat to ``make_spec`` as the command line and
 give them): a bad value raises ValueError naming its field within 100 ms; an accepted one runs
 a short toy generation."""
 
+import math
 import random
 import time
 from dataclasses import fields
@@ -15,9 +16,12 @@ from quickdraft import SamplingParams, SpecConfig, generate
 from quickdraft.drafters import registry
 from quickdraft.drafters.eagle.io import save_eagle
 from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
+from quickdraft.drafters.eagle.tree import EagleTree
 from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads, save_heads
+from quickdraft.drafters.medusa.tree import MedusaTree
 from quickdraft.drafters.registry import make_spec, spec_fields
 from quickdraft.toys import TOY_VOCAB, toy_llama
+from quickdraft.vocab.choice import ShortlistChoice
 
 # Values of every type and range the fields meet in the wild: edges, overflows, typos.
 EDGES = [
@@ -150,3 +154,52 @@ def test_every_spec_value_is_rejected_by_name_or_generates(toy):
 
 def _as_fields(config) -> dict:
     return {f.name: getattr(config, f.name) for f in fields(config)}
+
+
+def random_texts(count: int, seed: int) -> list[str]:
+    """Strings near the options' forms: digits of every script, separators, spaces, signs,
+    huge numbers, and fragments of valid texts glued together."""
+    pieces = ["4", "12", "0", "0.1", ".5", "1e-3", "-1", "+3", "fit:", "fr:", "dyna-pa:",
+              "full", "default", ",", ".", ":", " ", "\t", "\x00", "\u0663", "\u00b2",
+              "\uff11", "9" * 40, "nan", "inf", "_", "p", "e", "x"]  # fmt: skip
+    generator = random.Random(seed)
+    return ["".join(generator.choice(pieces) for _ in range(generator.randint(0, 7)))
+            for _ in range(count)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("field", "parse"),
+    [
+        ("tree", EagleTree.parse),
+        ("tree", MedusaTree.parse),
+        ("draft_shortlist", ShortlistChoice.parse),
+    ],
+)
+def test_every_option_text_parses_or_names_its_field(field, parse):
+    parsed = 0
+    for text in random_texts(3000, seed=len(field)):
+        try:
+            value = parse(text)
+        except ValueError as error:
+            assert str(error).startswith(field), (text, error)
+            assert "\n" not in str(error)
+            continue
+        parsed += 1
+        assert parse(str(value)) == value, text  # what parses, writes itself back
+        assert str(value).isascii() and " " not in str(value)
+    assert parsed > 0
+
+
+def test_command_line_numbers_are_ascii_and_finite():
+    import argparse
+
+    from quickdraft.cli.common import finite_float, strict_int
+
+    for text in random_texts(3000, seed=5):
+        for parse in (strict_int, finite_float):
+            try:
+                value = parse(text)
+            except argparse.ArgumentTypeError as error:
+                assert "expected" in str(error)
+                continue
+            assert text.isascii() and text.strip() == text and math.isfinite(value), text

@@ -36,8 +36,11 @@ def parse_methods(text: str, k: int | None = None) -> list[MethodRun]:
     with '@K' for chains ('draft_model@3'; ``k`` or the method's default k otherwise) and each
     method's own forms ('medusa@4.2.1', 'eagle@6.4.10p0.1+5', 'lookahead@4.4.3',
     'draft_model@5+dyna-pa:32'). ar always runs, first."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError("methods: name at least one method, such as ar,ngram,eagle")
     runs: dict[str, MethodRun] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
+    for part in parts:
         label, spec = parse_label(part, k)
         runs[label] = MethodRun(label, spec)
     runs.setdefault("ar", MethodRun("ar", SpecConfig(method=Method.AR)))

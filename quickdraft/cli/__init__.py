@@ -14,7 +14,7 @@ from typing import NoReturn
 from quickdraft.artifacts import check_output
 from quickdraft.cli.bench import _add_bench, _add_pick, _bench, _pick
 from quickdraft.cli.checks import _conformance, _demo, _theory
-from quickdraft.cli.common import _positive_int
+from quickdraft.cli.common import _positive_int, finite_float, strict_int
 from quickdraft.cli.data import _add_data, _data
 from quickdraft.cli.export import _add_export, _export
 from quickdraft.cli.generate import _add_generate, _generate
@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     conformance.add_argument(
         "--samples", type=_positive_int, default=50_000, help="sequences per case (default 50000)"
     )
-    conformance.add_argument("--seed", type=int, default=0)
+    conformance.add_argument("--seed", type=strict_int, default=0)
     conformance.add_argument(
         "--full",
         action="store_true",
@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     conformance.add_argument(
         "--alpha",
-        type=float,
+        type=finite_float,
         default=1e-3,
         help="fail a case whose p-value is below this (default 1e-3)",
     )
@@ -66,13 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     theory.add_argument("--out", type=Path, required=True, help="directory for PNGs and JSON")
     theory.add_argument(
         "--draft-cost",
-        type=float,
+        type=finite_float,
         default=0.1,
         help="draft forward / target decode step (default 0.1)",
     )
     theory.add_argument(
         "--verify-slope",
-        type=float,
+        type=finite_float,
         default=0.0,
         help="extra verify cost per token, in decode steps (0: GPU-like)",
     )
@@ -82,10 +82,10 @@ def _parser() -> argparse.ArgumentParser:
         default=10_000,
         help="speculative steps per draft quality (default 10000)",
     )
-    theory.add_argument("--seed", type=int, default=0)
+    theory.add_argument("--seed", type=strict_int, default=0)
 
     demo = commands.add_parser("demo", help="speculative generation on toy models, with stats")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=strict_int, default=0)
 
     _add_generate(commands)
     _add_serve(commands)

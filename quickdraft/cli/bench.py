@@ -16,6 +16,8 @@ from quickdraft.cli.common import (
     _threads,
     add_quant,
     console,
+    finite_float,
+    strict_int,
 )
 
 
@@ -47,13 +49,13 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--eagle-dir", default=None, help="EAGLE drafter (default: the one shipped for --target)"
     )
-    bench.add_argument("-k", "--num-speculative-tokens", type=int, default=None)
+    bench.add_argument("-k", "--num-speculative-tokens", type=strict_int, default=None)
     bench.add_argument("--tasks", default="all", help="all, or a comma-separated list")
     bench.add_argument("--prompts-per-task", type=_positive_int, default=3)
     bench.add_argument("--max-new-tokens", type=_positive_int, default=64)
-    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--temperature", type=finite_float, default=0.0)
     bench.add_argument("--repeats", type=_positive_int, default=1)
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--seed", type=strict_int, default=0)
     bench.add_argument("--threads", type=_threads, default=None)
     bench.add_argument(
         "--no-chat",
@@ -220,13 +222,16 @@ def _add_pick(commands: argparse._SubParsersAction) -> None:
         help="where drafters are exported for other engines (default: ./exported)",
     )
     pick.add_argument("--task", default="other", choices=[*TASK_KINDS, "other"])
-    pick.add_argument("--temperature", type=float, default=0.0)
-    pick.add_argument("--output-tokens", type=int, default=256, help="typical output length")
-    pick.add_argument("--concurrency", type=int, default=1, help="requests decoded together")
+    pick.add_argument("--temperature", type=finite_float, default=0.0)
+    pick.add_argument("--output-tokens", type=strict_int, default=256, help="typical output length")
+    pick.add_argument("--concurrency", type=strict_int, default=1, help="requests decoded together")
     pick.add_argument(
-        "--memory-gb", type=float, default=None, help="memory free for a drafter (default: plenty)"
+        "--memory-gb",
+        type=finite_float,
+        default=None,
+        help="memory free for a drafter (default: plenty)",
     )
-    pick.add_argument("--draft-gb", type=float, default=1.0, help="the draft model's size")
+    pick.add_argument("--draft-gb", type=finite_float, default=1.0, help="the draft model's size")
     pick.add_argument(
         "--methods",
         default=None,

@@ -27,6 +27,10 @@ def _conformance(args: argparse.Namespace) -> int:
         raise ValueError(f"alpha must be a p-value threshold in (0, 1), got {args.alpha}")
     if not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"seed must be in 0..{MAX_SEED}, got {args.seed}")
+    from quickdraft.conformance import MIN_SAMPLES
+
+    if args.samples < MIN_SAMPLES:
+        raise ValueError(f"--samples must be at least {MIN_SAMPLES}, got {args.samples}")
     if args.samples < POWERFUL_SAMPLES:
         print(
             f"warning: --samples {args.samples} gives the test little power: the suite's broken "

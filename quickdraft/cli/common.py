@@ -4,6 +4,8 @@ its drafter."""
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -19,8 +21,26 @@ if TYPE_CHECKING:
 console = Console(width=None if sys.stdout.isatty() else 120)
 
 
+def strict_int(text: str) -> int:
+    """An integer written in ASCII digits (a sign allowed), no spaces, at most 18 digits: int()
+    alone would take ' 5', '1_000' and other scripts' digits, and ten thousand digits."""
+    if not re.fullmatch(r"[-+]?[0-9]{1,18}", text):
+        raise argparse.ArgumentTypeError(f"expected an integer in ASCII digits, got {text!r}")
+    return int(text)
+
+
+def finite_float(text: str) -> float:
+    """A finite decimal number (nan and inf refused), in ASCII, no spaces."""
+    if not re.fullmatch(r"[-+]?([0-9]{1,18}(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]{1,3})?", text):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = strict_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
@@ -28,7 +48,7 @@ def _positive_int(text: str) -> int:
 
 def _threads(text: str) -> int:
     """A torch thread count: 1..1024."""
-    value = int(text)
+    value = strict_int(text)
     if not 1 <= value <= 1024:
         raise argparse.ArgumentTypeError(f"must be in 1..1024, got {value}")
     return value

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from quickdraft.cli.common import _positive_int, _progress_columns, _stages, _threads, console
+from quickdraft.cli.common import (
+    _positive_int,
+    _progress_columns,
+    _stages,
+    _threads,
+    console,
+    finite_float,
+    strict_int,
+)
 
 
 def _add_data(commands: argparse._SubParsersAction) -> None:
@@ -34,7 +42,7 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
         default=24_000_000,
         help="characters taken from each source at most (default 24M, about 6M tokens)",
     )
-    corpus.add_argument("--seed", type=int, default=0, help="the order files are taken in")
+    corpus.add_argument("--seed", type=strict_int, default=0, help="the order files are taken in")
 
     prompt_kinds = {
         "code-prompts": (
@@ -63,7 +71,7 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
             "--out", dest="out_file", type=Path, required=True, help="the .jsonl file written"
         )
         prompts.add_argument("--count", type=_positive_int, default=500)
-        prompts.add_argument("--seed", type=int, default=0, help=seed_help)
+        prompts.add_argument("--seed", type=strict_int, default=0, help=seed_help)
 
     regenerate = kinds.add_parser(
         "regenerate",
@@ -80,7 +88,7 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     )
     regenerate.add_argument("--max-new-tokens", type=_positive_int, default=256)
     regenerate.add_argument(
-        "--temperature", type=float, default=0.0, help="0: greedy replies (default)"
+        "--temperature", type=finite_float, default=0.0, help="0: greedy replies (default)"
     )
     regenerate.add_argument("--batch-size", type=_positive_int, default=8)
     regenerate.add_argument("--limit", type=_positive_int, default=None, help="prompts at most")
@@ -91,7 +99,7 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
         help="int8 weights for the target (faster on CPU; the replies are then the int8 "
         "model's; default off)",
     )
-    regenerate.add_argument("--seed", type=int, default=0)
+    regenerate.add_argument("--seed", type=strict_int, default=0)
     regenerate.add_argument("--threads", type=_threads, default=None)
 
 

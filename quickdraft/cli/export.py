@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from quickdraft.cli.common import console
+from quickdraft.cli.common import console, strict_int
 
 
 def _add_export(commands: argparse._SubParsersAction) -> None:
@@ -49,7 +49,7 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     )
     token_map.add_argument("--shortlist-dir", type=Path, required=True)
     which = token_map.add_mutually_exclusive_group(required=True)
-    which.add_argument("--fr", type=int, metavar="K", help="the K most frequent tokens")
+    which.add_argument("--fr", type=strict_int, metavar="K", help="the K most frequent tokens")
     which.add_argument(
         "--core", action="store_true", help="a DynaSpec artifact's core (its unclustered tokens)"
     )

@@ -7,7 +7,15 @@ from typing import Any
 
 from rich.text import Text
 
-from quickdraft.cli.common import _threads, add_quant, auto_method, console, load_speculation
+from quickdraft.cli.common import (
+    _threads,
+    add_quant,
+    auto_method,
+    console,
+    finite_float,
+    load_speculation,
+    strict_int,
+)
 
 DEFAULT_PROMPT = (
     "Write a Python function is_palindrome(text) that ignores case and "
@@ -48,19 +56,21 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument(
         "-k",
         "--num-speculative-tokens",
-        type=int,
+        type=strict_int,
         default=None,
         help="draft tokens per step (default: the method's, 4 for draft_model, 5 for ngram)",
     )
     generate.add_argument(
         "--acceptance", default="rejection_sampling", choices=[rule.value for rule in AcceptRule]
     )
-    generate.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
-    generate.add_argument("--top-k", type=int, default=0)
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--max-new-tokens", type=int, default=128)
-    generate.add_argument("--seed", type=int, default=None)
-    generate.add_argument("--draft-temperature", type=float, default=None)
+    generate.add_argument(
+        "--temperature", type=finite_float, default=0.0, help="0 is greedy (default)"
+    )
+    generate.add_argument("--top-k", type=strict_int, default=0)
+    generate.add_argument("--top-p", type=finite_float, default=1.0)
+    generate.add_argument("--max-new-tokens", type=strict_int, default=128)
+    generate.add_argument("--seed", type=strict_int, default=None)
+    generate.add_argument("--draft-temperature", type=finite_float, default=None)
     generate.add_argument(
         "--draft-int8",
         action=argparse.BooleanOptionalAction,
@@ -101,7 +111,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     )
     generate.add_argument(
         "--eagle-lookup",
-        type=int,
+        type=strict_int,
         default=None,
         help="eagle: the most prompt-lookup tokens grafted onto each draft tree (default 5; "
         "0 drafts with the EAGLE network alone)",
@@ -113,12 +123,12 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     ):
         generate.add_argument(
             f"--lookahead-{name}",
-            type=int,
+            type=strict_int,
             default=None,
             help=f"lookahead: the {what} (default: measured for the device)",
         )
-    generate.add_argument("--prompt-lookup-min", type=int, default=1)
-    generate.add_argument("--prompt-lookup-max", type=int, default=3)
+    generate.add_argument("--prompt-lookup-min", type=strict_int, default=1)
+    generate.add_argument("--prompt-lookup-max", type=strict_int, default=3)
     generate.add_argument("--threads", type=_threads, default=None, help="torch intra-op threads")
     generate.add_argument("--device", default="cpu")
     generate.add_argument("--backend", default="auto", choices=["auto", "native", "hf"])

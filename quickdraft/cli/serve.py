@@ -17,7 +17,9 @@ from quickdraft.cli.common import (
     auto_method,
     console,
     default_shortlist,
+    finite_float,
     load_speculation,
+    strict_int,
 )
 
 # Keys of --speculative-config besides the methods' options: the spec's own fields, and the
@@ -55,7 +57,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         "speculation",
     )
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=strict_int, default=8000)
     serve.add_argument(
         "--api-key",
         default=os.environ.get("QUICKDRAFT_API_KEY"),
@@ -72,7 +74,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--max-queue",
-        type=int,
+        type=strict_int,
         default=64,
         help="requests waiting for a row beyond --max-batch; more get 429 (default 64)",
     )
@@ -90,13 +92,13 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--request-timeout",
-        type=float,
+        type=finite_float,
         default=600.0,
         help="seconds before a request is aborted (default 600)",
     )
     serve.add_argument(
         "--shutdown-grace",
-        type=float,
+        type=finite_float,
         default=30.0,
         help="seconds running requests get to finish after SIGTERM (default 30)",
     )
@@ -113,7 +115,9 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         action="store_false",
         help="serve no playground page at / and run every request with the served method",
     )
-    serve.add_argument("--seed", type=int, default=None, help="seeds unseeded requests' draws")
+    serve.add_argument(
+        "--seed", type=strict_int, default=None, help="seeds unseeded requests' draws"
+    )
     serve.add_argument("--threads", type=_threads, default=None, help="torch intra-op threads")
     serve.add_argument("--device", default="cpu")
     serve.add_argument("--backend", default="auto", choices=["auto", "native", "hf"])

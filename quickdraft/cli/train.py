@@ -7,7 +7,15 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quickdraft.cli.common import _positive_int, _progress_columns, _stages, _threads, console
+from quickdraft.cli.common import (
+    _positive_int,
+    _progress_columns,
+    _stages,
+    _threads,
+    console,
+    finite_float,
+    strict_int,
+)
 
 if TYPE_CHECKING:
     from quickdraft.train.common import Scaling
@@ -78,7 +86,7 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     router.add_argument("--clusters", type=_positive_int, default=64, help="M (default 64)")
     router.add_argument(
         "--core",
-        type=int,
+        type=strict_int,
         default=16384,
         help="most frequent tokens always in a DynaSpec shortlist, outside the clusters "
         "(default 16384; 0 clusters the whole vocabulary as in the paper)",
@@ -92,7 +100,7 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     router.add_argument("--max-tokens", type=_positive_int, default=384)
     router.add_argument("--epochs", type=_positive_int, default=8)
     router.add_argument("--batch-size", type=_positive_int, default=256)
-    router.add_argument("--lr", type=float, default=2e-3)
+    router.add_argument("--lr", type=finite_float, default=2e-3)
     router.add_argument("--width", type=_positive_int, default=512, help="router hidden width")
     router.add_argument(
         "--int8",
@@ -102,7 +110,7 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     )
     router.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     router.add_argument("--threads", type=_threads, default=None)
-    router.add_argument("--seed", type=int, default=0)
+    router.add_argument("--seed", type=strict_int, default=0)
 
     medusa = kinds.add_parser(
         "medusa",
@@ -136,17 +144,17 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     medusa.add_argument("--max-tokens", type=_positive_int, default=512)
     medusa.add_argument("--epochs", type=_positive_int, default=2)
     medusa.add_argument("--batch-size", type=_positive_int, default=32)
-    medusa.add_argument("--lr", type=float, default=1e-3)
+    medusa.add_argument("--lr", type=finite_float, default=1e-3)
     medusa.add_argument(
         "--train-vocab",
-        type=int,
+        type=strict_int,
         default=0,
         help="score only the N most frequent target tokens in the loss (0: all, the default); "
         "the heads still rank the whole vocabulary when drafting",
     )
     medusa.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     medusa.add_argument("--threads", type=_threads, default=None)
-    medusa.add_argument("--seed", type=int, default=0)
+    medusa.add_argument("--seed", type=strict_int, default=0)
     _add_scaling(medusa)
     _add_train_eagle(kinds)
 
@@ -219,18 +227,18 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
     eagle.add_argument("--max-tokens", type=_positive_int, default=512)
     eagle.add_argument(
         "--context",
-        type=int,
+        type=strict_int,
         default=None,
         help="prompt tokens kept before each reply as the draft's context (default: the whole "
         "prompt; a smaller value shrinks the feature cache)",
     )
-    eagle.add_argument("--max-cache-gb", type=float, default=8.0)
+    eagle.add_argument("--max-cache-gb", type=finite_float, default=8.0)
     eagle.add_argument("--epochs", type=_positive_int, default=3)
     eagle.add_argument("--batch-size", type=_positive_int, default=8, help="sequences")
-    eagle.add_argument("--lr", type=float, default=1e-3)
+    eagle.add_argument("--lr", type=finite_float, default=1e-3)
     eagle.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     eagle.add_argument("--threads", type=_threads, default=None)
-    eagle.add_argument("--seed", type=int, default=0)
+    eagle.add_argument("--seed", type=strict_int, default=0)
     eagle.add_argument(
         "--init",
         type=Path,

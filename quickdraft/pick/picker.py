@@ -66,8 +66,12 @@ class Workload:
             raise ValueError(f"output_tokens must be >= 1, got {self.output_tokens}")
         if not 1 <= self.concurrency <= MAX_BATCH:
             raise ValueError(f"concurrency must be in 1..{MAX_BATCH}, got {self.concurrency}")
-        if self.memory_gb is not None and not self.memory_gb >= 0:
-            raise ValueError(f"memory_gb must be >= 0, got {self.memory_gb}")
+        if self.memory_gb is not None and not (
+            math.isfinite(self.memory_gb) and self.memory_gb >= 0
+        ):
+            raise ValueError(f"memory_gb must be a finite number >= 0, got {self.memory_gb}")
+        if not (math.isfinite(self.draft_gb) and self.draft_gb >= 0):
+            raise ValueError(f"draft_gb must be a finite number >= 0, got {self.draft_gb}")
         if self.methods is not None:
             registered = registry.names()
             unknown = [m for m in self.methods if m not in registered]

@@ -49,11 +49,36 @@ def read_records(paths: list[str | Path]) -> list[dict]:
 def _file_records(file: Path) -> Iterator[dict]:
     if file.suffix == ".jsonl":
         for number, record in jsonl_objects(file, "data"):
-            if "messages" not in record and "text" not in record:
-                raise ValueError(f"data: {file}:{number} has neither 'messages' nor 'text'")
+            check_record(record, f"{file}:{number}")
             yield record
     elif file.suffix in TEXT_SUFFIXES:
         yield {"text": file.read_text(encoding="utf-8", errors="replace"), "kind": file.suffix}
+
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_record(record: dict, where: str) -> None:
+    """A training record: ``text`` (a string) or ``messages`` (a list of objects, each with a
+    ``role`` among ``ROLES`` and string ``content``); a ValueError naming the file, line and
+    field otherwise."""
+    if "messages" not in record and "text" not in record:
+        raise ValueError(f"data: {where} has neither 'messages' nor 'text'")
+    if "messages" not in record:
+        if not isinstance(record["text"], str):
+            raise ValueError(f"data: {where}: 'text' must be a string")
+        return
+    messages = record["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"data: {where}: 'messages' must be a non-empty list of messages")
+    for index, message in enumerate(messages):
+        field = f"data: {where}: messages[{index}]"
+        if not isinstance(message, dict):
+            raise ValueError(f"{field} must be an object with 'role' and 'content'")
+        if message.get("role") not in ROLES:
+            raise ValueError(f"{field}.role must be one of {', '.join(ROLES)}")
+        if not isinstance(message.get("content"), str):
+            raise ValueError(f"{field}.content must be a string")
 
 
 def jsonl_objects(path: Path, field: str) -> Iterator[tuple[int, dict]]:
