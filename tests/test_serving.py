@@ -14,6 +14,7 @@ from quickdraft.drafters.eagle.drafter import EagleDrafter
 from quickdraft.drafters.eagle.tree import DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
 from quickdraft.drafters.medusa.drafter import MedusaDrafter
+from quickdraft.engine.requests import Status
 from quickdraft.models.llama import LlamaRunner
 
 PROMPTS = [
@@ -203,10 +204,10 @@ def test_drafters_follow_along_through_undrafted_steps_and_short_joiners(target)
             out.update((o.request_id, o) for o in engine.step() if o.finished)
             if method == "eagle" and engine.scheduler.running:
                 # One entry per committed token, counting the features still waiting.
-                running = engine.scheduler.running
-                text = engine.rows.lengths[:running]
-                waiting = [sum(h.shape[0] for h, _ in row) for row in drafter._fresh[:running]]
-                entries = drafter.cache.lengths[:running] + torch.tensor(waiting)
+                slots = [r.slot for r in engine.scheduler.held(Status.RUNNING)]
+                text = engine.rows.lengths[slots]
+                waiting = [sum(h.shape[0] for h, _ in drafter._fresh[s]) for s in slots]
+                entries = drafter.cache.lengths[slots] + torch.tensor(waiting)
                 assert torch.equal(entries, text - 1), step
             step += 1
         for rid, prompt in (("a", PROMPTS[0]), ("b", PROMPTS[1]), ("c", [7])):

@@ -5,7 +5,8 @@ committed length, but does not advance that length: the engine decides afterward
 to keep (``commit``). Rejected tokens are then simply never committed, and ``rollback`` moves the
 pointer back when a caller wants to recompute entries it had kept.
 
-A row of the cache is a *slot*; a batch names the slots it covers (``Slots``).
+A row of the cache is a *slot*: the engine gives each request one for its whole life, and a batch
+names the slots it covers (``Slots``), so requests joining and leaving never move anything.
 """
 
 from __future__ import annotations
@@ -166,26 +167,6 @@ class Cache:
         view._gathered_from = (self.lengths, index)
         view._select_buffers(index)
         return view
-
-    def permute(self, first: int, order: torch.Tensor) -> None:
-        """Rows first..first+n-1 take the entries and lengths of rows ``order`` ([n] long,
-        absolute row indices; all are read before any is written, so any mapping works, a
-        permutation of those rows or a gather from others). Only rows that change are copied,
-        and only their committed entries."""
-        rows = torch.arange(first, first + order.shape[0], device=order.device)
-        moved = order != rows
-        if not bool(moved.any()):
-            return
-        dst, src = rows[moved], order[moved]
-        count = int(self.lengths[src].max())
-        if count:
-            self._copy_rows(src, dst, count)
-        self.lengths[dst] = self.lengths[src].clone()
-
-    def _copy_rows(self, src: torch.Tensor, dst: torch.Tensor, count: int) -> None:
-        """Subclasses copy the first ``count`` entries of rows src into rows dst (at once:
-        the two may overlap as a permutation does)."""
-        raise ValueError(f"{type(self).__name__}: this model's cache holds one row")
 
     def _store_lengths(self) -> None:
         """A gathered view's lengths back to its slots' (a narrow view shares them)."""

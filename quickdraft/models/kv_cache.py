@@ -65,7 +65,3 @@ class KVCache(Cache):
 
     def _select_buffers(self, index: torch.Tensor) -> None:
         self._rows, self._gather = index.unsqueeze(1), index
-
-    def _copy_rows(self, src: torch.Tensor, dst: torch.Tensor, count: int) -> None:
-        for buffer in (self.keys, self.values):
-            buffer[:, dst, :count] = buffer[:, src, :count]

@@ -43,9 +43,6 @@ class TokenCache(Cache):
     def _select_buffers(self, index: torch.Tensor) -> None:
         self._rows = index.unsqueeze(1)
 
-    def _copy_rows(self, src: torch.Tensor, dst: torch.Tensor, count: int) -> None:
-        self.tokens[dst, :count] = self.tokens[src, :count]
-
     def _keep_path(self, path: torch.Tensor) -> None:
         source = self.lengths.unsqueeze(1) + path
         target = self.lengths.unsqueeze(1) + torch.arange(path.shape[1])
