@@ -206,8 +206,10 @@ class Drafter(Protocol):
                        them with their prompt's prefill (``StepResult`` with kept = prompt - 1).
                        Whatever a slot held for an earlier request is to be overwritten.
     propose(batch):    a Draft for the running requests, in the slots ``batch.slots``.
-    observe(result):   after the verify step committed (every running request, the slots of
-                       the last ``propose``'s batch), before finished requests leave.
+    observe(result):   after the verify step committed, for every running request (in the
+                       slots ``result.batch.slots``: the batch ``propose`` had, or would have
+                       had on a step the batch policy left undrafted), before finished
+                       requests leave.
     """
 
     vocab_size: int

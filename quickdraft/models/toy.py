@@ -27,21 +27,27 @@ class TokenCache(Cache):
         super().__init__(batch_size, capacity)
         self.tokens = torch.zeros(batch_size, capacity, dtype=torch.long)
         self._rows = torch.arange(batch_size).unsqueeze(1)  # [B, 1] as in ``KVCache``
+        self._gathered = False  # a gathered view: ``tokens`` is the full buffer
 
     def write(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
         """tokens, positions: [B, T]."""
-        self.tokens[self._rows, positions] = tokens
+        if self._gathered:
+            self.tokens[self._rows, positions] = tokens
+        else:
+            self.tokens.scatter_(1, positions, tokens)
 
     def read(self, positions: torch.Tensor) -> torch.Tensor:
         """The tokens at ``positions`` [B, S] of each row."""
-        return self.tokens[self._rows, positions]
+        if self._gathered:
+            return self.tokens[self._rows, positions]
+        return self.tokens.gather(1, positions)
 
     def _narrow_buffers(self, start: int, count: int) -> None:
         self.tokens = self.tokens[start : start + count]
         self._rows = torch.arange(count).unsqueeze(1)
 
     def _select_buffers(self, index: torch.Tensor) -> None:
-        self._rows = index.unsqueeze(1)
+        self._rows, self._gathered = index.unsqueeze(1), True
 
     def _keep_path(self, path: torch.Tensor) -> None:
         source = self.lengths.unsqueeze(1) + path
