@@ -580,7 +580,7 @@ def test_corpus_is_deterministic_and_leaves_out_what_the_tasks_quote(tmp_path):
     import gzip
 
     from quickdraft.cli import main
-    from quickdraft.vocab import sources
+    from quickdraft.train import sources
 
     tasks = tmp_path / "tasks"
     tasks.mkdir()
