@@ -40,6 +40,7 @@ from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
 from quickdraft.drafters.medusa.drafter import MedusaDrafter
 from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads
 from quickdraft.drafters.ngram import NGramDrafter
+from quickdraft.models.base import Slots
 from quickdraft.models.llama import LlamaRunner
 
 SHAPES = {
@@ -205,8 +206,9 @@ def costs(name: str, device: str, dtype: torch.dtype, quick: bool) -> dict:
     tree = DEFAULT_TREES.get(device, DEFAULT_TREES["cpu"])
     drafter = EagleDrafter(target.with_taps(()), net.eval(), tree, lookup=0)
     batch = Batch.from_rows([list(range(context))], SamplingParams(temperature=0), room=128)
-    batch = Batch(batch.tokens.to(device), batch.lengths.to(device), batch.sampling,
-                  batch.generators, batch.generator)  # fmt: skip
+    batch = Batch(batch.tokens.to(device), batch.lengths.to(device),
+                  Slots.of([0], device), batch.sampling, batch.generators,
+                  batch.generator)  # fmt: skip
     tapped = target.with_taps(drafter.needs.taps)
     cache = tapped.new_cache(1, context)
     positions = torch.arange(context, device=device)[None]
@@ -214,7 +216,7 @@ def costs(name: str, device: str, dtype: torch.dtype, quick: bool) -> dict:
     drafter.reserve(1, batch.capacity)
     kept = torch.tensor([context - 1], device=device)
     taps = {i: t[:, : context - 1] for i, t in full.taps.items()}
-    drafter.begin(0, StepResult(batch, kept, full.hidden[:, : context - 1], taps))
+    drafter.begin(StepResult(batch, kept, full.hidden[:, : context - 1], taps))
     result["eagle_tree"] = f"{tree.depth},{tree.topk},{tree.tokens}"
     result["eagle_propose_ms"] = median_ms(lambda: drafter.propose(batch), repeats, device)
     if device == "cuda":

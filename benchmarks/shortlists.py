@@ -78,7 +78,7 @@ def _micro_pass(
         state = Batch.from_rows([prompt], SamplingParams(temperature=0, seed=0))
         for drafter in drafters.values():
             drafter.reserve(1, state.capacity)
-            drafter.begin(0, StepResult(state, state.lengths - 1))
+            drafter.begin(StepResult(state, state.lengths - 1))
             drafter.propose(state)  # warm-up
         for _ in range(repeats):
             for label, drafter in drafters.items():

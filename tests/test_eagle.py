@@ -160,7 +160,7 @@ def test_min_prob_keeps_only_nodes_the_drafter_believes_in(targets):
     def draft_with(min_prob: float):
         drafter = EagleDrafter(target, net, DynamicTree(1, 1, 1, min_prob))
         batch, start = prefilled(drafter, prompt, n, full)
-        drafter.begin(0, start)
+        drafter.begin(start)
         with torch.inference_mode():
             drafter._flush(drafter.cache.narrow(0, 1), batch)  # the prompt's entries
             pending = batch.tokens[:, n - 1]
@@ -516,7 +516,7 @@ def test_eagle_router_features_are_what_the_first_draft_level_reads(targets):
     for t in (3, 6, 8):  # the drafter after the prefix x_0..x_t, x_t pending
         drafter = EagleDrafter(target, net, DynamicTree(1, 1, 1), lookup=0)
         batch, start = prefilled(drafter, sequence, t + 1, full)
-        drafter.begin(0, start)
+        drafter.begin(start)
         draft = drafter.propose(batch)
         assert draft.tokens[0, 0].item() == draft_next[t - 1].item()
 

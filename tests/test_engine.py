@@ -1,10 +1,14 @@
 """The decoding loop end to end on toy models: greedy identity, stopping, seeding, stats."""
 
 import pytest
+import torch
 
 from quickdraft import AcceptRule, Method, SamplingParams, SpecConfig, generate, generate_batch
 from quickdraft.drafters.registry import make_spec
+from quickdraft.engine.requests import Request
+from quickdraft.engine.scheduler import Rows
 from quickdraft.models import NGramLM, ToyTokenizer
+from quickdraft.models.base import Slots
 
 VOCAB = 26
 PROMPTS = [[0, 1, 2, 3], [7, 7, 7, 7], [25, 3, 9, 14], [5, 4, 3, 2]]
@@ -222,3 +226,25 @@ def test_draft_temperature_changes_acceptance_not_exactness(target, draft):
         draft=draft,
     )
     assert out.token_ids == expected
+
+
+def test_a_gathered_batch_writes_its_tokens_and_lengths_back_to_its_slots():
+    """Running requests in slots with holes get copies of their rows in the ``Batch``; the
+    step's append writes the chunk there and the same tokens and lengths into those slots of
+    the engine's tables, and leaves every other slot alone. Contiguous slots get views."""
+    rows = Rows(4, 10, torch.device("cpu"))
+    rows.tokens[:] = torch.arange(40).view(4, 10)
+    rows.lengths[:] = torch.tensor([3, 4, 5, 6])
+    rows.requests[:] = [Request(str(i), [1], SamplingParams(), None, 0) for i in range(4)]
+    before = rows.tokens.clone()
+    batch = rows.batch(Slots.of([3, 1]), torch.Generator())
+    assert batch.tokens.data_ptr() != rows.tokens[3].data_ptr()  # a copy
+    rows.append(batch, torch.tensor([[91, 92, 93], [81, 82, 83]]), torch.tensor([2, 3]))
+    assert batch.lengths.tolist() == [8, 7] and rows.lengths.tolist() == [3, 7, 5, 8]
+    assert batch.tokens[0, 6:9].tolist() == [91, 92, 93] == rows.tokens[3, 6:9].tolist()
+    assert batch.tokens[1, 4:7].tolist() == [81, 82, 83] == rows.tokens[1, 4:7].tolist()
+    assert torch.equal(rows.tokens[[3, 1]], batch.tokens)
+    assert torch.equal(rows.tokens[[0, 2]], before[[0, 2]])
+    view = rows.batch(Slots.of([1, 2]), torch.Generator())
+    assert view.tokens.data_ptr() == rows.tokens[1].data_ptr()
+    assert view.lengths.data_ptr() == rows.lengths[1:].data_ptr()

@@ -4,6 +4,7 @@ import pytest
 import torch
 from conftest import FAMILIES, tiny_hf_model
 
+from quickdraft.models.base import Slots
 from quickdraft.models.llama import LlamaConfig, LlamaRunner
 
 
@@ -172,3 +173,60 @@ def test_int8_draft_keeps_greedy_output_exact():
     )
     assert out.token_ids == expected
     assert out.stats.mean_accepted_length > 2.0  # the int8 copy agrees with its float original
+
+
+def test_a_view_of_contiguous_slots_copies_nothing():
+    runner = native(tiny_hf_model("llama-tied"))
+    cache = runner.new_cache(4, 8)
+    view = cache.select(Slots.of([1, 2]))
+    assert view.keys.data_ptr() == cache.keys[:, 1].data_ptr()
+    assert view.values.data_ptr() == cache.values[:, 1].data_ptr()
+    assert view.lengths.data_ptr() == cache.lengths[1:].data_ptr()
+    assert Slots.of([1, 2]).first == 1 and Slots.of([2, 0]).first is None
+    assert Slots.of([0, 2]).first is None
+
+
+def test_a_gathered_view_writes_back_entries_and_lengths_to_its_slots_only():
+    """``Cache.select`` of slots with holes, out of order: a forward through the view gives each
+    row the logits it gets alone and writes its entries into those slots of the full buffers;
+    ``commit``, ``commit_path`` and ``rollback`` write the lengths back; other slots keep every
+    entry and length."""
+    runner = native(tiny_hf_model("llama-tied"))
+    generator = torch.Generator().manual_seed(5)
+    prompts = torch.randint(0, 101, (4, 6), generator=generator)
+    cache = runner.new_cache(4, 16)
+    runner.forward(prompts, torch.arange(6).expand(4, -1), cache)
+    cache.commit(torch.tensor([6, 3, 5, 2]))
+    keys, values = cache.keys.clone(), cache.values.clone()
+    slots = Slots.of([2, 0])
+    view = cache.select(slots)
+    assert view.lengths.tolist() == [5, 6]
+    new = torch.randint(0, 101, (2, 3), generator=generator)
+    logits = runner.forward(new, view.lengths.unsqueeze(1) + torch.arange(3), view).logits
+    view.commit(torch.tensor([3, 1]))
+    assert cache.lengths.tolist() == [7, 3, 8, 2]
+    for b, (slot, kept) in enumerate(((2, 8), (0, 7))):
+        n = int(view.lengths[b]) - (3 if b == 0 else 1)
+        sequence = torch.cat([prompts[slot, :n], new[b]]).unsqueeze(0)
+        alone = runner.new_cache(1, 16)
+        expected = runner.forward(sequence, torch.arange(n + 3).unsqueeze(0), alone).logits
+        torch.testing.assert_close(logits[b], expected[0, n:], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            cache.keys[:, slot, :kept], alone.keys[:, 0, :kept], rtol=1e-5, atol=1e-5
+        )
+    for slot in (1, 3):
+        assert torch.equal(cache.keys[:, slot], keys[:, slot])
+        assert torch.equal(cache.values[:, slot], values[:, slot])
+
+    # A tree pass's accepted path moves within each slot's own row.
+    view = cache.select(slots)
+    runner.forward(new, view.lengths.unsqueeze(1) + torch.arange(3), view)
+    scratch = cache.keys[:, [2, 0]].clone()
+    view.commit_path(torch.tensor([[0, 2], [1, 2]]), torch.tensor([2, 1]))
+    assert cache.lengths.tolist() == [8, 3, 10, 2]
+    assert torch.equal(cache.keys[:, 2, 8:10], scratch[:, 0, [8, 10]])
+    assert torch.equal(cache.keys[:, 0, 7:9], scratch[:, 1, [8, 9]])
+    cache.select(slots).rollback(torch.tensor([4, 1]))
+    assert cache.lengths.tolist() == [1, 3, 4, 2]
+    for slot in (1, 3):
+        assert torch.equal(cache.keys[:, slot], keys[:, slot])

@@ -6,8 +6,10 @@ import torch
 from conftest import FAMILIES, tiny_runners
 
 from quickdraft import SamplingParams, SpecConfig, generate, generate_batch
+from quickdraft.drafters.base import Batch, StepResult
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter, side_mask
 from quickdraft.drafters.registry import make_spec
+from quickdraft.models.base import Slots
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7]]
@@ -103,3 +105,30 @@ def test_smollm2_lookahead_is_identical_and_cli_runs(smollm2, capsys):
             "--lookahead-window", "2", "--json"]  # fmt: skip
     assert main(argv) == 0
     assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 8
+
+
+def test_each_slot_keeps_its_own_window():
+    """The Jacobi windows live by slot: a batch over slots with holes, out of order, drafts
+    with each slot's own window as its side branch, and observing the target's argmax there
+    steps those slots' windows only."""
+    drafter = LookaheadDrafter(50, LookaheadConfig(window=2, ngram=3, candidates=2))
+    drafter.reserve(4, 32)
+    full = Batch.from_rows([[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12], [13, 14]])
+    drafter.begin(StepResult(full, full.lengths - 1))  # slots 0..3
+    windows = drafter.levels.clone()  # [slots, levels 2, window 2]
+    order = [2, 0]
+    batch = Batch(
+        full.tokens[order], full.lengths[order], Slots.of(order), full.sampling[:2],
+        full.generators[:2], full.generator,
+    )  # fmt: skip
+    draft = drafter.propose(batch)
+    assert draft.side is not None and torch.equal(draft.side.tokens, windows[order].flatten(1))
+    side_logits = torch.zeros(2, 4, 50)
+    side_logits[0, 2:, 40] = 1.0  # the last level's argmax: 40 for slot 2, 41 for slot 0
+    side_logits[1, 2:, 41] = 1.0
+    zero = torch.zeros(2, dtype=torch.long)
+    drafter.observe(StepResult(batch, zero + 1, None, {}, zero, side_logits))
+    assert drafter.levels[2].tolist() == [windows[2, 1].tolist(), [40, 40]]
+    assert drafter.levels[0].tolist() == [windows[0, 1].tolist(), [41, 41]]
+    assert torch.equal(drafter.levels[[1, 3]], windows[[1, 3]])
+    assert drafter.age.tolist() == [1, 0, 1, 0]

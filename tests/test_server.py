@@ -26,6 +26,7 @@ from quickdraft.drafters.eagle.tree import DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
 from quickdraft.drafters.medusa.drafter import MedusaDrafter
 from quickdraft.drafters.ngram import NGramDrafter
+from quickdraft.drafters.registry import make_spec
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.server import ServerConfig, create_app
 from quickdraft.server.detok import TextStream
@@ -127,7 +128,7 @@ def settled(url: str) -> dict[str, float]:
 def offline(target, tokenizer, ids: list[int], n: int, method: str) -> list[int]:
     greedy = SamplingParams(temperature=0, max_new_tokens=n)
     draft = drafter(target, method)
-    spec = None if draft is None else SpecConfig(**ALWAYS)
+    spec = None if draft is None else make_spec(**ALWAYS)
     out = generate(target, ids, sampling=greedy, draft=draft, spec=spec)
     return out.token_ids
 

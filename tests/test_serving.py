@@ -15,6 +15,7 @@ from quickdraft.drafters.eagle.tree import DynamicTree
 from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
 from quickdraft.drafters.medusa.drafter import MedusaDrafter
 from quickdraft.drafters.ngram import NGramDrafter
+from quickdraft.engine.requests import Status
 from quickdraft.models.llama import LlamaRunner
 
 PROMPTS = [
@@ -204,10 +205,10 @@ def test_drafters_follow_along_through_undrafted_steps_and_short_joiners(target)
             out.update((o.request_id, o) for o in engine.step() if o.finished)
             if method == "eagle" and engine.scheduler.running:
                 # One entry per committed token, counting the features still waiting.
-                running = engine.scheduler.running
-                text = engine.rows.lengths[:running]
-                waiting = [sum(h.shape[0] for h, _ in row) for row in drafter._fresh[:running]]
-                entries = drafter.cache.lengths[:running] + torch.tensor(waiting)
+                slots = [r.slot for r in engine.scheduler.held(Status.RUNNING)]
+                text = engine.rows.lengths[slots]
+                waiting = [sum(h.shape[0] for h, _ in drafter._fresh[s]) for s in slots]
+                entries = drafter.cache.lengths[slots] + torch.tensor(waiting)
                 assert torch.equal(entries, text - 1), step
             step += 1
         for rid, prompt in (("a", PROMPTS[0]), ("b", PROMPTS[1]), ("c", [7])):
@@ -296,3 +297,136 @@ def test_logprobs_are_the_targets_own_at_every_emitted_token(target, method):
             values, indices = row.topk(top) if top else (row[:0], row[:0])
             assert [t for t, _ in g.top] == indices.tolist()
             assert torch.allclose(torch.tensor([v for _, v in g.top]), values, atol=1e-4)
+
+
+def running_slots(engine: Engine) -> tuple[int, ...]:
+    return tuple(r.slot for r in engine.scheduler.held(Status.RUNNING))
+
+
+# Seven requests over four slots, arriving at these steps: (prompt, max_new_tokens, id). Short
+# ones finish first and leave holes that later ones fill while long ones still decode or
+# prefill (chunks of 6); "c" is aborted mid-run.
+SCRAMBLED = {
+    0: [(3, 14, "a"), (1, 3, "b"), (0, 16, "c"), (4, 5, "d")],
+    2: [(2, 9, "e")],
+    4: [(1, 12, "f"), (3, 6, "g")],
+}
+
+
+def serve_steps(engine: Engine, arrivals: dict[int, list[tuple]], watch=None) -> tuple:
+    """``serve``, also gathering every request's ``draft_steps`` details; aborts request "c"
+    at step 5 and calls ``watch(engine, step)`` after every step."""
+    finished, steps, step = {}, {}, 0
+    while step <= max(arrivals) or engine.has_unfinished():
+        for prompt, sampling, rid in arrivals.get(step, []):
+            engine.add_request(prompt, sampling, request_id=rid)
+        if step == 5:
+            engine.abort("c")
+        for out in engine.step():
+            steps.setdefault(out.request_id, []).extend(out.new_steps or [])
+            if out.finished:
+                finished[out.request_id] = out
+        if watch is not None:
+            watch(engine, step)
+        step += 1
+    return finished, steps
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
+@pytest.mark.parametrize(
+    "method", ["draft_model", "eagle", "eagle_chain", "medusa", "lookahead", "ngram"]
+)
+def test_requests_joining_and_leaving_in_any_order_keep_their_tokens(target, method, sampled):
+    """Requests join into the lowest free slots and leave wherever they sit, so the running
+    slots have holes; every request still gets the tokens it gets alone (greedy: plain
+    decoding's; seeded sampling: its own run alone), and an aborted one a prefix of them.
+    Drafters whose rows draft by themselves (a draft model, Medusa heads, an EAGLE chain)
+    propose exactly what they propose alone: their per-slot state follows the request; and
+    EAGLE's cache holds one entry per committed token of the request in its slot."""
+
+    def sampling(n: int, rid: str) -> SamplingParams:
+        seed, temperature = (ord(rid), 0.9) if sampled else (None, 0.0)
+        return SamplingParams(
+            temperature, top_p=0.95, max_new_tokens=n, seed=seed, draft_steps=True
+        )
+
+    def make() -> object:
+        if method == "eagle_chain":  # a tree of one branch: each row's own top-1 chain
+            return EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 1, 3))
+        return drafters(target)[method]
+
+    layouts = []
+
+    def watch(engine: Engine, step: int) -> None:
+        slots = list(running_slots(engine))
+        layouts.append(tuple(slots))
+        if isinstance(drafter, EagleDrafter) and slots:
+            waiting = [sum(h.shape[0] for h, _ in drafter._fresh[s]) for s in slots]
+            entries = drafter.cache.lengths[slots] + torch.tensor(waiting)
+            assert torch.equal(entries, engine.rows.lengths[slots] - 1), step
+
+    arrivals = {
+        step: [(PROMPTS[p], sampling(n, rid), rid) for p, n, rid in batch]
+        for step, batch in SCRAMBLED.items()
+    }
+    drafter = make()
+    engine = Engine(target, drafter, **ALWAYS, max_batch=4, prefill_chunk=6)
+    finished, steps = serve_steps(engine, arrivals, watch)
+    holes = [s for s in layouts if s and s != tuple(range(s[0], s[0] + len(s)))]
+    assert holes and any(0 not in s for s in layouts if s), layouts  # holes, and slot 0 free
+    for prompt, params, rid in (r for batch in arrivals.values() for r in batch):
+        alone, alone_steps = serve_steps(
+            Engine(target, make(), **ALWAYS), {0: [(prompt, params, rid)]}
+        )
+        got = finished[rid].token_ids
+        if rid == "c":
+            assert finished[rid].finish_reason == "abort"
+            assert got == alone[rid].token_ids[: len(got)]
+            continue
+        assert got == alone[rid].token_ids, (method, rid)
+        if not sampled:
+            assert got == generate(target, prompt, sampling=params).token_ids
+        if method in ("draft_model", "eagle_chain", "medusa"):
+            drafts = [s.draft for s in steps[rid]]
+            assert drafts == [s.draft for s in alone_steps[rid]], (method, rid)
+
+
+def test_leaving_requests_move_nothing_of_the_others(target):
+    """A request keeps its slot for life: as others finish or are aborted, its cached entries
+    and its tokens stay where they are, bit for bit; an abort between steps writes nothing at
+    all; and the cache has no way to move rows."""
+    greedy = [SamplingParams(temperature=0, max_new_tokens=n) for n in (6, 20, 3, 12, 9)]
+    drafter = drafters(target)["draft_model"]
+    engine = Engine(target, drafter, **ALWAYS, max_batch=4)
+    for i, (prompt, params) in enumerate(zip(PROMPTS, greedy, strict=True)):
+        engine.add_request(prompt, params, request_id=str(i))
+    requests = dict(engine.requests)
+    assert not hasattr(engine.cache, "permute") and not hasattr(drafter, "reorder")
+    tables = (engine.cache.keys, engine.cache.values, engine.cache.lengths, engine.rows.tokens)
+    slot_of: dict[str, int] = {}
+    finished, step = {}, 0
+    while engine.has_unfinished():
+        if step == 4:  # abort the request in slot 1, between steps
+            victim = next(r for r in requests.values() if r.slot == 1)
+            saved = [t.clone() for t in tables]
+            engine.abort(victim.request_id)
+            assert all(torch.equal(t, s) for t, s in zip(tables, saved, strict=True))
+        before = {}
+        for rid, r in requests.items():
+            if r.status is Status.RUNNING:
+                n = int(engine.cache.lengths[r.slot])
+                cached = engine.cache.keys[:, r.slot, :n].clone()
+                before[rid] = (r.slot, n, cached, engine.rows.tokens[r.slot, : n + 1].clone())
+        finished.update((o.request_id, o) for o in engine.step() if o.finished)
+        for rid, (slot, n, cached, tokens) in before.items():
+            assert slot_of.setdefault(rid, slot) == slot
+            if requests[rid].status is Status.RUNNING:  # still here: nothing of it moved
+                assert requests[rid].slot == slot
+                assert torch.equal(engine.cache.keys[:, slot, :n], cached), (step, rid)
+                assert torch.equal(engine.rows.tokens[slot, : n + 1], tokens), (step, rid)
+        step += 1
+    assert len(set(slot_of.values())) < len(slot_of)  # a freed slot was taken again
+    for i, (prompt, params) in enumerate(zip(PROMPTS, greedy, strict=True)):
+        expected = generate(target, prompt, sampling=params).token_ids
+        got = finished[str(i)].token_ids
+        assert got == (expected[: len(got)] if str(i) == victim.request_id else expected)

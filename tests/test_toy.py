@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from quickdraft.models import Model, NGramLM, ToyTokenizer
+from quickdraft.models.base import Slots
 from quickdraft.theory import kl_divergence
 
 
@@ -89,3 +90,21 @@ def test_toy_tokenizer_round_trip():
     assert tokenizer.decode(tokenizer.encode("speculate")) == "speculate"
     with pytest.raises(ValueError, match="text"):
         tokenizer.encode("Z")
+
+
+def test_a_gathered_view_of_the_token_cache_writes_its_slots_only():
+    """The toy's cache behind ``Cache.select`` of slots with holes: each row's logits are its
+    own, its tokens land in its slot, the lengths come back, the slot between is untouched."""
+    model = NGramLM.random(5, order=3, seed=0)
+    cache = model.new_cache(3, 8)
+    model.forward(torch.tensor([[1, 2], [3, 4], [0, 0]]), torch.arange(2).expand(3, -1), cache)
+    cache.commit(2)
+    view = cache.select(Slots.of([2, 0]))
+    logits = model.forward(torch.tensor([[4, 1], [2, 3]]), torch.tensor([[2, 3]] * 2), view).logits
+    view.commit(torch.tensor([2, 1]))
+    assert cache.lengths.tolist() == [3, 2, 4]
+    assert cache.tokens[0, :3].tolist() == [1, 2, 2]
+    assert cache.tokens[2, :4].tolist() == [0, 0, 4, 1]
+    assert cache.tokens[1, :2].tolist() == [3, 4] and cache.tokens[1, 2:].eq(0).all()
+    torch.testing.assert_close(logits[0], logits_of(model, [0, 0, 4, 1])[2:])
+    torch.testing.assert_close(logits[1], logits_of(model, [1, 2, 2, 3])[2:])

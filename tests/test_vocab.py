@@ -9,7 +9,9 @@ import torch
 from conftest import tiny_folder_and_corpus, tiny_hf_model
 
 from quickdraft import SamplingParams, generate
+from quickdraft.drafters.base import Batch, ShortlistContext
 from quickdraft.drafters.registry import make_spec
+from quickdraft.models.base import Slots
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.vocab import (
     ClusterShortlist,
@@ -324,3 +326,44 @@ def test_doc_prompts_ask_about_passages_the_tasks_do_not_quote(tmp_path):
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["kind"] for r in written] == ["summarization", "summarization", "rag", "rag"]
     assert main(["data", "doc-prompts", "--out", str(tmp_path), "--count", "4"]) == 2
+
+
+def test_a_shortlist_context_reads_each_slot_s_text_once():
+    """``ShortlistContext`` keeps per slot how much of its text the shortlist has read: joined
+    requests (in any slots) bring their whole text, running ones what they gained since; a
+    batch whose requests all joined since the last draft starts the context afresh."""
+
+    class Recording:
+        uses_context = True
+
+        def __init__(self):
+            self.calls = []
+
+        def begin(self, tokens):
+            self.calls.append(("begin", sorted(tokens.tolist())))
+
+        def extend(self, tokens):
+            self.calls.append(("extend", sorted(tokens.tolist())))
+
+    shortlist = Recording()
+    context = ShortlistContext(shortlist)  # type: ignore[arg-type]
+    context.reserve(4, torch.device("cpu"))
+    tokens = torch.tensor([[1, 2, 0], [3, 4, 5], [6, 0, 0], [7, 8, 0]])
+    lengths = torch.tensor([2, 3, 1, 2])
+    params = SamplingParams()
+
+    def batch(slots: list[int]) -> Batch:
+        n = len(slots)
+        return Batch(
+            tokens[slots], lengths[slots], Slots.of(slots), (params,) * n, (None,) * n,
+            torch.Generator(),
+        )  # fmt: skip
+
+    context.begin(batch([0, 2]))
+    context.catch_up(batch([0, 2]))
+    tokens[0, 2], lengths[0] = 9, 3  # slot 0 gained a token; slot 1 joins
+    context.begin(batch([1]))
+    context.catch_up(batch([0, 1, 2]))
+    context.begin(batch([3]))  # the others left: slot 3 runs alone
+    context.catch_up(batch([3]))
+    assert shortlist.calls == [("begin", [1, 2, 6]), ("extend", [3, 4, 5, 9]), ("begin", [7, 8])]

@@ -4,11 +4,15 @@
 The engine knows no drafter by name and never probes one: everything a method needs from the
 target or the step is declared once in ``needs`` and arrives in these values.
 
-Rows. The engine keeps every request in one row of its tables (the target's cache, its token
-buffer) and keeps the running requests in rows 0..B-1. A drafter with per-request state keeps
-it by row the same way: ``begin`` hands it new requests at rows first..first+n-1, and
-``reorder`` tells it how the running rows moved when requests left (the engine fills their rows
-with running rows past the new running count). Rows at and past the running count are free.
+Slots. The engine gives every request one slot for its whole life: one row of each of its
+per-row tables (the target's cache, its token buffer), and of every drafter's per-row state. A
+``Batch`` names the slots it covers (``Batch.slots``, in batch order: row b of the batch is slot
+``slots.host[b]``); they need not be contiguous, as requests leave wherever they sit and join
+in the lowest free slot. Nothing ever moves between slots: a drafter reads and writes its
+per-row state at ``batch.slots`` (``Slots.take``/``Slots.put`` give views when the slots are
+contiguous; ``Cache.select`` gives a cache view of them), prepares a slot afresh in ``begin``
+and may leave what a finished request kept there, since the next ``begin`` of that slot
+overwrites it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from quickdraft.config import SamplingParams
+from quickdraft.models.base import Slots
 from quickdraft.tree import TreeShape
 
 if TYPE_CHECKING:
@@ -56,12 +61,13 @@ class Needs:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """The running rows, as a drafter reads them before it drafts.
+    """Some requests' rows (the running ones, for ``propose``), as a drafter reads them.
 
     tokens:     [B, capacity] long, each row's prompt then output; valid up to lengths[b]. The
                 last valid token is *pending*: known, but not yet fed to the target, whose cache
                 holds lengths - 1 entries.
     lengths:    [B] long.
+    slots:      the slots of rows 0..B-1 (``Slots``): where each row's per-row state lives.
     sampling:   each row's sampling parameters.
     generators: each row's own generator (a seeded request), or None: such rows share
                 ``generator``. ``sampling.sample_rows`` draws with them.
@@ -70,6 +76,7 @@ class Batch:
 
     tokens: torch.Tensor
     lengths: torch.Tensor
+    slots: Slots
     sampling: tuple[SamplingParams, ...]
     generators: tuple[torch.Generator | None, ...]
     generator: torch.Generator
@@ -78,15 +85,19 @@ class Batch:
     def from_rows(
         rows: Sequence[Sequence[int]], sampling: SamplingParams | None = None, room: int = 64
     ) -> Batch:
-        """A batch of these token rows (each row's last token pending) with ``room`` free
-        slots after the longest, for driving a drafter by hand (tests, benchmarks)."""
+        """A batch of these token rows (each row's last token pending) in slots 0..B-1, with
+        ``room`` free positions after the longest, for driving a drafter by hand (tests,
+        benchmarks)."""
         sampling = sampling or SamplingParams()
         tokens = torch.zeros(len(rows), max(len(r) for r in rows) + room, dtype=torch.long)
         for b, row in enumerate(rows):
             tokens[b, : len(row)] = torch.tensor(list(row), dtype=torch.long)
         lengths = torch.tensor([len(r) for r in rows])
         generator = torch.Generator().manual_seed(0 if sampling.seed is None else sampling.seed)
-        return Batch(tokens, lengths, (sampling,) * len(rows), (None,) * len(rows), generator)
+        slots = Slots.of(range(len(rows)))
+        return Batch(
+            tokens, lengths, slots, (sampling,) * len(rows), (None,) * len(rows), generator
+        )
 
     @property
     def size(self) -> int:
@@ -203,15 +214,16 @@ class Drafter(Protocol):
     """Proposes tokens for the target to verify; one fixed signature for every method.
 
     needs:             declared once (``Needs``).
-    reserve(rows, capacity): allocate per-row state for up to ``rows`` requests of up to
-                       ``capacity`` tokens (the engine calls it once, before any begin).
-    begin(first, start): requests joined at rows first..first + n - 1; ``start`` covers those
-                       rows with their prompt's prefill (``StepResult`` with kept = prompt - 1).
-    propose(batch):    a Draft for the running rows 0..B-1.
-    observe(result):   after the verify step committed (every running row), before finished
+    reserve(rows, capacity): allocate per-row state for ``rows`` slots of up to ``capacity``
+                       tokens (the engine calls it once, before any begin).
+    begin(start):      requests joined, in the slots ``start.batch.slots``; ``start`` covers
+                       them with their prompt's prefill (``StepResult`` with kept = prompt - 1).
+                       Whatever a slot held for an earlier request is to be overwritten.
+    propose(batch):    a Draft for the running requests, in the slots ``batch.slots``.
+    observe(result):   after the verify step committed, for every running request (in the
+                       slots ``result.batch.slots``: the batch ``propose`` had, or would have
+                       had on a step the batch policy left undrafted), before finished
                        requests leave.
-    reorder(order):    requests left: rows 0..n-1 (the n still running) now hold the
-                       requests of rows ``order`` ([n] long); keep their state alike.
     """
 
     vocab_size: int
@@ -220,7 +232,7 @@ class Drafter(Protocol):
 
     def reserve(self, rows: int, capacity: int) -> None: ...
 
-    def begin(self, first: int, start: StepResult) -> None: ...
+    def begin(self, start: StepResult) -> None: ...
 
     def propose(self, batch: Batch) -> Draft: ...
 
@@ -229,8 +241,6 @@ class Drafter(Protocol):
         ...
 
     def observe(self, result: StepResult) -> None: ...
-
-    def reorder(self, order: torch.Tensor) -> None: ...
 
 
 def text_since(batch: Batch, seen: torch.Tensor) -> torch.Tensor:
@@ -243,29 +253,32 @@ def text_since(batch: Batch, seen: torch.Tensor) -> torch.Tensor:
 
 
 class ShortlistContext:
-    """Keeps a shortlist's context (the running rows' text, for shortlists that add the
-    sequence's own tokens) in step with the engine's rows: a drafter calls ``begin`` when rows
-    join, ``reorder`` when they move, and ``catch_up`` before it drafts. The context is
-    shared by the running rows; a lone request resets it."""
+    """Keeps a shortlist's context (the running requests' text, for shortlists that add the
+    sequence's own tokens) in step with the engine: a drafter calls ``begin`` when requests
+    join and ``catch_up`` before it drafts. The context is shared by the running requests; a
+    batch of requests that all joined since the last draft (a lone request, say) resets it.
+
+    seen: per slot, the text length already read (0 for a request that joined since)."""
 
     def __init__(self, shortlist: Shortlist):
         self.shortlist = shortlist
-        self.seen = torch.zeros(0, dtype=torch.long)  # per row: text length already read
+        self.seen = torch.zeros(0, dtype=torch.long)
+        self._joined: set[int] = set()  # slots that joined since the last catch_up
 
     def reserve(self, rows: int, device: torch.device) -> None:
         self.seen = torch.zeros(rows, dtype=torch.long, device=device)
 
-    def begin(self, first: int, batch: Batch) -> None:
-        text = text_since(batch, torch.zeros_like(batch.lengths))
-        (self.shortlist.begin if first == 0 else self.shortlist.extend)(text)
-        self.seen[first : first + batch.size] = batch.lengths
-
-    def reorder(self, order: torch.Tensor) -> None:
-        self.seen[: order.shape[0]] = self.seen[order].clone()
+    def begin(self, batch: Batch) -> None:
+        """New requests in ``batch.slots``: their whole text joins at the next catch_up."""
+        batch.slots.put(self.seen, 0)
+        self._joined.update(batch.slots.host)
 
     def catch_up(self, batch: Batch) -> None:
-        self.shortlist.extend(text_since(batch, self.seen[: batch.size]))
-        self.seen[: batch.size] = batch.lengths
+        fresh = self._joined.issuperset(batch.slots.host)  # nobody read before is running
+        text = text_since(batch, batch.slots.take(self.seen))
+        (self.shortlist.begin if fresh else self.shortlist.extend)(text)
+        batch.slots.put(self.seen, batch.lengths)
+        self._joined.clear()
 
 
 def pad_rows(chunks: list[list[torch.Tensor]]) -> torch.Tensor:
@@ -280,20 +293,17 @@ def pad_rows(chunks: list[list[torch.Tensor]]) -> torch.Tensor:
 
 
 class Stateless:
-    """The protocol's bookkeeping for drafters that keep nothing per request: reserve, begin,
-    observe and reorder do nothing."""
+    """The protocol's bookkeeping for drafters that keep nothing per request: reserve, begin
+    and observe do nothing."""
 
     def reserve(self, rows: int, capacity: int) -> None:
         """Nothing per row to allocate."""
 
-    def begin(self, first: int, start: StepResult) -> None:
+    def begin(self, start: StepResult) -> None:
         """Nothing to prepare for a new request."""
 
     def observe(self, result: StepResult) -> None:
         """Nothing to learn from a step."""
-
-    def reorder(self, order: torch.Tensor) -> None:
-        """Nothing kept by row."""
 
 
 def shipped_folder(

@@ -130,21 +130,17 @@ class LookaheadDrafter:
         self.levels = torch.zeros(rows, *self.levels.shape[1:], dtype=torch.long)
         self.age = torch.zeros(rows, dtype=torch.long)
 
-    def begin(self, first: int, start: StepResult) -> None:
-        """A fresh window of random prompt tokens (the paper's initialisation); the prompt's
-        own n-grams join the pool."""
+    def begin(self, start: StepResult) -> None:
+        """A fresh window of random prompt tokens (the paper's initialisation) in each new
+        request's slot; the prompt's own n-grams join the pool."""
         batch = start.batch
         texts, lengths = batch.tokens.cpu(), batch.lengths.tolist()
-        for b in range(batch.size):
+        for b, slot in enumerate(batch.slots.host):
             prompt = texts[b, : lengths[b]].tolist()
             self._remember_text(prompt)
             guesses = [self._rng.choice(prompt) for _ in range(self.levels[0].numel())]
-            self.levels[first + b] = torch.tensor(guesses).view_as(self.levels[0])
-            self.age[first + b] = 0
-
-    def reorder(self, order: torch.Tensor) -> None:
-        self.levels[: order.shape[0]] = self.levels[order.cpu()].clone()
-        self.age[: order.shape[0]] = self.age[order.cpu()].clone()
+            self.levels[slot] = torch.tensor(guesses).view_as(self.levels[0])
+            self.age[slot] = 0
 
     head_rows = 0  # no head: the n-gram pool and the Jacobi window
 
@@ -153,8 +149,9 @@ class LookaheadDrafter:
         return f"W={config.window} N={config.ngram} G={config.candidates}"
 
     def propose(self, batch: Batch) -> Draft:
-        tokens, parents = self._candidates(batch)
-        side = SideBranch(self.levels[: batch.size].flatten(1), self._offsets, self._mask)
+        levels = batch.slots.take(self.levels)  # [B, N-1, W]
+        tokens, parents = self._candidates(batch, levels)
+        side = SideBranch(levels.flatten(1), self._offsets, self._mask)
         return Draft.from_parents(tokens, parents, None, side)
 
     def observe(self, result: StepResult) -> None:
@@ -166,13 +163,13 @@ class LookaheadDrafter:
             window, levels = self.config.window, self.levels.shape[1]
             last = result.side_logits[:, (levels - 1) * window :, : self.vocab_size]
             new = last.argmax(-1).cpu()  # [B, W]
-            rows = self.levels[: batch.size]
-            mature = self.age[: batch.size] >= levels - 1
+            slots = batch.slots
+            rows, age = slots.take(self.levels), slots.take(self.age)
             grams = torch.cat([rows, new.unsqueeze(1)], 1).transpose(1, 2)  # [B, W, N]
-            for gram in grams[mature].flatten(0, 1).tolist():
+            for gram in grams[age >= levels - 1].flatten(0, 1).tolist():
                 self._remember(tuple(gram))
-            self.levels[: batch.size] = torch.cat([rows[:, 1:], new.unsqueeze(1)], 1)
-            self.age[: batch.size] += 1
+            slots.put(self.levels, torch.cat([rows[:, 1:], new.unsqueeze(1)], 1))
+            slots.put(self.age, age + 1)
         texts = batch.tokens.cpu()
         ends, added = batch.lengths.tolist(), result.kept.tolist()
         for b in range(batch.size):  # the text's newest n-grams: exact continuations
@@ -180,16 +177,17 @@ class LookaheadDrafter:
 
     # -- candidates ---------------------------------------------------------------------
 
-    def _candidates(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pool's continuations of each row's pending token: a trie for one row; for a
-        batch, one chain per candidate (rows share a shape), padded by repeating."""
+    def _candidates(self, batch: Batch, levels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pool's continuations of each row's pending token (``levels``: the rows' Jacobi
+        windows, [B, N-1, W]): a trie for one row; for a batch, one chain per candidate (rows
+        share a shape), padded by repeating."""
         config = self.config
         found = []
         pending = batch.tokens.gather(1, (batch.lengths - 1).unsqueeze(1)).flatten().tolist()
         for b in range(batch.size):
             entries = list(self.pool.get(pending[b], ()))[: config.candidates]
             if not entries:  # the window's own guess: column 0 read down its levels
-                entries = [tuple(self.levels[b, :, 0].tolist())]
+                entries = [tuple(levels[b, :, 0].tolist())]
             found.append(entries)
         if batch.size == 1:
             return _trie(found[0])

@@ -33,8 +33,9 @@ from quickdraft.config import (
 )
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
 from quickdraft.engine.requests import Request, RequestOutput, Status, step_details
+from quickdraft.engine.runner import ModelRunner
 from quickdraft.engine.scheduler import Rows, Scheduler
-from quickdraft.engine.verify import accept_rows, emitted_logprobs, verify_inputs
+from quickdraft.engine.verify import accept_rows, emitted_logprobs, emitted_tokens
 from quickdraft.models.base import FeatureModel, Model, Tokenizer
 from quickdraft.sampling import make_generator, probs_for_rows
 from quickdraft.stats import Stats
@@ -67,7 +68,8 @@ class Engine:
     acceptance: the acceptance rule (``AcceptRule``); rejection sampling by default.
     disable_by_batch_size: the batch policy (``SpecConfig.disable_by_batch_size``): above
         that many running requests a step decodes without drafting; None always drafts.
-    max_batch: rows of the tables: the most requests decoding at once; more wait their turn.
+    max_batch: slots of the tables: the most requests prefilling and decoding at once; more
+        wait their turn.
     max_model_len: the longest prompt + max_new_tokens a request may ask for.
     prefill_chunk: the most prompt tokens of one request the target prefills in one step.
     seed: seeds the generator that requests without a seed of their own share.
@@ -134,9 +136,8 @@ class Engine:
             drafter.reserve(max_batch, capacity)
         self.generator = make_generator(seed, self.device)
         keep = (self.needs.hidden, self.needs.taps)
-        self.scheduler = Scheduler(
-            target, self.cache, self.rows, drafter, prefill_chunk, keep, self.generator
-        )
+        self.scheduler = Scheduler(self.rows, prefill_chunk, keep, self.generator)
+        self.runner = ModelRunner(target, self.cache, self.rows)
         self.requests: dict[str, Request] = {}
         self.stats = Stats(k=self.needs.depth)  # every step of this engine's life
         self._ids = itertools.count()
@@ -229,10 +230,10 @@ class Engine:
         return stats
 
     def usage(self) -> Usage:
-        """Requests waiting for a row, prefilling and decoding; the rows and cached tokens
-        they hold (what a server exports as gauges)."""
+        """Requests waiting for a slot, prefilling and decoding; the slots (rows) and cached
+        tokens they hold (what a server exports as gauges)."""
         scheduler = self.scheduler
-        held = [r.row for r in self.rows.requests if r is not None]
+        held = [r.slot for r in self.rows.requests if r is not None]
         index = torch.tensor(held, dtype=torch.long, device=self.cache.lengths.device)
         return Usage(
             waiting=len(scheduler.waiting),
@@ -250,23 +251,14 @@ class Engine:
         reports = [self._report(r) for r in self._aborted]
         self._aborted = []
         start = time.perf_counter()
-        # 1. Schedule: waiting requests take free rows and prefill a chunk of their prompt;
-        #    finished prompts join the running rows (their last token stays pending, so the
-        #    first verify reads [last prompt token, d_1 .. d_k] like every later one).
-        scheduler = self.scheduler
-        scheduler.admit()
-        scheduler.prefill()
-        scheduler.join()
-        prefill = time.perf_counter() - start
-        for request in self.rows.requests[scheduler.first_prefilling :]:
-            if request is not None:  # still prefilling
-                request.stats.time_prefill += prefill
-        if scheduler.running == 0:
-            self.stats.time_prefill += prefill
-            self.stats.time_total += prefill
+        # 1. Schedule: waiting requests take the lowest free slots and prefill a chunk of their
+        #    prompt; finished prompts start decoding in the slots they hold (their last token
+        #    stays pending, so the first verify reads [last prompt token, d_1 .. d_k] like
+        #    every later one). Nothing moves between slots.
+        running = self._schedule(start)
+        if running is None:
             return reports
-        batch = scheduler.batch_of(0, scheduler.running)
-        requests = self._running()
+        batch, requests = running
         tick = time.perf_counter()
 
         # 2. Propose: the drafter's candidates (none above the batch policy's threshold).
@@ -274,9 +266,7 @@ class Engine:
         tock = time.perf_counter()
 
         # 3. Verify: one target forward over [pending, draft nodes, side branch].
-        tokens, positions, mask = verify_inputs(batch, draft)
-        cache = self.cache.narrow(0, batch.size)  # the running rows
-        out = self.target.forward(tokens, positions, cache, mask)
+        out = self.runner.verify(batch, draft)
         nodes = draft.tokens.shape[1] + 1
 
         # 4. Accept: the accepted path and the corrected or bonus token of every row.
@@ -286,18 +276,10 @@ class Engine:
         )
         verified = time.perf_counter()
 
-        # 5. Commit: the cache keeps the pending token and the accepted nodes; the rows' tokens
-        #    and the requests' outputs gain the accepted drafts and the next token.
-        root = torch.zeros(batch.size, 1, dtype=torch.long, device=self.device)
-        kept = torch.cat([root, path.clamp_min(0) + 1], 1)  # verify-input index of kept nodes
-        if draft.tree is None and draft.side is None:
-            cache.commit(num_accepted + 1)
-        else:
-            cache.commit_path(kept, num_accepted + 1)
-        chunk = torch.cat(
-            [draft.tokens.to(self.device).gather(1, path.clamp_min(0)), next_token[:, None]], 1
-        )
-        chunk.scatter_(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
+        # 5. Commit: the cache keeps the pending token and the accepted nodes; the slots'
+        #    tokens and the requests' outputs gain the accepted drafts and the next token.
+        kept = self.runner.commit(batch.slots, draft, path, num_accepted)
+        chunk = emitted_tokens(draft, path, num_accepted, next_token)
         tops = [r.sampling.logprobs for r in requests]
         logprobs = emitted_logprobs(out.logits, kept, chunk, tops)
         emitted = self._append(batch, requests, chunk, num_accepted, draft.depth, logprobs)
@@ -308,13 +290,36 @@ class Engine:
             self.drafter.observe(self._result(batch, out, kept, num_accepted, nodes))
         done = time.perf_counter()
 
-        # 7. Record: every request's statistics; finished requests leave their rows.
+        # 7. Record: every request's statistics; finished requests free their slots.
         self._record(requests, tick - start, (done - verified) + (tock - tick), verified - tock)
-        scheduler.leave([r for r in requests if r.finish_reason is not None])
+        self.scheduler.leave([r for r in requests if r.finish_reason is not None])
         self.stats.time_total += time.perf_counter() - start
         return reports + [self._report(r) for r in requests]
 
     # -- the step's parts -------------------------------------------------------------------
+
+    def _schedule(self, start: float) -> tuple[Batch, list[Request]] | None:
+        """Step 1: admit, prefill a chunk of every prompt still prefilling, start the prompts
+        done (the drafter begins them). The running requests and their batch; None when no
+        request runs (the step was all prefill)."""
+        scheduler = self.scheduler
+        admitted = scheduler.admit()
+        if admitted is not None:
+            self.runner.reset(admitted)
+        plan = scheduler.prefill()
+        if plan is not None:
+            scheduler.prefilled(plan, self.runner.prefill(plan))
+        joined = scheduler.join()
+        if joined is not None and self.drafter is not None:
+            self.drafter.begin(joined)
+        prefill = time.perf_counter() - start
+        for request in scheduler.held(Status.PREFILL):
+            request.stats.time_prefill += prefill
+        running = scheduler.decode()
+        if running is None:
+            self.stats.time_prefill += prefill
+            self.stats.time_total += prefill
+        return running
 
     def _propose(self, batch: Batch) -> Draft:
         threshold = self.disable_by_batch_size
@@ -331,13 +336,10 @@ class Engine:
         depth: int,
         logprobs: list,
     ) -> list[int]:
-        """Write each row's chunk after its length; the requests check their stops. Returns
-        how many of its chunk's tokens each request kept."""
-        width = chunk.shape[1]
-        slots = batch.lengths.unsqueeze(1) + torch.arange(width, device=self.device)
-        slots = slots.clamp_max(batch.capacity - 1)
-        batch.tokens.scatter_(1, slots, chunk)
-        batch.lengths.add_(num_accepted + 1)
+        """Write each row's chunk after its length, in the batch and its slots of the tables;
+        the requests check their stops. Returns how many of its chunk's tokens each request
+        kept."""
+        self.rows.append(batch, chunk, num_accepted + 1)
         # The one read of the step's tokens to the host: outputs and stop checks.
         emitted = []
         for request, row, accepted, row_logprobs in zip(
@@ -393,9 +395,6 @@ class Engine:
             stats.time_prefill += prefill
             stats.time_draft += draft
             stats.time_verify += verify
-
-    def _running(self) -> list[Request]:
-        return [r for r in self.rows.requests[: self.scheduler.running] if r is not None]
 
     def _report(self, request: Request) -> RequestOutput:
         if request.status is Status.FINISHED:

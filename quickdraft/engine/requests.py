@@ -16,8 +16,8 @@ from quickdraft.stats import Stats
 
 
 class Status(Enum):
-    WAITING = "waiting"  # added, not yet in a row
-    PREFILL = "prefill"  # in a row, its prompt going through the target chunk by chunk
+    WAITING = "waiting"  # added, not yet in a slot
+    PREFILL = "prefill"  # in a slot, its prompt going through the target chunk by chunk
     RUNNING = "running"  # decoding with the others
     FINISHED = "finished"
 
@@ -118,7 +118,7 @@ class RequestOutput:
 
 
 class Request:
-    """One prompt and everything the engine keeps of it between steps (outside the row
+    """One prompt and everything the engine keeps of it between steps (outside the per-slot
     tables, which hold its tokens and cache)."""
 
     def __init__(
@@ -136,7 +136,7 @@ class Request:
         # Seeded: its own generator, so its draws never depend on the batch around it.
         self.generator = None if sampling.seed is None else make_generator(sampling.seed)
         self.status = Status.WAITING
-        self.row = -1  # its row in the engine's tables while it has one
+        self.slot = -1  # its slot (row of every per-row table) while it holds one
         self.prefilled = 0  # prompt tokens the target has cached (all but the last, at most)
         self.prompt_hidden: list[torch.Tensor] = []  # per prefill chunk, for Needs.hidden
         self.prompt_taps: list[dict[int, torch.Tensor]] = []

@@ -1,214 +1,213 @@
-"""Which request sits in which row, and how requests join and leave.
+"""Which request holds which slot, which prompts prefill which chunk, and who decodes.
 
-Every per-row table (the target's cache, the token buffer, a drafter's state) keeps the running
-requests in rows 0..running-1, so that a decode step reads one contiguous block. Requests whose
-prompt is still being prefilled sit at the end of the tables, the rows between are free:
+A slot is one row of every per-row table: the target's cache, the engine's token and length
+tables, every drafter's per-row state. A request takes the lowest free slot when it is admitted
+and keeps it, prefilling and then decoding, until it leaves; nothing ever moves between slots:
 
-    [ running ........ | free ........ | prefilling ]
-      0        running-1                 rows-prefilling .. rows-1
+    slot     0          1          2          3          4          5
+          [ running | prefill  |   free   | running  | running  |   free   ]
 
-A prompt that finishes prefilling moves to row ``running``; the row of a request that leaves is
-filled by a running row past the new running count. Moves copy only a row's committed entries.
+A step's decode batch is the running requests in slot order (here slots 0, 3, 4). When they are
+contiguous (one request, a full table) every table gives views of them, with no copy; with
+holes, as above, the tables are read by slot index (``Slots``, ``Cache.select``) and what the
+step writes goes back to those slots. The scheduler only plans and keeps the bookkeeping; the
+runner (``engine.runner``) executes the target.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
-from quickdraft.drafters.base import Batch, Drafter, StepResult, pad_rows
+from quickdraft.drafters.base import Batch, StepResult, pad_rows
 from quickdraft.engine.requests import Request, Status
-from quickdraft.models.base import Cache, Model
+from quickdraft.models.base import ModelOutput, Slots
 
 
 class Rows:
-    """The engine's own per-row tables: each row's tokens (prompt, then output), length and
-    request (which knows its row)."""
+    """The engine's own per-slot tables: each slot's tokens (prompt, then output) and length,
+    and the request holding it (which knows its slot)."""
 
-    def __init__(self, rows: int, capacity: int, device: torch.device):
-        self.tokens = torch.zeros(rows, capacity, dtype=torch.long, device=device)
-        self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
-        self.requests: list[Request | None] = [None] * rows
+    def __init__(self, slots: int, capacity: int, device: torch.device):
+        self.device = device
+        self.tokens = torch.zeros(slots, capacity, dtype=torch.long, device=device)
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.requests: list[Request | None] = [None] * slots
 
-    def permute(self, first: int, order: list[int]) -> None:
-        """Rows first..first+n-1 take rows ``order`` (a permutation of them)."""
-        index = torch.tensor(order, dtype=torch.long, device=self.tokens.device)
-        self.tokens[first : first + len(order)] = self.tokens[index]
-        self.lengths[first : first + len(order)] = self.lengths[index]
-        self.requests[first : first + len(order)] = [self.requests[i] for i in order]
-        for row in range(first, first + len(order)):
-            request = self.requests[row]
-            if request is not None:
-                request.row = row
+    def batch(self, slots: Slots, generator: torch.Generator) -> Batch:
+        """The ``Batch`` of these slots' requests: views of the tables when the slots are
+        contiguous, else copies that ``append`` keeps in step with the tables."""
+        requests = [r for r in (self.requests[slot] for slot in slots.host) if r is not None]
+        assert len(requests) == len(slots), "a slot without a request"
+        return Batch(
+            slots.take(self.tokens),
+            slots.take(self.lengths),
+            slots,
+            tuple(r.sampling for r in requests),
+            tuple(r.generator for r in requests),
+            generator,
+        )
+
+    def append(self, batch: Batch, chunk: torch.Tensor, counts: torch.Tensor) -> None:
+        """Write each row's chunk [B, W] after its length and advance the lengths by counts
+        [B] (entries of a chunk past its count are scratch past the new length). A view
+        writes through; a gathered batch is written, then its new tokens and lengths go back
+        to its slots in the tables."""
+        positions = batch.lengths.unsqueeze(1) + torch.arange(chunk.shape[1], device=self.device)
+        positions = positions.clamp_max(batch.capacity - 1)
+        batch.tokens.scatter_(1, positions, chunk)
+        batch.lengths.add_(counts)
+        slots = batch.slots
+        if slots.first is None:  # a gathered copy: write back what changed
+            self.tokens[slots.index.unsqueeze(1), positions] = chunk
+            self.lengths[slots.index] = batch.lengths
+
+
+@dataclass(frozen=True, slots=True)
+class Prefill:
+    """One step's prefill: the next chunk of each prefilling prompt, in slot order.
+
+    requests: the prompts' requests; slots: theirs.
+    starts:   the first prompt position of each chunk (what its slot has cached so far).
+    counts:   the tokens of each chunk (at least one).
+    """
+
+    requests: tuple[Request, ...]
+    slots: Slots
+    starts: tuple[int, ...]
+    counts: tuple[int, ...]
 
 
 class Scheduler:
-    """Admits waiting requests into free rows, prefills their prompts in chunks of at most
-    ``prefill_chunk`` tokens a step, and keeps the tables compact as requests join and leave.
+    """Admits waiting requests into the lowest free slots, plans the prefill of their prompts
+    in chunks of at most ``prefill_chunk`` tokens a step, starts them decoding when their
+    prompts are cached and frees their slots when they leave.
 
-    generator: the engine's, for rows without their own (it goes into every ``Batch``)."""
+    keep_hidden: (whether the drafter reads the prompt's final hidden states, the target
+        layers whose outputs it reads), kept from the prefill chunks until the request joins.
+    generator: the engine's, for requests without their own (it goes into every ``Batch``)."""
 
     def __init__(
         self,
-        target: Model,
-        cache: Cache,
         rows: Rows,
-        drafter: Drafter | None,
         prefill_chunk: int,
         keep_hidden: tuple[bool, tuple[int, ...]],
         generator: torch.Generator,
     ):
-        self.target, self.cache, self.rows, self.drafter = target, cache, rows, drafter
+        self.rows = rows
         self.prefill_chunk = prefill_chunk
         self.keep_hidden, self.keep_taps = keep_hidden
         self.generator = generator
         self.waiting: deque[Request] = deque()
-        self.running = 0
-        self.prefilling = 0
+        self._running: Slots | None = None  # the running requests' slots; None: to rebuild
 
     @property
     def num_rows(self) -> int:
+        """Slots in all: the most requests prefilling and decoding at once."""
         return len(self.rows.requests)
 
+    def held(self, status: Status) -> list[Request]:
+        """The requests in this status (PREFILL or RUNNING), in slot order."""
+        return [r for r in self.rows.requests if r is not None and r.status is status]
+
     @property
-    def first_prefilling(self) -> int:
-        return self.num_rows - self.prefilling
+    def running(self) -> int:
+        return len(self.held(Status.RUNNING))
 
-    def batch_of(self, first: int, count: int) -> Batch:
-        """The ``Batch`` over rows first..first+count-1 (views of the tables)."""
-        requests = [r for r in self.rows.requests[first : first + count] if r is not None]
-        return Batch(
-            self.rows.tokens[first : first + count],
-            self.rows.lengths[first : first + count],
-            tuple(r.sampling for r in requests),
-            tuple(r.generator for r in requests),
-            self.generator,
-        )
-
-    def _permute(self, first: int, order: list[int]) -> None:
-        self.cache.permute(
-            first, torch.tensor(order, dtype=torch.long, device=self.cache.lengths.device)
-        )
-        self.rows.permute(first, order)
+    @property
+    def prefilling(self) -> int:
+        return len(self.held(Status.PREFILL))
 
     # -- joining ----------------------------------------------------------------------------
 
-    def admit(self) -> None:
-        """Waiting requests take free rows, at the front of the prefilling block."""
+    def admit(self) -> Slots | None:
+        """Waiting requests take the lowest free slots, their prompts written there; their
+        slots (None when none was admitted)."""
+        free = [slot for slot, r in enumerate(self.rows.requests) if r is None]
         admitted: list[Request] = []
-        while self.waiting and self.running + self.prefilling < self.num_rows:
+        while self.waiting and len(admitted) < len(free):
             request = self.waiting.popleft()
-            self.prefilling += 1
-            request.row = self.first_prefilling
+            request.slot = free[len(admitted)]
             request.status = Status.PREFILL
-            self.rows.requests[request.row] = request
+            self.rows.requests[request.slot] = request
             admitted.append(request)
         if not admitted:
-            return
-        first, last = admitted[-1].row, admitted[0].row + 1
+            return None
         width = max(len(r.prompt) for r in admitted)
-        prompts = torch.zeros(last - first, width, dtype=torch.long)
-        for request in admitted:
-            prompts[request.row - first, : len(request.prompt)] = torch.tensor(request.prompt)
-        device = self.rows.tokens.device
-        self.rows.tokens[first:last, :width] = prompts.to(device)
-        lengths = torch.tensor([len(r.prompt) for r in reversed(admitted)], device=device)
-        self.rows.lengths[first:last] = lengths
-        self.cache.lengths[first:last] = 0
+        prompts = torch.zeros(len(admitted), width, dtype=torch.long)
+        for i, request in enumerate(admitted):
+            prompts[i, : len(request.prompt)] = torch.tensor(request.prompt)
+        slots = Slots.of([r.slot for r in admitted], self.rows.device)
+        self.rows.tokens[slots.index, :width] = prompts.to(self.rows.device)
+        lengths = torch.tensor([len(r.prompt) for r in admitted], device=self.rows.device)
+        self.rows.lengths[slots.index] = lengths
+        return slots
 
-    def prefill(self) -> None:
-        """One chunk of every prefilling prompt, in one forward of the target (rows padded to
-        the longest chunk; padding is written past each row's length and never committed)."""
-        first = self.first_prefilling
-        requests = [r for r in self.rows.requests[first:] if r is not None]
-        counts = [min(r.to_prefill, self.prefill_chunk) for r in requests]
-        width = max(counts, default=0)
-        if width == 0:
-            return
-        device = self.rows.tokens.device
-        starts = torch.tensor([r.prefilled for r in requests], device=device)
-        positions = starts.unsqueeze(1) + torch.arange(width, device=device)
-        last_slot = self.rows.tokens.shape[1] - 1
-        tokens = self.rows.tokens[first:].gather(1, positions.clamp_max(last_slot))
-        view = self.cache.narrow(first, len(counts))
-        out = self.target.forward(tokens, positions, view)
-        view.commit(torch.tensor(counts, device=device))
-        for b, (request, count) in enumerate(zip(requests, counts, strict=True)):
+    def prefill(self) -> Prefill | None:
+        """The next chunk of every prompt still to prefill, None when there is none."""
+        requests = [r for r in self.held(Status.PREFILL) if r.to_prefill > 0]
+        if not requests:
+            return None
+        return Prefill(
+            tuple(requests),
+            Slots.of([r.slot for r in requests], self.rows.device),
+            tuple(r.prefilled for r in requests),
+            tuple(min(r.to_prefill, self.prefill_chunk) for r in requests),
+        )
+
+    def prefilled(self, plan: Prefill, out: ModelOutput) -> None:
+        """The chunks of ``plan`` are cached (``out``: the target's pass over them); their
+        requests keep the features the drafter reads when they join."""
+        for b, (request, count) in enumerate(zip(plan.requests, plan.counts, strict=True)):
             request.prefilled += count
-            if count and self.keep_hidden:
+            if self.keep_hidden:
                 request.prompt_hidden.append(out.hidden[b, :count])
-            if count and self.keep_taps:
+            if self.keep_taps:
                 request.prompt_taps.append({i: out.taps[i][b, :count] for i in self.keep_taps})
 
-    def join(self) -> None:
-        """Prompts fully prefilled move next to the running rows and start decoding; the
-        drafter begins them all at once."""
-        region = range(self.running, self.num_rows)
-        requests = self.rows.requests
-        done = [r for r in region if requests[r] is not None and requests[r].to_prefill == 0]
-        if not done:
-            return
-        free = [r for r in region if requests[r] is None]
-        waiting = [r for r in region if requests[r] is not None and requests[r].to_prefill > 0]
-        self._permute(self.running, done + free + waiting)
-        first = self.running
-        self.running += len(done)
-        self.prefilling -= len(done)
-        joined = [r for r in requests[first : self.running] if r is not None]
+    def join(self) -> StepResult | None:
+        """Prompts fully prefilled start decoding in the slots they hold; the prefill's
+        features of them all (for ``Drafter.begin``), None when none joined."""
+        joined = [r for r in self.held(Status.PREFILL) if r.to_prefill == 0]
+        if not joined:
+            return None
         for request in joined:
             request.status = Status.RUNNING
-        if self.drafter is not None:
-            self.drafter.begin(first, self._start(first, joined))
-        for request in joined:
-            request.prompt_hidden, request.prompt_taps = [], []
-
-    def _start(self, first: int, joined: list[Request]) -> StepResult:
-        """The prefill's features of the joined rows, padded to the longest prompt."""
-        device = self.rows.tokens.device
+        self._running = None
+        device = self.rows.device
         kept = torch.tensor([len(r.prompt) - 1 for r in joined], device=device)
         hidden = pad_rows([r.prompt_hidden for r in joined]) if self.keep_hidden else None
         taps = {
             layer: pad_rows([[t[layer] for t in r.prompt_taps] for r in joined])
             for layer in self.keep_taps
         }
-        return StepResult(self.batch_of(first, len(joined)), kept, hidden, taps)
+        for request in joined:
+            request.prompt_hidden, request.prompt_taps = [], []
+        batch = self.rows.batch(Slots.of([r.slot for r in joined], device), self.generator)
+        return StepResult(batch, kept, hidden, taps)
+
+    def decode(self) -> tuple[Batch, list[Request]] | None:
+        """The running requests (slot order) and their ``Batch``; None when none runs."""
+        requests = self.held(Status.RUNNING)
+        if not requests:
+            return None
+        if self._running is None:
+            self._running = Slots.of([r.slot for r in requests], self.rows.device)
+        return self.rows.batch(self._running, self.generator), requests
 
     # -- leaving ----------------------------------------------------------------------------
 
     def leave(self, leaving: list[Request]) -> None:
-        """Free the rows of these requests. Running rows past the new running count fill the
-        holes below it (the drafter reorders alike); prefilling rows close up at the end."""
-        requests = self.rows.requests
+        """Free the slots of these requests (prefilling or running). Nothing is copied or
+        cleared: a slot's next request overwrites what this one left in every table."""
         for request in leaving:
             request.status = Status.FINISHED
-            requests[request.row] = None
-        running = [r for r in range(self.running) if requests[r] is not None]
-        if len(running) < self.running:
-            count = len(running)
-            order = list(range(self.running))
-            holes = [r for r in range(count) if requests[r] is None]
-            movers = [r for r in running if r >= count]
-            for hole, mover in zip(holes, movers, strict=True):
-                order[hole], order[mover] = mover, hole
-            self._permute(0, order)
-            if self.drafter is not None:
-                self.drafter.reorder(
-                    torch.tensor(order[:count], dtype=torch.long, device=self.cache.lengths.device)
-                )
-            self.running = count
-        region = range(self.running, self.num_rows)
-        prefilling = [r for r in region if requests[r] is not None]
-        if len(prefilling) < self.prefilling:
-            free = [r for r in region if requests[r] is None]
-            self._permute(self.running, free + prefilling)
-            self.prefilling = len(prefilling)
-        free = torch.tensor(
-            [r for r in range(self.running, self.num_rows) if requests[r] is None],
-            dtype=torch.long,
-        )
-        self.cache.lengths[free.to(self.cache.lengths.device)] = 0
-        self.rows.lengths[free.to(self.rows.lengths.device)] = 0
+            self.rows.requests[request.slot] = None
+            request.slot = -1
+        if leaving:
+            self._running = None
 
     def drop_waiting(self, request: Request) -> None:
         self.waiting.remove(request)

@@ -1,5 +1,6 @@
-"""Steps 3 and 4 of the engine's step as functions of tensors: the verify pass's inputs, and
-the acceptance rule applied row by row where rows bring their own generator."""
+"""Steps 4 and 5 of the engine's step as functions of tensors: the acceptance rule applied row by
+row where rows bring their own generator, the tokens each row emits and their logprobs. (The
+verify pass's inputs are the runner's: ``engine.runner``.)"""
 
 from __future__ import annotations
 
@@ -8,41 +9,6 @@ import torch
 from quickdraft.accept import AcceptFn, TreeAcceptFn, Verdict
 from quickdraft.drafters.base import Batch, Draft
 from quickdraft.engine.requests import TokenLogprob
-from quickdraft.tree import TreeShape
-
-
-def verify_inputs(
-    batch: Batch, draft: Draft
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(tokens [B, T], positions [B, T], tree mask [T, T] or None for causal) of the verify
-    pass over [pending token, draft nodes, side branch]. A tree attends along its branches; a
-    side branch sees the pending token and itself, and no draft node sees it."""
-    device = batch.tokens.device
-    pending = batch.tokens.gather(1, (batch.lengths - 1).unsqueeze(1))
-    tokens = [pending, draft.tokens.to(device)]
-    tree, side = draft.tree, draft.side
-    if side is not None and tree is None:
-        tree = TreeShape.chain(draft.tokens.shape[1])
-    offsets = torch.arange(1 + draft.tokens.shape[1]) if tree is None else tree.position_offsets
-    mask = None if tree is None else tree.mask
-    if side is not None:
-        assert mask is not None
-        tokens.append(side.tokens.to(device))
-        offsets = torch.cat([offsets, side.offsets])
-        mask = with_side(mask, side.mask)
-    positions = (batch.lengths - 1).unsqueeze(1) + offsets.to(device)
-    return torch.cat(tokens, 1), positions, None if mask is None else mask.to(device)
-
-
-def with_side(tree_mask: torch.Tensor, side_mask: torch.Tensor) -> torch.Tensor:
-    """[1 + N + E]^2: the draft's tree mask, then the side branch, which sees the pending
-    token (index 0) and its own tokens as ``side_mask`` says; the draft never sees it."""
-    nodes, extra = tree_mask.shape[0], side_mask.shape[0]
-    mask = torch.zeros(nodes + extra, nodes + extra, dtype=torch.bool)
-    mask[:nodes, :nodes] = tree_mask
-    mask[nodes:, 0] = True
-    mask[nodes:, nodes:] = side_mask
-    return mask
 
 
 def accept_rows(
@@ -89,6 +55,19 @@ def _path(verdict: Verdict, depth: int) -> torch.Tensor:
         return verdict.path[:, :depth]
     steps = torch.arange(depth, device=verdict.num_accepted.device)
     return torch.where(steps < verdict.num_accepted.unsqueeze(1), steps, -1)
+
+
+def emitted_tokens(
+    draft: Draft, path: torch.Tensor, num_accepted: torch.Tensor, next_token: torch.Tensor
+) -> torch.Tensor:
+    """[B, D + 1] each row's accepted drafts (``path`` [B, D], -1 past num_accepted [B]),
+    then its next token [B] at column num_accepted; columns past it are scratch."""
+    device = next_token.device
+    chunk = torch.cat(
+        [draft.tokens.to(device).gather(1, path.clamp_min(0)), next_token[:, None]], 1
+    )
+    chunk.scatter_(1, num_accepted.unsqueeze(1), next_token.unsqueeze(1))
+    return chunk
 
 
 def emitted_logprobs(

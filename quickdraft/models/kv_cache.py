@@ -2,9 +2,11 @@
 
 Layout: keys and values are [layers, B, capacity, kv_heads, head_dim], so that writing the T new
 entries of every row is one indexed assignment whatever each row's length is. A forward writes
-at lengths .. lengths + T - 1; ``commit`` keeps a prefix of them, ``commit_path`` keeps the nodes
-of an accepted tree path (moving them next to the prefix first), and anything past the pointer is
-scratch that attention never reads.
+at positions lengths .. lengths + T - 1; ``commit`` keeps a prefix of them, ``commit_path`` keeps
+the nodes of an accepted tree path (moving them next to the prefix first), and anything past the
+pointer is scratch that attention never reads. A gathered view (``Cache.select`` of slots with
+holes) writes by slot index into the full buffers and reads its rows with one ``index_select``
+per layer.
 """
 
 from __future__ import annotations
@@ -30,37 +32,36 @@ class KVCache(Cache):
         shape = (num_layers, batch_size, capacity, num_kv_heads, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
+        # The rows this cache (or view) writes, [B, 1]: its own for a narrow view; its slots in
+        # the full buffers for a gathered view, which then reads them through ``_gather``.
         self._rows = torch.arange(batch_size, device=device).unsqueeze(1)
+        self._gather: torch.Tensor | None = None
 
     def write(
-        self, layer: int, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor
+        self, layer: int, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
     ) -> None:
-        """keys, values: [B, T, kv_heads, head_dim]; slots: [B, T] from ``slots_for``."""
-        self.keys[layer][self._rows, slots] = keys
-        self.values[layer][self._rows, slots] = values
+        """keys, values: [B, T, kv_heads, head_dim]; positions: [B, T] from ``slots_for``."""
+        self.keys[layer][self._rows, positions] = keys
+        self.values[layer][self._rows, positions] = values
 
     def view(self, layer: int, used: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``used`` slots of a layer as [B, kv_heads, used, head_dim]."""
-        return (
-            self.keys[layer, :, :used].transpose(1, 2),
-            self.values[layer, :, :used].transpose(1, 2),
-        )
+        """The first ``used`` positions of a layer as [B, kv_heads, used, head_dim]: views of
+        the buffers, or for a gathered view a copy of its rows."""
+        keys, values = self.keys[layer, :, :used], self.values[layer, :, :used]
+        if self._gather is not None:
+            keys, values = keys.index_select(0, self._gather), values.index_select(0, self._gather)
+        return keys.transpose(1, 2), values.transpose(1, 2)
 
-    def commit_path(self, path: torch.Tensor, num_kept: torch.Tensor | None = None) -> None:
-        """Keep the tree nodes ``path`` ([B, n] indices into the last forward's T tokens, root
-        first) as the next entries of each row, and advance each pointer by num_kept[b] ([B],
-        default n); columns past a row's num_kept are moved too, as scratch."""
+    def _keep_path(self, path: torch.Tensor) -> None:
         source = self.lengths.unsqueeze(1) + path  # [B, n]
         target = self.lengths.unsqueeze(1) + torch.arange(path.shape[1], device=path.device)
         self.keys[:, self._rows, target] = self.keys[:, self._rows, source]
         self.values[:, self._rows, target] = self.values[:, self._rows, source]
-        self.lengths += path.shape[1] if num_kept is None else num_kept
 
     def _narrow_buffers(self, start: int, count: int) -> None:
         self.keys = self.keys[:, start : start + count]
         self.values = self.values[:, start : start + count]
         self._rows = torch.arange(count, device=self.keys.device).unsqueeze(1)
 
-    def _copy_rows(self, src: torch.Tensor, dst: torch.Tensor, count: int) -> None:
-        for buffer in (self.keys, self.values):
-            buffer[:, dst, :count] = buffer[:, src, :count]
+    def _select_buffers(self, index: torch.Tensor) -> None:
+        self._rows, self._gather = index.unsqueeze(1), index

@@ -26,19 +26,33 @@ class TokenCache(Cache):
     def __init__(self, batch_size: int, capacity: int):
         super().__init__(batch_size, capacity)
         self.tokens = torch.zeros(batch_size, capacity, dtype=torch.long)
+        self._rows = torch.arange(batch_size).unsqueeze(1)  # [B, 1] as in ``KVCache``
+        self._gathered = False  # a gathered view: ``tokens`` is the full buffer
+
+    def write(self, tokens: torch.Tensor, positions: torch.Tensor) -> None:
+        """tokens, positions: [B, T]."""
+        if self._gathered:
+            self.tokens[self._rows, positions] = tokens
+        else:
+            self.tokens.scatter_(1, positions, tokens)
+
+    def read(self, positions: torch.Tensor) -> torch.Tensor:
+        """The tokens at ``positions`` [B, S] of each row."""
+        if self._gathered:
+            return self.tokens[self._rows, positions]
+        return self.tokens.gather(1, positions)
 
     def _narrow_buffers(self, start: int, count: int) -> None:
         self.tokens = self.tokens[start : start + count]
+        self._rows = torch.arange(count).unsqueeze(1)
 
-    def _copy_rows(self, src: torch.Tensor, dst: torch.Tensor, count: int) -> None:
-        self.tokens[dst, :count] = self.tokens[src, :count]
+    def _select_buffers(self, index: torch.Tensor) -> None:
+        self._rows, self._gathered = index.unsqueeze(1), True
 
-    def commit_path(self, path: torch.Tensor, num_kept: torch.Tensor) -> None:
-        rows = torch.arange(self.batch_size).unsqueeze(1)
+    def _keep_path(self, path: torch.Tensor) -> None:
         source = self.lengths.unsqueeze(1) + path
         target = self.lengths.unsqueeze(1) + torch.arange(path.shape[1])
-        self.tokens[rows, target] = self.tokens[rows, source]
-        self.lengths += num_kept
+        self.tokens[self._rows, target] = self.tokens[self._rows, source]
 
 
 class NGramLM:
@@ -122,7 +136,7 @@ class NGramLM:
             raise ValueError(f"cache must be a TokenCache, got {type(cache).__name__}")
         batch, num_new = tokens.shape
         slots = cache.slots_for(num_new)  # [B, T]
-        cache.tokens.scatter_(1, slots, tokens)
+        cache.write(tokens, slots)
         back = torch.arange(
             self.order - 2, -1, -1
         )  # [n-1]: steps back from the token, oldest first
@@ -144,7 +158,7 @@ class NGramLM:
             context_slots = torch.where(
                 in_branch, lengths + new_index, lengths + prefix_offset
             )  # [B, T, n-1]
-        context = cache.tokens.gather(1, context_slots.clamp_min(0).reshape(batch, -1))
+        context = cache.read(context_slots.clamp_min(0).reshape(batch, -1))
         context = context.view(context_slots.shape)
         context = torch.where(context_slots < 0, self.vocab_size, context)
         return (context * self.powers).sum(-1)  # [B, T]

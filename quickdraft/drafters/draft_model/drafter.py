@@ -76,7 +76,7 @@ class DraftModelDrafter:
         self._valid = torch.zeros(0, dtype=torch.long)
         self._drafted = False  # whether this step proposed (the batch policy may skip it)
 
-    # -- rows -----------------------------------------------------------------------------
+    # -- slots ----------------------------------------------------------------------------
 
     def reserve(self, rows: int, capacity: int) -> None:
         self._cache = self.model.new_cache(rows, capacity)
@@ -84,8 +84,9 @@ class DraftModelDrafter:
         if self.shortlist_context is not None:
             self.shortlist_context.reserve(rows, self._valid.device)
 
-    def begin(self, first: int, start: StepResult) -> None:
-        """The draft model's own prefill of the new prompts (all but the pending token)."""
+    def begin(self, start: StepResult) -> None:
+        """The draft model's own prefill of the new prompts (all but the pending token), in
+        their slots of its cache."""
         assert self._cache is not None, "reserve() first"
         batch = start.batch
         lengths = batch.lengths.tolist()  # one host sync per joining group
@@ -93,33 +94,26 @@ class DraftModelDrafter:
         # propose(); only the proposals can change.
         prompts = batch.tokens[:, : max(lengths)].clamp_max(self.model.vocab_size - 1)
         if self.shortlist_context is not None:
-            self.shortlist_context.begin(first, batch)
-        cache = self._cache.narrow(first, batch.size)
+            self.shortlist_context.begin(batch)
+        cache = self._cache.select(batch.slots)
         cache.rollback(0)
         head = max(lengths) - 1
         if head > 0:
             positions = torch.arange(head, device=prompts.device).expand(batch.size, -1)
             self._body(prompts[:, :head], positions, cache)
             cache.commit(batch.lengths - 1)
-        self._valid[first : first + batch.size] = batch.lengths - 1
-
-    def reorder(self, order: torch.Tensor) -> None:
-        assert self._cache is not None
-        self._cache.permute(0, order)
-        self._valid[: order.shape[0]] = self._valid[order].clone()
-        if self.shortlist_context is not None:
-            self.shortlist_context.reorder(order)
+        batch.slots.put(self._valid, batch.lengths - 1)
 
     def observe(self, result: StepResult) -> None:
         """The draft entries of the tokens the target accepted stay valid."""
         if not self._drafted:
             return
         self._drafted = False
-        size = result.batch.size
+        slots = result.batch.slots
         before = result.batch.lengths - result.kept  # the first draft token's position
         assert self._cache is not None and result.accepted is not None
-        fed = self._cache.lengths[:size]
-        self._valid[:size] = torch.minimum(fed, before + result.accepted)
+        fed = slots.take(self._cache.lengths)
+        slots.put(self._valid, torch.minimum(fed, before + result.accepted))
 
     # -- drafting -------------------------------------------------------------------------
 
@@ -134,9 +128,9 @@ class DraftModelDrafter:
     def propose(self, batch: Batch) -> Draft:
         assert self._cache is not None, "reserve() first"
         self._drafted = True
-        cache = self._cache.narrow(0, batch.size)
+        cache = self._cache.select(batch.slots)
         params = [self._params(p) for p in batch.sampling]
-        lengths, valid = batch.lengths, self._valid[: batch.size]
+        lengths, valid = batch.lengths, batch.slots.take(self._valid)
         width = int((lengths - valid).max())  # host sync: the catch-up's width
         start = (lengths - width).clamp_min(0)  # <= valid: rows only rewrite known entries
         cache.rollback(start)

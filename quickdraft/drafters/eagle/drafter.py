@@ -164,32 +164,24 @@ class EagleDrafter:
             self.shortlist_context.reserve(rows, self.device)
         self._fresh = [[] for _ in range(rows)]
 
-    def begin(self, first: int, start: StepResult) -> None:
-        """The prompt's features wait to become the new rows' first entries."""
+    def begin(self, start: StepResult) -> None:
+        """The prompt's features wait to become the new slots' first entries."""
         assert self.cache is not None, "reserve() first"
-        self.cache.narrow(first, start.batch.size).rollback(0)
-        rows = slice(first, first + start.batch.size)
-        self._root[rows], self._root_feature[rows] = 0.0, 0.0  # nothing of a row's last user
-        for b, fresh in enumerate(self._features(start)):
-            self._fresh[first + b] = fresh
+        slots = start.batch.slots
+        self.cache.select(slots).rollback(0)
+        slots.put(self._root, 0.0)  # nothing of a slot's last request
+        slots.put(self._root_feature, 0.0)
+        for slot, fresh in zip(slots.host, self._features(start), strict=True):
+            self._fresh[slot] = fresh
         if self.shortlist_context is not None:
-            self.shortlist_context.begin(first, start.batch)
+            self.shortlist_context.begin(start.batch)
 
     def observe(self, result: StepResult) -> None:
         """The kept tokens' features wait for the next propose: a step the batch policy left
         undrafted costs nothing here, and a request that finishes before drafting resumes
         never pays for them."""
-        for b, fresh in enumerate(self._features(result)):
-            self._fresh[b] += fresh
-
-    def reorder(self, order: torch.Tensor) -> None:
-        assert self.cache is not None
-        self.cache.permute(0, order)
-        self._root[: order.shape[0]] = self._root[order].clone()
-        self._root_feature[: order.shape[0]] = self._root_feature[order].clone()
-        if self.shortlist_context is not None:
-            self.shortlist_context.reorder(order)
-        self._fresh[: order.shape[0]] = [self._fresh[i] for i in order.tolist()]
+        for slot, fresh in zip(result.batch.slots.host, self._features(result), strict=True):
+            self._fresh[slot] += fresh
 
     def describe(self) -> str:
         tree = self.tree
@@ -203,11 +195,11 @@ class EagleDrafter:
     @torch.inference_mode()
     def propose(self, batch: Batch) -> Draft:
         assert self.cache is not None, "reserve() first"
-        cache = self.cache.narrow(0, batch.size)
+        cache = self.cache.select(batch.slots)
         self._flush(cache, batch)
         if self.shortlist_context is not None:
             self.shortlist_context.catch_up(batch)
-        draft = self._expand(cache, batch, self._root[: batch.size])
+        draft = self._expand(cache, batch, batch.slots.take(self._root))
         return draft if self.lookup is None else self._graft(batch, draft)
 
     def _features(self, result: StepResult) -> list[list[tuple]]:
@@ -222,7 +214,8 @@ class EagleDrafter:
     def _flush(self, cache: KVCache, batch: Batch) -> None:
         """Step 1: the waiting features of every row become entries in one pass; each row's
         root (the pending token's entry's output) is refreshed where features arrived."""
-        fresh = self._fresh[: batch.size]
+        slots = batch.slots
+        fresh = [self._fresh[slot] for slot in slots.host]
         if not any(fresh):
             return
         counts = torch.tensor([sum(h.shape[0] for h, _ in row) for row in fresh])
@@ -231,9 +224,9 @@ class EagleDrafter:
         counts = counts.to(self.device)
         roots, features = self._catch_up(cache, StepResult(batch, counts, hidden, taps))
         arrived = (counts > 0).unsqueeze(1)
-        self._root[: batch.size] = torch.where(arrived, roots, self._root[: batch.size])
-        kept = self._root_feature[: batch.size]
-        self._root_feature[: batch.size] = torch.where(arrived, features, kept)
+        slots.put(self._root, torch.where(arrived, roots, slots.take(self._root)))
+        kept = slots.take(self._root_feature)
+        slots.put(self._root_feature, torch.where(arrived, features, kept))
         for row in fresh:
             row.clear()
 
@@ -324,7 +317,7 @@ class EagleDrafter:
         tree, net = self.tree, self.net
         rows = root.shape[0]
         pending = batch.tokens.gather(1, (batch.lengths - 1).unsqueeze(1)).squeeze(1)
-        self._route(pending, self._root_feature[:rows], 0)
+        self._route(pending, batch.slots.take(self._root_feature), 0)
         top_values, top_tokens = self._top(root)
         # Every candidate node so far: token [B], score [B] (log of its path probability),
         # parent (candidate index, -1 for the root's children), depth.

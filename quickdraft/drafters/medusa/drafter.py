@@ -101,20 +101,15 @@ class MedusaDrafter:
         if self.shortlist_context is not None:
             self.shortlist_context.reserve(rows, self.target.device)
 
-    def begin(self, first: int, start: StepResult) -> None:
+    def begin(self, start: StepResult) -> None:
         """The heads read the prefill's last state (zeros for a one-token prompt: its first
         draft is a guess, verified like any other)."""
-        self._hidden[first : first + start.batch.size] = _last_kept(start, self._hidden)
+        start.batch.slots.put(self._hidden, _last_kept(start, self._hidden))
         if self.shortlist_context is not None:
-            self.shortlist_context.begin(first, start.batch)
+            self.shortlist_context.begin(start.batch)
 
     def observe(self, result: StepResult) -> None:
-        self._hidden[: result.batch.size] = _last_kept(result, self._hidden)
-
-    def reorder(self, order: torch.Tensor) -> None:
-        self._hidden[: order.shape[0]] = self._hidden[order].clone()
-        if self.shortlist_context is not None:
-            self.shortlist_context.reorder(order)
+        result.batch.slots.put(self._hidden, _last_kept(result, self._hidden))
 
     @property
     def head_rows(self) -> int:
@@ -127,7 +122,7 @@ class MedusaDrafter:
     @torch.inference_mode()
     def propose(self, batch: Batch) -> Draft:
         tree = self.tree
-        hidden = self._hidden[: batch.size]
+        hidden = batch.slots.take(self._hidden)
         states = self.heads(hidden.float())[:, : tree.max_depth]  # [B, D, d]
         if self.shortlist is not None:
             candidates = self._shortlisted(batch, hidden, states)
