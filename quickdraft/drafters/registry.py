@@ -30,7 +30,7 @@ from quickdraft.drafters import lookahead, ngram
 from quickdraft.drafters.base import BuildContext, Drafter
 from quickdraft.drafters.draft_model import drafter as draft_model
 from quickdraft.drafters.draft_model.options import DraftModelOptions
-from quickdraft.drafters.eagle import drafter as eagle
+from quickdraft.drafters.eagle import build as eagle
 from quickdraft.drafters.eagle.options import EagleOptions
 from quickdraft.drafters.medusa import drafter as medusa
 from quickdraft.drafters.medusa.options import MedusaOptions

@@ -32,7 +32,7 @@ from quickdraft.config import (
     check_range,
 )
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
-from quickdraft.engine.requests import Request, RequestOutput, Status, step_details
+from quickdraft.engine.requests import Request, RequestOutput, Status, record_details
 from quickdraft.engine.runner import ModelRunner
 from quickdraft.engine.scheduler import Rows, Scheduler
 from quickdraft.engine.verify import accept_rows, emitted_logprobs, emitted_tokens
@@ -283,7 +283,7 @@ class Engine:
         tops = [r.sampling.logprobs for r in requests]
         logprobs = emitted_logprobs(out.logits, kept, chunk, tops)
         emitted = self._append(batch, requests, chunk, num_accepted, draft.depth, logprobs)
-        self._detail(requests, draft, path, num_accepted, next_token, emitted)
+        record_details(requests, draft, path, num_accepted, next_token, emitted)
 
         # 6. Observe: the drafter reads what it declared, at the kept positions.
         if self.drafter is not None:
@@ -351,34 +351,6 @@ class Engine:
         self.stats.accepted_drafts.extend(num_accepted.tolist())
         self.stats.drafted.extend([depth] * len(requests))
         return emitted
-
-    def _detail(
-        self,
-        requests: list[Request],
-        draft: Draft,
-        path: torch.Tensor,
-        num_accepted: torch.Tensor,
-        next_token: torch.Tensor,
-        emitted: list[int],
-    ) -> None:
-        """The step's draft and verdict for the requests that asked (``draft_steps``).
-        path: [B, D]; num_accepted, next_token: [B]. A host read of those rows' draft, only
-        when some request asked."""
-        asking = [i for i, request in enumerate(requests) if request.steps is not None]
-        if not asking:
-            return
-        rows = torch.tensor(asking, device=self.device)
-        tokens = draft.tokens[rows.to(draft.tokens.device)].to(self.device)
-        verdict = torch.cat([path, num_accepted[:, None], next_token[:, None]], 1)[rows]
-        details = step_details(
-            torch.cat([tokens, verdict], 1).tolist(),  # the one host read, only when asked
-            tuple(draft.parents.tolist()),  # a host tensor (the tree's shape)
-            [emitted[i] for i in asking],
-        )
-        for i, detail in zip(asking, details, strict=True):
-            steps = requests[i].steps
-            assert steps is not None
-            steps.append(detail)
 
     def _result(
         self, batch: Batch, out, kept: torch.Tensor, num_accepted: torch.Tensor, nodes: int

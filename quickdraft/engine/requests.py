@@ -10,6 +10,7 @@ from enum import Enum, StrEnum
 import torch
 
 from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Draft
 from quickdraft.models.base import Tokenizer
 from quickdraft.sampling import make_generator
 from quickdraft.stats import Stats
@@ -240,3 +241,31 @@ class Request:
             None if self.logprobs is None else self.logprobs[new],
             steps,
         )
+
+
+def record_details(
+    requests: list[Request],
+    draft: Draft,
+    path: torch.Tensor,
+    num_accepted: torch.Tensor,
+    next_token: torch.Tensor,
+    emitted: list[int],
+) -> None:
+    """The step's draft and verdict for the requests that asked (``draft_steps``), appended
+    to their ``steps``. path: [B, D]; num_accepted, next_token: [B] on the engine's device.
+    A host read of those rows' draft, only when some request asked."""
+    asking = [i for i, request in enumerate(requests) if request.steps is not None]
+    if not asking:
+        return
+    rows = torch.tensor(asking, device=path.device)
+    tokens = draft.tokens[rows.to(draft.tokens.device)].to(path.device)
+    verdict = torch.cat([path, num_accepted[:, None], next_token[:, None]], 1)[rows]
+    details = step_details(
+        torch.cat([tokens, verdict], 1).tolist(),  # the one host read, only when asked
+        tuple(draft.parents.tolist()),  # a host tensor (the tree's shape)
+        [emitted[i] for i in asking],
+    )
+    for i, detail in zip(asking, details, strict=True):
+        steps = requests[i].steps
+        assert steps is not None
+        steps.append(detail)

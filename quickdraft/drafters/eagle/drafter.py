@@ -1,8 +1,8 @@
 """EAGLE drafting: a feature-level draft layer that grows a dynamic tree (EAGLE-2).
 
-The draft layer (``eagle_net.EagleNet``) keeps a KV cache of its own, one entry per committed
-token: the entry at position p reads the target's feature at p and the embedding of token p + 1.
-Each step:
+The draft layer (``net.EagleNet``) keeps a KV cache of its own, one entry per committed token:
+the entry at position p reads the target's feature at p and the embedding of token p + 1. Each
+step (built by ``build.py`` from a saved folder or a spec):
 
 1. catch up: the target's features at the tokens its passes kept since the last draft
    (``StepResult.hidden`` / ``taps``, collected by ``begin`` and ``observe``) become real
@@ -15,8 +15,7 @@ Each step:
 3. rerank: the ``tokens`` nodes with the highest scores over every depth form the draft. A
    node's score never exceeds its parent's, so the chosen set is always a tree. With a floor
    (``DynamicTree.min_prob``) nodes scoring below it are neither expanded nor kept;
-4. graft (optional, ``lookup``): prompt lookup's continuation joins the tree as one more
-   branch, sharing the tree's nodes where they agree.
+4. graft (optional, ``lookup``): prompt lookup's continuation joins the tree (``graft.py``).
 
 The head scores the network's draft vocabulary with the target's own LM-head rows, or, with a
 ``shortlist`` (``quickdraft.vocab``: FR-Spec, DynaSpec), the rows that shortlist chooses at
@@ -34,30 +33,25 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from quickdraft.config import SpecConfig
 from quickdraft.drafters.base import (
     Batch,
-    BuildContext,
     Draft,
     Needs,
     ShortlistContext,
     StepResult,
     pad_rows,
 )
-from quickdraft.drafters.eagle.io import eagle_folder, load_eagle
+from quickdraft.drafters.eagle.graft import ancestor_mask, graft
 from quickdraft.drafters.eagle.net import EagleNet, check_fits
-from quickdraft.drafters.eagle.options import EagleOptions
-from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree, EagleTree
+from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.kv_cache import KVCache
 from quickdraft.models.ops import Linear, packed_copy, prefix_tree_mask
-from quickdraft.vocab import shortlist_for
 from quickdraft.vocab.shortlist import Shortlist
 
 
@@ -357,7 +351,7 @@ class EagleDrafter:
                 parent = int(parents[-1][candidate])
                 entry_parent.append(entry_of[parent] if parent >= 0 else -1)
                 entry_of[base + candidate] = offset + slot
-            ancestors = _ancestors(entry_parent)[offset:].to(self.device)  # [W, offset + W]
+            ancestors = ancestor_mask(entry_parent)[offset:].to(self.device)  # [W, offset + W]
             positions = (anchor + level).unsqueeze(1).expand(rows, width)
             output = self._attend(cache, attn_input, residual, positions, ancestors, offset)
             values, children = self._top(output)  # [B, W, K]
@@ -400,91 +394,7 @@ class EagleDrafter:
         return Draft.from_parents(all_tokens[:, order], parent_ids)
 
     def _graft(self, batch: Batch, draft: Draft) -> Draft:
-        """Prompt lookup's continuation as one more branch of the tree, after the drafter's
-        nodes. With one row it follows the tree's nodes as long as they hold its tokens and
-        branches off where they stop (no node is verified twice); in a batch, whose rows share
-        one shape, it is a branch of its own from the root, each row's continuation padded
-        like ``NGramDrafter``'s. Its tokens are point masses like the tree's, so the tree
-        rules stay exact; a duplicate of a sibling's token is simply rejected."""
+        """Prompt lookup's continuation as one more branch of the tree (``graft.graft``)."""
         assert self.lookup is not None
         continuation = self.lookup.propose(batch).tokens.to(draft.tokens.device)  # [B, L]
-        if continuation.shape[1] == 0:
-            return draft
-        parents = draft.parents.tolist()
-        attach, start = -1, 0
-        if batch.size == 1:
-            row = draft.tokens[0].tolist()
-            children: dict[tuple[int, int], int] = {}
-            for node, parent in enumerate(parents):
-                children.setdefault((parent, row[node]), node)
-            for token in continuation[0].tolist():
-                node = children.get((attach, token))
-                if node is None:
-                    break
-                attach, start = node, start + 1
-        branch = continuation[:, start:]
-        if branch.shape[1] == 0:
-            return draft
-        size = len(parents)
-        extra = [attach, *range(size, size + branch.shape[1] - 1)]
-        return Draft.from_parents(torch.cat([draft.tokens, branch], 1), parents + extra)
-
-
-def _ancestors(entry_parent: list[int]) -> torch.Tensor:
-    """[E, E] bool: entry e sees entry s when s is e or one of its ancestors."""
-    count = len(entry_parent)
-    mask = torch.eye(count, dtype=torch.bool)
-    for entry, parent in enumerate(entry_parent):
-        if parent >= 0:
-            mask[entry] |= mask[parent]
-    return mask
-
-
-def build_eagle(
-    target: Model,
-    folder: str | Path,
-    tree: DynamicTree | None = None,
-    *,
-    int8: bool = False,
-    lookup: int = 0,
-    lookup_ngram: tuple[int, int] = (1, 3),
-    shortlist: Shortlist | None = None,
-) -> EagleDrafter:
-    """A drafter from the network saved in ``folder``; ``tree`` None is the default of the
-    target's device; ``int8``: int8 weights for its layers and head on CPU; ``lookup``: the
-    most tokens of prompt lookup (n-gram sizes ``lookup_ngram``) grafted onto each tree, 0 for
-    none; ``shortlist``: the head's rows per depth, out of the target's whole vocabulary."""
-    return EagleDrafter(
-        target,
-        load_eagle(folder, getattr(getattr(target, "config", None), "num_layers", None)),
-        tree or EagleTree().resolve(target.device.type),
-        int8=int8,
-        lookup=lookup,
-        lookup_ngram=lookup_ngram,
-        shortlist=shortlist,
-    )
-
-
-def build(spec: SpecConfig, context: BuildContext) -> EagleDrafter:
-    """The registry's builder: ``spec.options`` are ``EagleOptions``."""
-    options = spec.options
-    assert isinstance(options, EagleOptions)
-    folder = eagle_folder(context.target_name, options.eagle_dir)
-    tree = options.tree.resolve(context.target.device.type)
-    shortlist = shortlist_for(
-        options.draft_shortlist,
-        options.shortlist_dir,
-        context.target_name,
-        tree.depth,
-        inputs="eagle",
-        shipped=folder / "shortlist",
-    )
-    return build_eagle(
-        context.target,
-        folder,
-        tree,
-        int8=options.drafter_int8,
-        lookup=options.lookup,
-        lookup_ngram=(options.prompt_lookup_min, options.prompt_lookup_max),
-        shortlist=shortlist,
-    )
+        return graft(draft, continuation)

@@ -1,0 +1,66 @@
+"""EAGLE drafters built: from a saved network's folder (``build_eagle``), and from a spec (the
+registry's builder, ``build``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quickdraft.config import SpecConfig
+from quickdraft.drafters.base import BuildContext
+from quickdraft.drafters.eagle.drafter import EagleDrafter
+from quickdraft.drafters.eagle.io import eagle_folder, load_eagle
+from quickdraft.drafters.eagle.options import EagleOptions
+from quickdraft.drafters.eagle.tree import DynamicTree, EagleTree
+from quickdraft.models.base import Model
+from quickdraft.vocab import shortlist_for
+from quickdraft.vocab.shortlist import Shortlist
+
+
+def build_eagle(
+    target: Model,
+    folder: str | Path,
+    tree: DynamicTree | None = None,
+    *,
+    int8: bool = False,
+    lookup: int = 0,
+    lookup_ngram: tuple[int, int] = (1, 3),
+    shortlist: Shortlist | None = None,
+) -> EagleDrafter:
+    """A drafter from the network saved in ``folder``; ``tree`` None is the default of the
+    target's device; ``int8``: int8 weights for its layers and head on CPU; ``lookup``: the
+    most tokens of prompt lookup (n-gram sizes ``lookup_ngram``) grafted onto each tree, 0 for
+    none; ``shortlist``: the head's rows per depth, out of the target's whole vocabulary."""
+    return EagleDrafter(
+        target,
+        load_eagle(folder, getattr(getattr(target, "config", None), "num_layers", None)),
+        tree or EagleTree().resolve(target.device.type),
+        int8=int8,
+        lookup=lookup,
+        lookup_ngram=lookup_ngram,
+        shortlist=shortlist,
+    )
+
+
+def build(spec: SpecConfig, context: BuildContext) -> EagleDrafter:
+    """The registry's builder: ``spec.options`` are ``EagleOptions``."""
+    options = spec.options
+    assert isinstance(options, EagleOptions)
+    folder = eagle_folder(context.target_name, options.eagle_dir)
+    tree = options.tree.resolve(context.target.device.type)
+    shortlist = shortlist_for(
+        options.draft_shortlist,
+        options.shortlist_dir,
+        context.target_name,
+        tree.depth,
+        inputs="eagle",
+        shipped=folder / "shortlist",
+    )
+    return build_eagle(
+        context.target,
+        folder,
+        tree,
+        int8=options.drafter_int8,
+        lookup=options.lookup,
+        lookup_ngram=(options.prompt_lookup_min, options.prompt_lookup_max),
+        shortlist=shortlist,
+    )

@@ -1,0 +1,47 @@
+"""Where an EAGLE tree and prompt lookup meet: the lookup's continuation grafted onto the tree as
+one more branch, and the ancestor mask of the tree's entries."""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.drafters.base import Draft
+
+
+def graft(draft: Draft, continuation: torch.Tensor) -> Draft:
+    """``draft`` with prompt lookup's ``continuation`` ([B, L] tokens) as one more branch,
+    after the drafter's nodes. With one row it follows the tree's nodes as long as they hold
+    its tokens and branches off where they stop (no node is verified twice); in a batch, whose
+    rows share one shape, it is a branch of its own from the root, each row's continuation
+    padded like ``NGramDrafter``'s. Its tokens are point masses like the tree's, so the tree
+    rules stay exact; a duplicate of a sibling's token is simply rejected."""
+    if continuation.shape[1] == 0:
+        return draft
+    parents = draft.parents.tolist()
+    attach, start = -1, 0
+    if continuation.shape[0] == 1:
+        row = draft.tokens[0].tolist()
+        children: dict[tuple[int, int], int] = {}
+        for node, parent in enumerate(parents):
+            children.setdefault((parent, row[node]), node)
+        for token in continuation[0].tolist():
+            node = children.get((attach, token))
+            if node is None:
+                break
+            attach, start = node, start + 1
+    branch = continuation[:, start:]
+    if branch.shape[1] == 0:
+        return draft
+    size = len(parents)
+    extra = [attach, *range(size, size + branch.shape[1] - 1)]
+    return Draft.from_parents(torch.cat([draft.tokens, branch], 1), parents + extra)
+
+
+def ancestor_mask(entry_parent: list[int]) -> torch.Tensor:
+    """[E, E] bool: entry e sees entry s when s is e or one of its ancestors."""
+    count = len(entry_parent)
+    mask = torch.eye(count, dtype=torch.bool)
+    for entry, parent in enumerate(entry_parent):
+        if parent >= 0:
+            mask[entry] |= mask[parent]
+    return mask
