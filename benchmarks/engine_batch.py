@@ -154,7 +154,7 @@ def main() -> None:
         f"# engine_batch\n\n{describe_machine()}, {args.threads} threads; {TARGET}, "
         f"{args.requests} requests of {args.max_new_tokens} tokens, greedy, median of "
         f"{args.repeats} rounds; batch policy disable_by_batch_size="
-        f"{policy.disable_by_batch_size}.\n\n{text}\n"
+        f"{spec.disable_by_batch_size}.\n\n{text}\n"
     )
     print(text)
 

@@ -57,6 +57,11 @@ def main() -> None:
                 out = Path(scratch) / f"{name}-{index}.json"
                 rounds[name].append(one_round(checkouts[name], args, out))
                 print(f"round {index} {name} done", flush=True)
+            write(rounds, checkouts, args)  # the table so far, after every pair of rounds
+
+
+def write(rounds: dict[str, list[dict]], checkouts: dict[str, Path], args) -> None:
+    """Medians over the rounds run so far, as results.json and results.md in ``args.out``."""
     table = []
     for position, row in enumerate(rounds["after"][0]["table"]):
         concurrency = row["concurrency"]
@@ -74,7 +79,7 @@ def main() -> None:
         table.append(entry)
     args.out.mkdir(parents=True, exist_ok=True)
     machine = rounds["after"][0]["machine"]
-    result = {"machine": machine, "threads": args.threads, "rounds": args.rounds,
+    result = {"machine": machine, "threads": args.threads, "rounds": len(rounds["after"]),
               "checkouts": {k: str(v) for k, v in checkouts.items()}, "table": table,
               "raw": rounds}  # fmt: skip
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -89,7 +94,7 @@ def main() -> None:
         cells = [f"{before[m]:.1f} | {after[m]:.1f} | {ratio[m]:.3f}" for m in modes]
         lines.append(f"| {entry['concurrency']} | " + " | ".join(cells) + " |")
     header = (
-        f"Aggregate tokens/s, median of {args.rounds} interleaved rounds per checkout "
+        f"Aggregate tokens/s, median of {len(rounds['after'])} interleaved rounds per checkout "
         f"({args.requests} requests x {args.max_new_tokens} tokens, greedy, "
         f"{args.threads} threads; {machine}).\n\n"
     )

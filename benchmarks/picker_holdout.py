@@ -22,7 +22,7 @@ import torch
 from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks
 from quickdraft.config import Method, SamplingParams, SpecConfig
-from quickdraft.drafters import registry as methods
+from quickdraft.drafters import registry
 from quickdraft.engine import generate
 from quickdraft.models.loading import load_model
 from quickdraft.pick.calibrate import calibrate, describe
@@ -81,7 +81,7 @@ def main() -> None:
     for index, prompt in enumerate(set_b):
         order = configs[index % len(configs) :] + configs[: index % len(configs)]
         for label, spec in order:
-            uses_draft = methods.get(spec.method).draft_model
+            uses_draft = registry.get(spec.method).draft_model
             run = generate(target, prompt, sampling=sampling, spec=spec,
                            draft=draft if uses_draft else None)  # fmt: skip
             rates[label].append(run.stats.decode_tokens_per_second)  # after prefill

@@ -14,7 +14,7 @@ same conditions):
 
 Every row gets the same token ids (quickdraft's tokenizer and chat template) and the same
 budget. Prompts: code (HumanEval-form completions of standard-library functions,
-``vocab.sources.code_prompts``) and chat (the bench's translation, qa, conversation and
+``train.sources.code_prompts``) and chat (the bench's translation, qa, conversation and
 summarization items from the 12th on, which no calibration or tuning used). The first half of
 each kind chooses each quantization's best configuration; the table quotes it on the other
 half (held out), beside every row's figures on all prompts.

@@ -143,6 +143,12 @@ def parsed(name: str, value: Any, kind: type) -> Any:
     raise ValueError(f"{name} must be a {kind.__name__} or its text, got {show_value(value)}")
 
 
+def parse_field(options: Any, name: str, kind: type) -> None:
+    """Set a frozen dataclass's field ``name`` to its parsed value (``parsed``): options
+    classes call it in ``__post_init__`` for their structured fields."""
+    object.__setattr__(options, name, parsed(name, getattr(options, name), kind))
+
+
 def _enum_value(name: str, enum: type[Enum], value: Any) -> Enum:
     if isinstance(value, enum):
         return value

@@ -19,7 +19,7 @@ import shlex
 import torch
 
 from quickdraft.drafters import registry
-from quickdraft.interop import launch as engines
+from quickdraft.interop import launch
 from quickdraft.interop.launch import launch_configs
 from quickdraft.pick.candidates import support
 from quickdraft.pick.context import PickContext
@@ -82,7 +82,7 @@ def test_every_candidate_of_every_method_prints_configs_the_engines_define(tmp_p
     for entry in registry.entries():
         for label, spec in support(entry.name).candidates(context):
             for config in launch_configs(spec, context):
-                assert config.engine in engines.ENGINES
+                assert config.engine in launch.ENGINES
                 if config.speculative is None:  # unsupported: said, with the reason
                     assert config.note and config.command("t") is None
                     continue

@@ -13,7 +13,7 @@ import pytest
 from quickdraft.drafters.eagle.options import EagleOptions
 from quickdraft.drafters.eagle.tree import DynamicTree, EagleTree
 from quickdraft.drafters.medusa.tree import MedusaTree
-from quickdraft.drafters.registry import make_spec, spec_fields
+from quickdraft.drafters.registry import make_spec, spec_fields, with_options
 from quickdraft.vocab.choice import KINDS, ShortlistChoice
 
 PACKAGE = Path(__file__).resolve().parent.parent / "quickdraft"
@@ -135,6 +135,18 @@ def test_a_spec_round_trips_through_its_flat_fields():
     ):
         assert make_spec(**spec_fields(spec)) == spec
     assert spec_fields(make_spec("eagle")) == {"method": "eagle"}
+    for floor in ("0.00001", "0.30000000000000004", "1e-3"):  # floats written back as repr
+        spec = make_spec("eagle", tree=f"6,4,10,{floor}")
+        assert make_spec(**spec_fields(spec)) == spec
+
+
+def test_with_options_validates_the_whole_result_not_the_defaults():
+    spec = with_options(make_spec("ngram", prompt_lookup_max=8), prompt_lookup_min=5)
+    assert (spec.options.prompt_lookup_min, spec.options.prompt_lookup_max) == (5, 8)
+    big = with_options(make_spec("eagle", eagle_lookup=0), tree="6,4,256")
+    assert big.options.tree.shape.tokens == 256
+    with pytest.raises(ValueError, match="tree applies to methods medusa and eagle only"):
+        with_options(spec, tree="4,4,12")
     options = make_spec("eagle", tree="3,1,3").options
     assert isinstance(options, EagleOptions) and options.tree.shape == DynamicTree(3, 1, 3)
 

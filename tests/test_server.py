@@ -546,6 +546,9 @@ def test_speculative_config_json_takes_specconfig_keys_and_names_bad_ones():
     spec, draft, _ = speculative_config(text, "qwen2.5-coder-1.5b", None, "auto")
     assert str(spec.method) == "draft_model" and draft == "qwen2.5-coder-0.5b"
     assert spec.num_speculative_tokens == 3
+    # Another method's options at their defaults are no error, as on the command line.
+    text = '{"method": "ngram", "tree": "default", "draft_shortlist": "full"}'
+    assert speculative_config(text, "smollm2-135m", None, "auto")[0] == make_spec("ngram")
     for bad, words in (
         ("{not json", "not valid JSON"),
         ("[1]", "must be a JSON object"),
@@ -554,6 +557,8 @@ def test_speculative_config_json_takes_specconfig_keys_and_names_bad_ones():
         ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens"),
         ('{"method": "ngram", "tree": "4,4,12"}', "tree applies to"),
         ('{"draft": 5}', "model name or path"),
+        ('{"method": "ngram", "num_speculative_tokens": null}', "num_speculative_tokens"),
+        ('{"model": "x", "drafter_int8": "false"}', "drafter_int8 must be True or False"),
     ):
         with pytest.raises(ValueError, match=words):
             speculative_config(bad, "smollm2-135m", None, "auto")

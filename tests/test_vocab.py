@@ -8,22 +8,30 @@ import pytest
 import torch
 from conftest import tiny_folder_and_corpus, tiny_hf_model
 
-from quickdraft import SamplingParams, generate
+from quickdraft import SamplingParams, generate, generate_batch
 from quickdraft.drafters.base import Batch, ShortlistContext
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.drafters.registry import make_spec
 from quickdraft.models.base import Slots
 from quickdraft.models.llama import LlamaRunner
+from quickdraft.models.toy import HeadedNGramLM, NGramLM
+from quickdraft.train.corpus import Sequence, balanced_sample, read_records, tokenize
+from quickdraft.train.features import DrafterSource, Features, extract
+from quickdraft.train.router import RouterTraining, coverage, split, train_router
 from quickdraft.vocab import (
     ClusterShortlist,
     FrequencyShortlist,
     Router,
     RouterConfig,
+    SegmentedHead,
     ShortlistChoice,
     build_shortlist,
     position_budget,
 )
 from quickdraft.vocab.clusters import spherical_kmeans
 from quickdraft.vocab.shortlist import (
+    load_clusters,
+    load_ranked,
     save_clusters,
     save_frequency,
 )
@@ -100,6 +108,432 @@ def test_spec_config_validates_the_shortlist():
         assert str(spec.options.draft_shortlist) == "fr:64"
         with pytest.raises(ValueError, match="draft_shortlist"):
             make_spec(method=method, draft_shortlist="fr:x")
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_segmented_head_matches_the_full_head_on_its_rows(pair, int8):
+    _, draft = pair
+    weight = draft.head_weight
+    segments = list(torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1)).split(30))
+    head = SegmentedHead(weight, segments, int8=int8)
+    hidden = torch.randn(2, weight.shape[1])
+    ids, logits = head.logits(hidden, [3, 1])
+    assert torch.equal(ids, torch.cat([segments[3], segments[1]]))
+    expected = hidden @ weight[ids].T
+    tolerance = 0.05 * float(expected.abs().max()) if int8 else 1e-4
+    assert torch.allclose(logits, expected, atol=tolerance)
+
+
+def test_frequency_shortlist_takes_prefixes_of_the_ranking(pair):
+    _, draft = pair
+    ranked = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(2))
+    shortlist = FrequencyShortlist.position_aware(ranked, 48, 5)
+    assert shortlist.sizes == (48, 48, 8, 6, 4)
+    shortlist.bind(draft.head_weight, draft.embed, VOCAB, int8=False)
+    hidden = torch.randn(1, draft.config.hidden_size)
+    for position, size in enumerate(shortlist.sizes):
+        shortlist.prepare(position, torch.tensor([0]), hidden)
+        ids, logits = shortlist.logits(hidden)
+        assert torch.equal(ids, ranked[:size]) and logits.shape == (1, size)
+    assert shortlist.mean_size_by_position() == [48, 48, 8, 6, 4]
+    assert shortlist.mean_size() == pytest.approx(sum(shortlist.sizes) / 5)
+
+
+def test_frequency_shortlist_drops_rows_past_the_target_vocabulary(pair):
+    _, draft = pair
+    shortlist = FrequencyShortlist(torch.arange(VOCAB - 1, -1, -1), [10])
+    shortlist.bind(draft.head_weight, draft.embed, 95, int8=False)  # the target has 95
+    shortlist.prepare(0, torch.tensor([0]), torch.zeros(1, draft.config.hidden_size))
+    ids, _ = shortlist.logits(torch.zeros(1, draft.config.hidden_size))
+    assert ids.tolist() == list(range(94, 84, -1))
+
+
+def test_cluster_shortlist_is_the_union_of_each_rows_top_clusters(pair):
+    _, draft = pair
+    assignment = torch.arange(VOCAB) % 6
+    router = random_router(draft.config.hidden_size, 6)
+    shortlist = ClusterShortlist(assignment, router, 2, position_aware=False)
+    shortlist.bind(draft.head_weight, draft.embed, VOCAB, int8=False)
+    tokens, prev = torch.tensor([4, 9]), torch.randn(2, draft.config.hidden_size)
+    scores = router(draft.embed[tokens], prev)
+    expected = set(scores.topk(2, dim=-1).indices.flatten().tolist())
+    shortlist.prepare(0, tokens, prev)
+    ids, logits = shortlist.logits(torch.randn(2, draft.config.hidden_size))
+    assert set(assignment[ids].tolist()) == expected
+    assert sorted(ids.tolist()) == sorted(i for i in range(VOCAB) if i % 6 in expected)
+    assert logits.shape == (2, ids.numel())
+
+
+def test_cluster_shortlist_errors(pair):
+    _, draft = pair
+    router = random_router(draft.config.hidden_size, 4)
+    with pytest.raises(ValueError, match="k_max"):
+        ClusterShortlist(torch.arange(VOCAB) % 4, router, 5)
+    with pytest.raises(ValueError, match="assignment"):
+        ClusterShortlist(torch.arange(VOCAB) % 6, router, 2)
+    shortlist = ClusterShortlist(torch.arange(VOCAB) % 4, router, 2)
+    with pytest.raises(RuntimeError, match="bind"):
+        shortlist.logits(torch.zeros(1, draft.config.hidden_size))
+    shortlist.bind(draft.head_weight, draft.embed, VOCAB, int8=False)
+    with pytest.raises(RuntimeError, match="prepare"):
+        shortlist.logits(torch.zeros(1, draft.config.hidden_size))
+
+
+def test_empty_clusters_are_never_chosen(pair):
+    _, draft = pair
+    assignment = torch.arange(VOCAB) % 4
+    assignment[assignment == 2] = 0  # cluster 2 is empty
+    shortlist = ClusterShortlist(assignment, random_router(draft.config.hidden_size, 4), 3)
+    shortlist.bind(draft.head_weight, draft.embed, VOCAB, int8=False)
+    shortlist.prepare(0, torch.tensor([1]), torch.randn(1, draft.config.hidden_size))
+    ids, _ = shortlist.logits(torch.randn(1, draft.config.hidden_size))
+    assert ids.numel() == VOCAB  # the three non-empty clusters: everything
+
+
+def test_shortlist_needs_the_native_runner():
+    draft = NGramLM.random(8, 3, seed=0)
+    with pytest.raises(ValueError, match="shortlist"):
+        DraftModelDrafter(draft, 2, shortlist=FrequencyShortlist(torch.arange(8), [4]))
+
+
+@pytest.mark.parametrize("name", ["fr", "fr-pa", "dyna", "dyna-pa", "dyna-pa-parallel"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_identity_with_every_shortlist(pair, name, k):
+    target, draft = pair
+    for prompt in ([5, 17, 3, 99, 42, 5, 17], [7]):
+        expected = generate(target, prompt, sampling=greedy(30)).token_ids
+        drafter = DraftModelDrafter(draft, k, shortlist=shortlists(draft, k)[name])
+        out = generate(target, prompt, sampling=greedy(30), draft=drafter)
+        assert out.token_ids == expected, (name, k, prompt)
+        assert drafter.shortlist.mean_size() < VOCAB
+
+
+def test_batched_rows_with_a_dynamic_shortlist_match_single_runs(pair):
+    target, draft = pair
+    prompts = torch.randint(0, VOCAB, (3, 6), generator=torch.Generator().manual_seed(5))
+    drafter = DraftModelDrafter(draft, 3, shortlist=shortlists(draft, 3)["dyna-pa"])
+    batch = generate_batch(target, prompts, sampling=greedy(24), draft=drafter)
+    for row, ids in zip(prompts.tolist(), batch.token_ids, strict=True):
+        assert ids == generate(target, row, sampling=greedy(24)).token_ids
+
+
+def test_shortlisted_draft_probabilities_are_renormalised_and_zero_outside(pair):
+    target, draft = pair
+    shortlist = shortlists(draft, 2)["dyna"]
+    drafter = DraftModelDrafter(draft, 2, shortlist=shortlist)
+    seen = []
+
+    class Spy(DraftModelDrafter):
+        def propose(self, state):
+            out = super().propose(state)
+            seen.append(out)
+            return out
+
+    spy = Spy(draft, 2, shortlist=shortlist)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
+    generate(target, [5, 17, 3], sampling=sampling, draft=spy)
+    for out in seen:
+        probs = out.probs[0]  # [k, V]
+        assert torch.allclose(probs.sum(-1), torch.ones(2), atol=1e-5)
+        assert ((probs > 0).sum(-1) < VOCAB).all()
+    assert drafter.vocab_size == VOCAB
+
+
+def test_smollm2_greedy_identity_with_dynamic_shortlist(smollm2):
+    model, tokenizer = smollm2
+    prompt = tokenizer.apply_chat("Write a Python function that reverses a list.")
+    expected = generate(model, prompt, sampling=greedy(24)).token_ids
+    assignment = spherical_kmeans(model.head_weight, 32, iterations=5, seed=0)
+    router = random_router(model.config.hidden_size, 32)
+    for shortlist in (
+        ClusterShortlist(assignment, router, 8),
+        FrequencyShortlist(torch.randperm(model.vocab_size), [8192]),
+    ):
+        drafter = DraftModelDrafter(model.truncated(8), 4, shortlist=shortlist)
+        out = generate(model, prompt, sampling=greedy(24), draft=drafter)
+        assert out.token_ids == expected, shortlist.name
+
+
+# -- artifacts, clusters, corpus, features, router ---------------------------------------
+
+
+def test_spherical_kmeans_recovers_planted_directions():
+    generator = torch.Generator().manual_seed(0)
+    directions = torch.nn.functional.normalize(torch.randn(5, 32, generator=generator), dim=1)
+    truth = torch.arange(500) % 5
+    rows = (directions[truth] + 0.05 * torch.randn(500, 32, generator=generator)) * (
+        1 + 3 * torch.rand(500, 1, generator=generator)  # norms must not matter
+    )
+    found = spherical_kmeans(rows, 5, seed=1)
+    # The same partition up to a renaming of the clusters.
+    pairs = set(zip(truth.tolist(), found.tolist(), strict=True))
+    assert len(pairs) == 5 and len({b for _, b in pairs}) == 5
+    with pytest.raises(ValueError, match="num_clusters"):
+        spherical_kmeans(rows, 0)
+
+
+def test_artifacts_round_trip(tmp_path, pair):
+    _, draft = pair
+    frequency = torch.rand(VOCAB)
+    save_frequency(tmp_path, frequency, {"data": ["x"]})
+    assert torch.equal(load_ranked(tmp_path), torch.sort(-frequency, stable=True).indices)
+    assignment = torch.arange(VOCAB) % 4
+    save_clusters(tmp_path, assignment, {"clusters": 4})
+    assert torch.equal(load_clusters(tmp_path), assignment)
+    router = random_router(draft.config.hidden_size, 4)
+    router.save(tmp_path)
+    loaded = Router.load(tmp_path)
+    x, h = torch.randn(3, draft.config.hidden_size), torch.randn(3, draft.config.hidden_size)
+    assert torch.allclose(loaded(x, h), router(x, h), atol=2e-2)  # stored in fp16
+    built = build_shortlist("dyna-pa:2", tmp_path, 4)
+    assert isinstance(built, ClusterShortlist) and built.position_aware
+    assert build_shortlist("full", tmp_path, 4) is None
+    assert build_shortlist("fr-pa:40", tmp_path, 4).sizes == (40, 40, 6, 5)
+    with pytest.raises(ValueError, match="router"):
+        Router.load(tmp_path / "missing")
+
+
+def test_corpus_reading_and_balanced_sampling(tmp_path, smollm2):
+    _, tokenizer = smollm2
+    records = [
+        {"kind": "chat", "messages": [{"role": "user", "content": "Hi"},
+                                      {"role": "assistant", "content": "Hello there, friend."}]},
+        {"kind": "text", "text": "plain words " * 50},
+    ]  # fmt: skip
+    (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    (tmp_path / "notes.txt").write_text("some text")
+    read = read_records([tmp_path])
+    assert len(read) == 3
+    chat = tokenize(read[0], tokenizer, 512)
+    prefix = tokenizer.apply_chat([records[0]["messages"][0]])
+    assert chat.start == len(prefix) and chat.tokens[: chat.start] == prefix
+    assert tokenizer.decode(chat.tokens[chat.start :]).strip().startswith("Hello there")
+    sequences = [Sequence(list(range(20)), 1, kind) for kind in "aab" for _ in range(5)]
+    chosen = balanced_sample(sequences, 60)
+    by_kind = {k: sum(19 for s in chosen if s.kind == k) for k in "ab"}
+    assert by_kind["a"] >= 30 and by_kind["b"] >= 30
+    with pytest.raises(ValueError, match="data"):
+        read_records([tmp_path / "missing.jsonl"])
+    (tmp_path / "bad.jsonl").write_text('{"other": 1}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
+        read_records([tmp_path / "bad.jsonl"])
+
+
+def test_features_are_cached_and_resumable(tmp_path, pair):
+    target, draft = pair
+    sequences = [Sequence([1 + i, 5, 9, 13, 2 + i, 7, 30], 2, "x") for i in range(20)]
+    settings = {"draft": "tiny"}
+    first = extract(sequences, DrafterSource(draft, target), tmp_path, settings)
+    assert len(first) == 20 * 5
+    shards = sorted(tmp_path.glob("shard-*.safetensors"))
+    shards[-1].unlink()  # an interrupted run: the last shard is missing
+    again = extract(sequences, DrafterSource(draft, target), tmp_path, settings)
+    assert torch.equal(again.prev_hidden, first.prev_hidden)
+    assert torch.equal(again.target_next, first.target_next)
+    # Labels: the target's argmax after each scored token; inputs: the hidden state before.
+    tokens = torch.tensor([sequences[0].tokens])
+    logits = target.forward(tokens, torch.arange(7)[None], target.new_cache(1, 7)).logits
+    assert first.target_next[:5].tolist() == logits[0, 2:].argmax(-1).tolist()
+    assert first.tokens[:5].tolist() == sequences[0].tokens[2:]
+    with pytest.raises(ValueError, match="other settings"):
+        extract(sequences, DrafterSource(draft, target), tmp_path, {"draft": "other"})
+
+
+def synthetic_features(n: int, hidden: int, vocab: int, seed: int = 0) -> Features:
+    """Next tokens whose cluster (token % 8) a router can learn from the previous hidden
+    state; the token within the cluster is random."""
+    generator = torch.Generator().manual_seed(seed)
+    prev = torch.randn(n, hidden, generator=generator)
+    cluster = (prev @ torch.randn(hidden, 8, generator=generator)).argmax(-1)
+    target = cluster + 8 * torch.randint(0, vocab // 8, (n,), generator=generator)
+    return Features(
+        torch.randint(0, vocab, (n,), generator=generator),
+        prev.half(),
+        target,
+        target,
+        torch.arange(n) // 10,
+    )
+
+
+def test_a_packed_router_computes_what_the_module_does():
+    torch.manual_seed(0)
+    router = Router(RouterConfig(hidden_size=24, num_clusters=6, width=32)).eval()
+    for parameter in router.parameters():  # not the identity LayerNorm of a fresh module
+        torch.nn.init.normal_(parameter)
+    packed = router.packed()
+    for rows in (1, 4, 17):
+        embedding, prev = torch.randn(rows, 24), torch.randn(rows, 24)
+        with torch.inference_mode():
+            expected, got = router(embedding, prev), packed(embedding, prev)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+        assert torch.equal(got.argsort(-1), expected.argsort(-1))
+
+
+def test_router_learns_and_resumes(tmp_path):
+    hidden, vocab, clusters = 16, 40, 8
+    features = synthetic_features(3000, hidden, vocab)
+    embed = torch.randn(vocab, hidden)
+    assignment = torch.arange(vocab) % clusters
+    settings = RouterTraining(epochs=4, batch_size=128, lr=5e-3, width=64)
+    parts = split(features, settings.validation_fraction, settings.seed)
+    router, log = train_router(*parts, assignment, embed, settings, tmp_path / "a.pt")
+    losses = [row["held_loss"] for row in log["history"]]
+    assert losses[-1] < 0.6 * torch.log(torch.tensor(float(clusters))).item()
+    held = parts[1]
+    from quickdraft.train.router import scores_of
+
+    rows = coverage(scores_of(router, held, embed), held, assignment, [1, 4, 8])
+    assert rows[0]["target_recall"] > 0.5 and rows[-1]["target_recall"] == 1.0
+    assert rows[-1]["vocab_share"] == pytest.approx(1.0)
+    # Interrupt after two epochs, then resume: the same router as an uninterrupted run.
+    short = RouterTraining(epochs=4, batch_size=128, lr=5e-3, width=64)
+    checkpoint = tmp_path / "b.pt"
+    saved = {}
+
+    def stop_after_two(stage, done, total):
+        if done == 2 * (total // 4) and checkpoint.exists():
+            saved["state"] = torch.load(checkpoint, weights_only=False)
+
+    train_router(*parts, assignment, embed, short, checkpoint, stop_after_two)
+    state = torch.load(checkpoint, weights_only=False)
+    assert state["epoch"] == 3
+    state_two = saved.get("state")
+    assert state_two is not None and state_two["epoch"] == 0
+    torch.save({**state_two}, checkpoint)  # back to the end of epoch 1
+    resumed, _ = train_router(*parts, assignment, embed, short, checkpoint)
+    for (name, a), (_, b) in zip(
+        router.state_dict().items(), resumed.state_dict().items(), strict=True
+    ):
+        assert torch.allclose(a, b, atol=1e-5), name
+
+
+def test_headed_toy_reproduces_the_table():
+    model = NGramLM.random(8, 3, seed=0)
+    headed = HeadedNGramLM.from_ngram(model)
+    tokens = torch.tensor([[3, 1, 4, 1, 5]])
+    positions = torch.arange(5)[None]
+    a = model.forward(tokens, positions, model.new_cache(1, 8)).logits
+    b = headed.forward(tokens, positions, headed.new_cache(1, 8)).logits
+    assert torch.equal(a, b)
+
+
+def test_core_and_prompt_tokens_join_the_clusters_without_duplicates(pair):
+    target, draft = pair
+    assignment = torch.arange(VOCAB) % 5
+    assignment[:10] = -1  # the core
+    router = random_router(draft.config.hidden_size, 5)
+    shortlist = ClusterShortlist(assignment, router, 1, position_aware=False, context=True)
+    shortlist.bind(draft.head_weight, draft.embed, VOCAB, int8=False)
+    prompt = torch.tensor([[3, 57, 58, 59, 60, 61, 57]])
+    shortlist.begin(prompt)
+    tokens, prev = torch.tensor([61]), torch.randn(1, draft.config.hidden_size)
+    chosen = router(draft.embed[tokens], prev).argmax(-1).item()
+    shortlist.prepare(0, tokens, prev)
+    hidden = torch.randn(1, draft.config.hidden_size)
+    ids, logits = shortlist.logits(hidden)
+    expected = set(range(10)) | {i for i in range(VOCAB) if i % 5 == chosen} | set(range(57, 62))
+    assert sorted(ids.tolist()) == sorted(expected)  # each token once
+    assert torch.allclose(logits, hidden @ draft.head_weight[ids].T, atol=1e-4)
+    shortlist.extend(torch.tensor([[70, 71, 57, 3]]))  # output so far joins the context
+    shortlist.prepare(1, tokens, prev)
+    ids, _ = shortlist.logits(hidden)
+    assert sorted(ids.tolist()) == sorted(expected | {70, 71})
+    for prompt in ([5, 17, 3, 99, 42, 5, 17], [7]):
+        want = generate(target, prompt, sampling=greedy(24)).token_ids
+        drafter = DraftModelDrafter(draft, 3, shortlist=shortlist)
+        assert generate(target, prompt, sampling=greedy(24), draft=drafter).token_ids == want
+
+
+def test_train_router_command_then_generate_with_its_artifacts(tmp_path, smollm2, capsys):
+    from quickdraft.cli import main
+
+    folder, corpus = tiny_folder_and_corpus(tmp_path, smollm2, "qwen2-bias")
+    out = tmp_path / "artifacts"
+    args = ["train", "router", "--draft", str(folder), "--target", str(folder), "--data",
+            str(corpus), "--out", str(out), "--clusters", "4", "--core", "256",
+            "--budget-tokens", "400", "--epochs", "2",
+            "--cache", str(tmp_path / "cache")]  # fmt: skip
+    assert main(args) == 0
+    assert "top  1 clusters" in capsys.readouterr().out
+    names = {p.name for p in out.iterdir()}
+    assert names == {
+        "frequency.safetensors", "clusters.safetensors", "router.json", "router.safetensors",
+        "metrics.json",
+    }  # fmt: skip
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["core_size"] == 256 and len(metrics["cluster_sizes"]) == 4
+    assert metrics["router_coverage"][-1]["target_recall"] == pytest.approx(1.0)
+    runs = {}
+    for shortlist in ("full", "dyna-pa:2", "fr:300"):
+        argv = ["generate", "Hello there", "--target", str(folder), "--draft", str(folder),
+                "--method", "draft_model", "--no-draft-int8", "--shortlist", shortlist,
+                "--shortlist-dir", str(out), "--max-new-tokens", "12", "--json"]  # fmt: skip
+        assert main(argv) == 0
+        runs[shortlist] = json.loads(capsys.readouterr().out)["token_ids"]
+    assert runs["full"] == runs["dyna-pa:2"] == runs["fr:300"]
+    assert main(["generate", "Hi", "--target", str(folder), "--draft", str(folder),
+                 "--method", "draft_model", "--shortlist", "dyna-pa:2"]) == 2  # fmt: skip
+    assert "shortlist_dir" in capsys.readouterr().err
+
+
+def test_train_frequency_counts_every_token_of_a_corpus(tmp_path, smollm2):
+    import json
+
+    from conftest import tiny_folder_and_corpus
+
+    from quickdraft.cli import main
+    from quickdraft.vocab.shortlist import load_ranked
+
+    folder, corpus = tiny_folder_and_corpus(tmp_path, smollm2, "llama-tied")
+    source = tmp_path / "code.py"
+    source.write_text("def answer():\n    return 42\n" * 50)
+    out = tmp_path / "freq"
+    assert main(["train", "frequency", "--model", str(folder), "--data", str(corpus),
+                 str(source), "--out", str(out)]) == 0  # fmt: skip
+    summary = json.loads((out / "frequency.json").read_text())
+    ranked = load_ranked(out)
+    occurring = summary["ids_occurring"]
+    assert 0 < occurring < 49152 and summary["records"] == 25
+    # The list ranks the tokens that occur first, the code's own among them.
+    assert set(smollm2[1].encode("def answer")) <= set(ranked[:occurring].tolist())
+
+    # A router's artifacts can take that list as it is instead of counting their own text.
+    routed = tmp_path / "routed"
+    args = ["train", "router", "--draft", str(folder), "--data", str(corpus), "--frequency",
+            str(out), "--out", str(routed), "--clusters", "4", "--core", "0",
+            "--budget-tokens", "400", "--epochs", "1",
+            "--cache", str(tmp_path / "cache")]  # fmt: skip
+    assert main(args) == 0
+    assert torch.equal(load_ranked(routed), ranked)
+    assert main([*args, "--frequency-data", str(source)]) == 2  # one or the other
+
+
+def test_route_false_is_the_context_or_core_alone_and_router_inputs_are_checked(tmp_path):
+    """Ablations: without routed clusters the shortlist is the sequence's tokens (no core).
+    A router records what states it learnt from, and a drafter that hands it others is
+    refused by name (their widths match, so nothing else would notice)."""
+    from quickdraft.vocab import shortlist_for
+
+    vocab, hidden = 40, 8
+    router = Router(RouterConfig(hidden, 4, width=8)).eval()
+    assignment = torch.arange(vocab) % 4
+    context_only = ClusterShortlist(assignment, router, 2, context=True, route=False)
+    context_only.bind(torch.randn(vocab, hidden), torch.randn(vocab, hidden), vocab, False)
+    context_only.begin(torch.tensor([3, 7, 7, 11]))
+    context_only.prepare(0, torch.tensor([7]), torch.randn(1, hidden))
+    ids, logits = context_only.logits(torch.randn(1, hidden))
+    assert sorted(ids.tolist()) == [3, 7, 11] and logits.shape == (1, 3)
+    with pytest.raises(ValueError, match="route"):
+        ClusterShortlist(assignment, router, 2, route=False)
+
+    router.save(tmp_path, inputs="hidden")
+    save_clusters(tmp_path, assignment, {})
+    save_frequency(tmp_path, torch.rand(vocab), {})
+    choice = ShortlistChoice.parse("dyna:2")
+    with pytest.raises(ValueError, match=r"learnt from hidden states.*--eagle-dir"):
+        shortlist_for(choice, tmp_path, None, 3, inputs="eagle")
+    assert shortlist_for(choice, tmp_path, None, 3, inputs="hidden") is not None
+    assert Router.load(tmp_path).inputs == "hidden"
 
 
 @pytest.mark.parametrize("text", ["dyna:0", "dyna-hybrid:0"])

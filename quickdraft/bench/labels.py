@@ -23,6 +23,8 @@ from typing import Any
 
 from quickdraft.config import SpecConfig
 from quickdraft.drafters import registry
+from quickdraft.drafters.eagle.options import EagleOptions
+from quickdraft.drafters.medusa.options import MedusaOptions
 
 Parsed = tuple[str, dict[str, Any]]
 
@@ -38,7 +40,7 @@ def k_label(name: str, text: str, k: int | None, default_k: int) -> Parsed:
 
 def _draft_model(text: str, k: int | None) -> Parsed:
     text, _, shortlist = text.partition("+")
-    label, fields = k_label("draft_model", text, k, 4)
+    label, fields = k_label("draft_model", text, k, registry.get("draft_model").default_k)
     if shortlist:
         label, fields = f"{label} {shortlist}", {**fields, "draft_shortlist": shortlist}
     return label, fields
@@ -110,17 +112,15 @@ def parse_label(part: str, k: int | None = None) -> tuple[str, SpecConfig]:
 def label_of(spec: SpecConfig) -> str:
     """The label a spec of the built-in trained methods is reported under (what the bench
     called it), for priors measured by the bench; the method's name for others."""
-    entry, options = registry.resolve(spec)
-    if entry.name == "eagle":
-        shape = options.tree.shape  # type: ignore[attr-defined]
-        lookup = options.eagle_lookup  # type: ignore[attr-defined]
-        shortlist = options.draft_shortlist  # type: ignore[attr-defined]
+    _, options = registry.resolve(spec)
+    if isinstance(options, EagleOptions):
+        shape, lookup, shortlist = options.tree.shape, options.eagle_lookup, options.draft_shortlist
         text = "" if shape is None else f"{shape.depth}.{shape.topk}.{shape.tokens}"
         text += f"p{shape.min_prob!r}" if shape is not None and shape.min_prob else ""
         text += "" if lookup is None else f"+{lookup}"
         text += "" if shortlist.full else f"+{shortlist}"
         return _eagle(text, None)[0]
-    if entry.name == "medusa":
-        tree = str(options.tree)  # type: ignore[attr-defined]
+    if isinstance(options, MedusaOptions):
+        tree = str(options.tree)
         return "medusa" if tree == "default" else f"medusa tree={tree}"
-    return entry.name
+    return str(spec.method)

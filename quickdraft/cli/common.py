@@ -59,7 +59,7 @@ def auto_method(target: str, draft: str | None = None, backend: str = "auto") ->
     the target alias and the native runner serves it (the fastest method in the bench where
     one ships: ``benchmarks/results/defaults.md``); else
     prompt lookup, which needs nothing trained. A shipped drafter whose config says
-    ``"auto": false`` is left to ``--method eagle`` (``eagle_io.offered_by_auto``)."""
+    ``"auto": false`` is left to ``--method eagle`` (``drafters.eagle.io.offered_by_auto``)."""
     from quickdraft.drafters.eagle.io import ARTIFACTS, offered_by_auto
 
     if draft:
@@ -70,7 +70,7 @@ def auto_method(target: str, draft: str | None = None, backend: str = "auto") ->
 
 def default_shortlist(method: str, target: str, eagle_dir: str | None = None) -> str:
     """The drafter head's shortlist when ``--shortlist`` is not given: an EAGLE drafter's own
-    (``eagle_io.shipped_shortlist``: FR-Spec's 38,818 rows for Qwen2.5-Coder-0.5B's, the
+    (``drafters.eagle.io.shipped_shortlist``: FR-Spec's 38,818 rows for Qwen2.5-Coder-0.5B's, the
     fastest head in its seven-task bench), else the full head. Exact either way; only the
     drafter's cost and acceptance change."""
     from quickdraft.drafters.eagle.io import eagle_folder, shipped_shortlist

@@ -88,7 +88,7 @@ def _export_token_map(args: argparse.Namespace) -> int:
 
 def _export_medusa(args: argparse.Namespace) -> int:
     from quickdraft.drafters.medusa.net import heads_folder, load_heads
-    from quickdraft.interop import launch as engines
+    from quickdraft.interop import launch
     from quickdraft.interop.launch import model_path
     from quickdraft.interop.medusa_export import export_medusa
     from quickdraft.models.loading import load_model
@@ -102,7 +102,7 @@ def _export_medusa(args: argparse.Namespace) -> int:
         )
     folder = export_medusa(heads, target.head_weight.float(), args.out)  # type: ignore[attr-defined]
     console.print(f"wrote {folder} ({heads.config.num_heads} heads, for vllm)")
-    config = engines.medusa(heads.config.num_heads, ("", Path(folder)))[0]
+    config = launch.medusa(heads.config.num_heads, ("", Path(folder)))[0]
     console.print(f"  {config.command(model_path(args.target))}", soft_wrap=True)
     return 0
 
@@ -111,7 +111,7 @@ def _export_eagle(args: argparse.Namespace) -> int:
     from quickdraft.drafters.eagle.io import eagle_folder, load_eagle
     from quickdraft.drafters.eagle.net import check_fits
     from quickdraft.drafters.eagle.tree import EagleTree
-    from quickdraft.interop import launch as engines
+    from quickdraft.interop import launch
     from quickdraft.interop.eagle_export import export_eagle
     from quickdraft.interop.launch import model_path
     from quickdraft.models.loading import load_model
@@ -123,9 +123,9 @@ def _export_eagle(args: argparse.Namespace) -> int:
     folder = export_eagle(net, head.float(), args.out, args.engine, target.max_positions)
     console.print(f"wrote {folder} ({net.config.variant}, for {args.engine})")
     tree = EagleTree().resolve("cuda")  # the engines run on GPUs
-    export = {engine: ("", Path(folder)) for engine in engines.ENGINES}
+    export = {engine: ("", Path(folder)) for engine in launch.ENGINES}
     token_map = net.config.variant == "eagle1" and net.config.draft_vocab_size < target.vocab_size
-    configs = engines.eagle(
+    configs = launch.eagle(
         net.config.variant, tree.depth, tree.topk, tree.tokens, export, token_map=token_map
     )
     config = next(c for c in configs if c.engine == args.engine)

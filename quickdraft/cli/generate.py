@@ -160,7 +160,6 @@ def _generate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     method = auto_method(args.target, args.draft, args.backend)
     entry = registry.get(method if args.method == "auto" else args.method)
-    registry.check_draft(entry, args.draft is not None)
     shortlist = args.shortlist
     if shortlist is None and "draft_shortlist" in entry.option_names():
         shortlist = default_shortlist(entry.name, args.target, args.eagle_dir)

@@ -24,7 +24,7 @@ from quickdraft.cli.common import (
 
 # Keys of --speculative-config besides the methods' options: the spec's own fields, and the
 # draft model (vLLM calls it "model"); "drafter_int8" is also how a draft model loads.
-_SPEC_KEYS = ("method", "num_speculative_tokens", "acceptance", "disable_by_batch_size")
+_SPEC_KEYS = ("num_speculative_tokens", "acceptance", "disable_by_batch_size")
 _DRAFT_KEYS = ("draft", "model")
 
 
@@ -133,6 +133,7 @@ def speculative_config(
     """(SpecConfig, draft model or None, int8 draft weights) from --speculative-config: the
     spec's own fields and the method's options, flat as vLLM's speculative_config takes
     them, and ``model``/``draft_model`` for the draft model."""
+    from quickdraft.config import check_flag
     from quickdraft.drafters import registry
 
     data: dict[str, Any] = {}
@@ -144,7 +145,7 @@ def speculative_config(
         if not isinstance(data, dict):
             raise ValueError("--speculative-config must be a JSON object")
     data = dict(data)
-    names = set(_SPEC_KEYS) | {
+    names = {"method", *_SPEC_KEYS} | {
         name for entry in registry.entries() for name in entry.option_names()
     }
     unknown = sorted(set(data) - names - set(_DRAFT_KEYS))
@@ -164,14 +165,16 @@ def speculative_config(
     if method == "auto":
         method = auto_method(target, draft, backend)
     entry = registry.get(method)
+    own = {key: data.pop(key) for key in _SPEC_KEYS if key in data}
+    if "num_speculative_tokens" in own and own["num_speculative_tokens"] is None:
+        raise ValueError("num_speculative_tokens must be an integer, got None")
     owned = "drafter_int8" in entry.option_names()
     int8 = data.get("drafter_int8", True) if owned else data.pop("drafter_int8", True)
+    check_flag("drafter_int8", int8)  # for a draft model: how it loads
     if "draft_shortlist" not in data and "draft_shortlist" in entry.option_names():
         data["draft_shortlist"] = default_shortlist(entry.name, target, data.get("eagle_dir"))
-    try:
-        spec = registry.make_spec(entry.name, **data)
-    except TypeError as error:  # a value of the wrong type for a spec's own field
-        raise ValueError(f"--speculative-config: {error}") from None
+    # Options of other methods at their defaults are no error, as on the command line.
+    spec = registry.make_spec(entry.name, **own, **registry.given_options(data))
     return spec, draft, int8
 
 

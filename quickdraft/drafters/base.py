@@ -294,7 +294,13 @@ def pad_rows(chunks: list[list[torch.Tensor]]) -> torch.Tensor:
 
 class Stateless:
     """The protocol's bookkeeping for drafters that keep nothing per request: reserve, begin
-    and observe do nothing."""
+    and observe do nothing; the head is unknown and the description says the draft's size."""
+
+    head_rows: int | None = None
+
+    def describe(self) -> str:
+        needs: Needs = self.needs  # type: ignore[attr-defined]  # every drafter declares it
+        return f"up to {needs.tokens} draft tokens"
 
     def reserve(self, rows: int, capacity: int) -> None:
         """Nothing per row to allocate."""

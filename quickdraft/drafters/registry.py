@@ -106,6 +106,13 @@ def get(name: Any) -> MethodEntry:
 def options_for(entry: MethodEntry, fields: dict[str, Any]) -> MethodOptions:
     """``entry``'s options from flat fields (text or typed values); a field of another
     method's options is an error naming the methods it belongs to."""
+    check_option_names(entry, fields)
+    return entry.options(**fields)
+
+
+def check_option_names(entry: MethodEntry, fields: dict[str, Any]) -> None:
+    """Every name in ``fields`` is one of ``entry``'s options; else an error naming the
+    methods it belongs to."""
     own = set(entry.option_names())
     for name in fields:
         if name in own:
@@ -115,7 +122,6 @@ def options_for(entry: MethodEntry, fields: dict[str, Any]) -> MethodOptions:
             raise ValueError(f"{name}: no method has this option")
         which = "method " + owners[0] if len(owners) == 1 else "methods " + " and ".join(owners)
         raise ValueError(f"{name} applies to {which} only")
-    return entry.options(**fields)
 
 
 def given_options(fields: dict[str, Any]) -> dict[str, Any]:
@@ -178,9 +184,8 @@ def spec_fields(spec: SpecConfig) -> dict[str, Any]:
 def with_options(spec: SpecConfig, **fields: Any) -> SpecConfig:
     """``spec`` with some of its method's options changed (``tree="3,1,3"``)."""
     entry, options = resolve(spec)
-    changed = options_for(entry, fields)  # checks the names
-    given = {name: getattr(changed, name) for name in fields}
-    return dataclasses.replace(spec, options=dataclasses.replace(options, **given))
+    check_option_names(entry, fields)
+    return dataclasses.replace(spec, options=dataclasses.replace(options, **fields))
 
 
 def resolve(spec: SpecConfig) -> tuple[MethodEntry, MethodOptions]:

@@ -179,24 +179,27 @@ def model_path(name: str) -> str:
 
 
 def _draft_model(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
-    assert context.draft is not None
-    shortlist = str(spec.options.draft_shortlist)  # type: ignore[union-attr]
+    from quickdraft.drafters.draft_model.options import DraftModelOptions
+
+    assert context.draft is not None and isinstance(spec.options, DraftModelOptions)
+    shortlist = str(spec.options.draft_shortlist)
     return draft_model(spec.num_speculative_tokens, model_path(context.draft), shortlist)
 
 
 def _ngram(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
+    from quickdraft.drafters.ngram import NGramOptions
+
     options = spec.options
-    return ngram(
-        spec.num_speculative_tokens,
-        options.prompt_lookup_min,  # type: ignore[union-attr]
-        options.prompt_lookup_max,  # type: ignore[union-attr]
-    )
+    assert isinstance(options, NGramOptions)
+    return ngram(spec.num_speculative_tokens, options.prompt_lookup_min, options.prompt_lookup_max)
 
 
 def _medusa(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
     from quickdraft.drafters.medusa.net import heads_folder, read_heads_config
+    from quickdraft.drafters.medusa.options import MedusaOptions
 
-    folder = heads_folder(context.target, spec.options.medusa_dir)  # type: ignore[union-attr]
+    assert isinstance(spec.options, MedusaOptions)
+    folder = heads_folder(context.target, spec.options.medusa_dir)
     out = export_folder(context.export_dir.resolve(), context.target, "medusa", "vllm")
     command = (
         f"quickdraft export medusa --target {context.target} --medusa-dir {folder} --out {out}"

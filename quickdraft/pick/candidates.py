@@ -14,6 +14,7 @@ import dataclasses
 from quickdraft.bench.labels import label_of, parse_label
 from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters import registry
+from quickdraft.drafters.draft_model.options import DraftModelOptions
 from quickdraft.drafters.eagle.io import eagle_folder
 from quickdraft.drafters.medusa.net import heads_folder
 from quickdraft.pick import priors
@@ -60,7 +61,9 @@ _SHORTLIST_EFFECT = {
 
 def _draft_model_prior(spec: SpecConfig, task: str) -> StepPrior:
     base = priors.draft_model(spec.num_speculative_tokens, task)
-    shortlist = registry.resolve(spec)[1].draft_shortlist  # type: ignore[attr-defined]
+    options = registry.resolve(spec)[1]
+    assert isinstance(options, DraftModelOptions)
+    shortlist = options.draft_shortlist
     if shortlist.full:
         return base
     length, step = _SHORTLIST_EFFECT.get(str(shortlist), (1.0, 1.0))

@@ -26,6 +26,7 @@ from typing import Any
 from quickdraft.bench.tasks import TASK_KINDS
 from quickdraft.config import MAX_BATCH, Method, SpecConfig
 from quickdraft.drafters import registry
+from quickdraft.drafters.draft_model.options import DraftModelOptions
 from quickdraft.interop.launch import LaunchConfig, launch_configs
 from quickdraft.pick.candidates import support
 from quickdraft.pick.context import PickContext, StepPrior
@@ -211,8 +212,8 @@ def options(
             )
             continue
         candidates = method.candidates(context)
-        cooler = "draft_temperature" in entry.option_names()
-        if cooler_drafts and workload.temperature > 0 and cooler:
+        has_draft_temperature = "draft_temperature" in entry.option_names()
+        if cooler_drafts and workload.temperature > 0 and has_draft_temperature:
             cooler = round(0.7 * workload.temperature, 3)
             candidates += [
                 (f"{label} draft_temperature={cooler:g}",
@@ -279,9 +280,9 @@ def choose(
             f"at the stated concurrency ({workload.concurrency}) the engine would decode "
             "plainly most of the time"
         )
-    entry, options = registry.resolve(spec)
-    if "draft_temperature" in entry.option_names():
-        chosen = options.draft_temperature  # type: ignore[attr-defined]
+    own = registry.resolve(spec)[1]
+    if isinstance(own, DraftModelOptions):
+        chosen = own.draft_temperature
         notes.append(
             "draft temperature: the target's (any keeps the output exact; the same shape "
             "keeps acceptance high; pick --calibrate also measures a cooler draft)"

@@ -380,7 +380,7 @@ def train_eagle(
     scaling: Scaling | None = None,
 ) -> dict:
     """The whole command: sample the corpus, extract features, choose the draft vocabulary,
-    train, save the drafter (``drafters.eagle_io.save_eagle``) and metrics into ``out``.
+    train, save the drafter (``drafters.eagle.io.save_eagle``) and metrics into ``out``.
     Under ``accelerate launch`` the first process extracts the features (the others read its
     shards) and writes the drafter."""
     from quickdraft.drafters.eagle.io import save_eagle

@@ -31,8 +31,10 @@ class ShortlistChoice:
                 f"draft_shortlist: unknown kind {show_value(self.kind)}; choose from "
                 f"{', '.join(KINDS)}"
             )
-        if isinstance(self.size, bool) or not isinstance(self.size, int):
-            raise ValueError(f"draft_shortlist: size must be an integer, got {self.size!r}")
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size >= 10**9:
+            raise ValueError(
+                f"draft_shortlist: size must be an integer below 10**9, got {show_value(self.size)}"
+            )
         if self.kind == "full" and self.size:
             raise ValueError("draft_shortlist: 'full' takes no size")
         if self.kind != "full" and self.size < (0 if self.kind in _ZERO_ALLOWED else 1):

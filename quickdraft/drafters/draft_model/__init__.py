@@ -1,1 +1,2 @@
-"""A smaller model of the target's tokenizer drafts k tokens a step."""
+"""A smaller model of the target's tokenizer drafts k tokens a step: drafter.py (the drafter
+and its builder), options.py (``DraftModelOptions``)."""

@@ -119,7 +119,8 @@ class DraftModelDrafter:
 
     @property
     def head_rows(self) -> int:
-        """Vocabulary rows its head scores a draft token (a shortlist's are fewer)."""
+        """Vocabulary rows its head scores a draft token: the target's vocabulary (a
+        shortlist's rows per position are in ``shortlist.mean_size()``)."""
         return self.vocab_size
 
     def describe(self) -> str:

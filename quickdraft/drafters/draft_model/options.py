@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quickdraft.config import MethodOptions, check_path, check_temperature, parsed
+from quickdraft.config import MethodOptions, check_path, check_temperature, parse_field
 from quickdraft.vocab.choice import FULL, ShortlistChoice
 
 
@@ -28,9 +28,5 @@ class DraftModelOptions(MethodOptions):
         if self.draft_temperature is not None:
             check_temperature("draft_temperature", self.draft_temperature)
             object.__setattr__(self, "draft_temperature", float(self.draft_temperature))
-        object.__setattr__(
-            self,
-            "draft_shortlist",
-            parsed("draft_shortlist", self.draft_shortlist, ShortlistChoice),
-        )
+        parse_field(self, "draft_shortlist", ShortlistChoice)
         check_path("shortlist_dir", self.shortlist_dir)

@@ -11,7 +11,7 @@ from quickdraft.config import (
     check_flag,
     check_path,
     check_range,
-    parsed,
+    parse_field,
 )
 from quickdraft.drafters.eagle.tree import DEFAULT_LOOKUP, DEFAULT_TREES, EagleTree
 from quickdraft.drafters.ngram import check_lookup_ngram
@@ -46,15 +46,11 @@ class EagleOptions(MethodOptions):
 
     def __post_init__(self) -> None:
         check_path("eagle_dir", self.eagle_dir)
-        object.__setattr__(self, "tree", parsed("tree", self.tree, EagleTree))
+        parse_field(self, "tree", EagleTree)
         if self.eagle_lookup is not None:
             check_range("eagle_lookup", self.eagle_lookup, 0, MAX_SPECULATIVE_TOKENS, integer=True)
         check_lookup_ngram(self.prompt_lookup_min, self.prompt_lookup_max)
-        object.__setattr__(
-            self,
-            "draft_shortlist",
-            parsed("draft_shortlist", self.draft_shortlist, ShortlistChoice),
-        )
+        parse_field(self, "draft_shortlist", ShortlistChoice)
         check_path("shortlist_dir", self.shortlist_dir)
         check_flag("drafter_int8", self.drafter_int8)
         tokens = max(self.tree.resolve(device).tokens for device in DEFAULT_TREES)

@@ -49,7 +49,8 @@ class DynamicTree:
         ``6,2,8,0.2``); TOPK 1 is a chain. ``parse(str(tree)) == tree``."""
         # ASCII digits, no spaces, each number capped in length before it is converted.
         number = r"([0-9]{1,6})"
-        shape = rf"{number},{number},{number}(?:,([0-9]{{0,3}}\.?[0-9]{{1,12}}))?"
+        fraction = r"((?:[0-9]{1,3}\.?[0-9]{0,20}|\.[0-9]{1,20})(?:[eE][-+]?[0-9]{1,3})?)"
+        shape = rf"{number},{number},{number}(?:,{fraction})?"
         match = re.fullmatch(shape, text) if isinstance(text, str) else None
         if match is None:
             raise ValueError(
@@ -71,6 +72,10 @@ class EagleTree:
     ``parse(str(x)) == x``."""
 
     shape: DynamicTree | None = None
+
+    def __post_init__(self) -> None:
+        if self.shape is not None and not isinstance(self.shape, DynamicTree):
+            raise ValueError(f"tree: shape must be a DynamicTree or None, got {self.shape!r}")
 
     @classmethod
     def parse(cls, text: str) -> EagleTree:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quickdraft.config import MethodOptions, check_flag, check_path, parsed
+from quickdraft.config import MethodOptions, check_flag, check_path, parse_field
 from quickdraft.drafters.medusa.tree import MedusaTree
 from quickdraft.vocab.choice import FULL, ShortlistChoice
 
@@ -31,11 +31,7 @@ class MedusaOptions(MethodOptions):
 
     def __post_init__(self) -> None:
         check_path("medusa_dir", self.medusa_dir)
-        object.__setattr__(self, "tree", parsed("tree", self.tree, MedusaTree))
-        object.__setattr__(
-            self,
-            "draft_shortlist",
-            parsed("draft_shortlist", self.draft_shortlist, ShortlistChoice),
-        )
+        parse_field(self, "tree", MedusaTree)
+        parse_field(self, "draft_shortlist", ShortlistChoice)
         check_path("shortlist_dir", self.shortlist_dir)
         check_flag("drafter_int8", self.drafter_int8)

@@ -85,6 +85,10 @@ class MedusaTree:
         ):
             raise ValueError(f"tree: expected fit:N with N in 1..{MAX_DRAFT_TOKENS}, got {self}")
         widths = self.widths
+        if not isinstance(widths, tuple) or not all(
+            isinstance(w, int) and not isinstance(w, bool) for w in widths
+        ):
+            raise ValueError(f"tree: widths must be a tuple of integers, got {widths!r}")
         if len(widths) > MAX_TREE_DEPTH or not all(1 <= w <= MAX_TREE_WIDTH for w in widths):
             raise ValueError(
                 f"tree: at most {MAX_TREE_DEPTH} levels of 1..{MAX_TREE_WIDTH} children, got {self}"
