@@ -61,7 +61,7 @@ def main() -> None:
 
 
 def write(rounds: dict[str, list[dict]], checkouts: dict[str, Path], args) -> None:
-    """Medians over the rounds run so far, as results.json and results.md in ``args.out``."""
+    """Medians over the rounds run so far, as results.json and report.md in ``args.out``."""
     table = []
     for position, row in enumerate(rounds["after"][0]["table"]):
         concurrency = row["concurrency"]
@@ -78,11 +78,20 @@ def write(rounds: dict[str, list[dict]], checkouts: dict[str, Path], args) -> No
         }
         table.append(entry)
     args.out.mkdir(parents=True, exist_ok=True)
-    machine = rounds["after"][0]["machine"]
-    result = {"machine": machine, "threads": args.threads, "rounds": len(rounds["after"]),
+    result = {"machine": rounds["after"][0]["machine"], "threads": args.threads,
+              "requests": args.requests, "max_new_tokens": args.max_new_tokens,
+              "rounds": len(rounds["after"]),
               "checkouts": {k: str(v) for k, v in checkouts.items()}, "table": table,
               "raw": rounds}  # fmt: skip
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    report = render(result)
+    (args.out / "report.md").write_text(report)
+    print(report)
+
+
+def render(result: dict) -> str:
+    """The report.md of a results.json: the medians side by side, with the run's settings."""
+    table = result["table"]
     modes = list(table[0]["after"])
     lines = [
         "| concurrent requests | " + " | ".join(
@@ -94,13 +103,11 @@ def write(rounds: dict[str, list[dict]], checkouts: dict[str, Path], args) -> No
         cells = [f"{before[m]:.1f} | {after[m]:.1f} | {ratio[m]:.3f}" for m in modes]
         lines.append(f"| {entry['concurrency']} | " + " | ".join(cells) + " |")
     header = (
-        f"Aggregate tokens/s, median of {len(rounds['after'])} interleaved rounds per checkout "
-        f"({args.requests} requests x {args.max_new_tokens} tokens, greedy, "
-        f"{args.threads} threads; {machine}).\n\n"
+        f"Aggregate tokens/s, median of {result['rounds']} interleaved rounds per checkout "
+        f"({result['requests']} requests x {result['max_new_tokens']} tokens, greedy, "
+        f"{result['threads']} threads; {result['machine']}).\n\n"
     )
-    (args.out / "results.md").write_text(header + "\n".join(lines) + "\n")
-    print(header + "\n".join(lines))
-
+    return header + "\n".join(lines) + "\n"
 
 if __name__ == "__main__":
     main()

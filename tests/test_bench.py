@@ -177,6 +177,7 @@ def _renderers() -> dict:
         "medusa": lambda r: medusa.render(r, tasks_of(r)),
         "dynaspec_eagle": script("dynaspec_eagle").render,
         "eagle_tree_sweep": script("eagle_tree_sweep").render,
+        "engine_batch_ab": script("engine_batch_ab").render,
         "bench": lambda r: markdown(r["results"], r["meta"]),
     }
 
