@@ -109,5 +109,6 @@ def render(result: dict) -> str:
     )
     return header + "\n".join(lines) + "\n"
 
+
 if __name__ == "__main__":
     main()
