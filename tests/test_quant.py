@@ -1,4 +1,4 @@
-"""Quantized targets: int8 weights on the target itself. Speculation must reproduce the
+"""Quantized targets: int8 or 4-bit weights on the target itself. Speculation must reproduce the
 quantized target's own plain decoding (its verify passes give each token the logits its
 one-token steps do), with every method, alone and in batches."""
 
@@ -8,7 +8,7 @@ from conftest import FAMILIES, tiny_folder_and_corpus, tiny_hf_model
 from test_eagle import random_net
 from test_medusa import random_heads
 
-from quickdraft import SamplingParams, generate, generate_batch
+from quickdraft import SamplingParams, generate, generate_batch, kernels
 from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.drafters.eagle.drafter import EagleDrafter
 from quickdraft.drafters.eagle.tree import DynamicTree
@@ -23,19 +23,20 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7, 7, 7]]
 
 
-def int8_target(family: str) -> LlamaRunner:
+def int8_target(family: str, quant: str = "int8") -> LlamaRunner:
     """A tiny model with int8 weights, its outlier channels calibrated, batch-invariant: what
-    load_model(quant="int8") builds."""
+    load_model(quant="int8") builds; with quant="q4", 4-bit weights (``kernels.q4``)."""
     model = tiny_hf_model(family, layers=3)
     return LlamaRunner.from_state_dict(
-        model.config.to_dict(), model.state_dict(), int8=True, invariant=True,
-        calibration=torch.arange(40) % model.config.vocab_size,
+        model.config.to_dict(), model.state_dict(), int8=quant == "int8", q4=quant == "q4",
+        invariant=True, calibration=torch.arange(40) % model.config.vocab_size,
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("quant", ["int8", "q4"])
 @pytest.mark.parametrize("context", [8, 300])
 @pytest.mark.parametrize("family", ["llama-untied", "qwen2-bias"])
-def test_a_quantized_target_gives_a_token_the_same_logits_in_any_pass(family, context):
+def test_a_quantized_target_gives_a_token_the_same_logits_in_any_pass(family, context, quant):
     """A one-token step and the same token inside a chain verify or a tree verify: equal
     bit for bit (the draft model and n-gram drafters verify chains, EAGLE and Medusa trees),
     after a short context and a long one, with two threads as users run it. (The attention
@@ -43,7 +44,7 @@ def test_a_quantized_target_gives_a_token_the_same_logits_in_any_pass(family, co
     other numbers with two threads: this tiny model's int8 rounding hides such last-bit
     differences, Qwen2.5-Coder-0.5B's did not in 2 of 33 bench prompts.)"""
     torch.set_num_threads(2)  # the autouse fixture sets 1 again for the next test
-    target = int8_target(family)
+    target = int8_target(family, quant)
     prompt = (torch.arange(context) * 37 % 101).unsqueeze(0)
     following = torch.tensor([[23, 4, 61, 9, 30]])
 
@@ -72,17 +73,28 @@ def test_a_quantized_target_gives_a_token_the_same_logits_in_any_pass(family, co
     )
 
 
+ATTENTION_PATHS = [p for p in (1, 2) if p >= kernels.attention_path() > 0]
+
+
+@pytest.mark.parametrize("path", ATTENTION_PATHS)
+@pytest.mark.parametrize("shape", [(14, 2, 64), (9, 3, 64), (4, 2, 16), (6, 2, 8)])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("keys", [16, 300, 1000])
-def test_invariant_attention_gives_a_query_the_same_numbers_in_a_group_of_any_size(keys, threads):
-    """The kernel under a quantized target: queries that see equally many keys share one
-    call; each must get what it gets alone. (PyTorch's CPU scaled_dot_product_attention does
+def test_invariant_attention_gives_a_query_the_same_numbers_in_a_group_of_any_size(
+    keys, threads, shape, path, monkeypatch
+):
+    """The kernel under a quantized target (``kernels/attention.cpp``, on each instruction set
+    the host runs): queries that see equally many keys share one call; each must get what it
+    gets alone. Shapes of Qwen2.5-Coder-0.5B, SmolLM2 (where MKL's batched product failed in
+    every case) and the tiny test models. (PyTorch's CPU scaled_dot_product_attention does
     not with several threads: its work is split by the batch's size. The suite runs one
     thread a worker, where it did, so this sets the thread count users run with.)"""
+    monkeypatch.setattr(kernels, "attention_path", lambda: path)
     torch.set_num_threads(threads)  # the autouse fixture sets 1 again for the next test
     torch.manual_seed(0)
-    q = torch.randn(3, 14, 2, 64)  # 3 rows, 14 query heads, 2 new tokens each
-    cache_k, cache_v = torch.randn(2, 3, 2, keys, 64)  # 2 kv heads
+    heads, kv_heads, dim = shape
+    q = torch.randn(3, heads, 2, dim)  # 3 rows, 2 new tokens each
+    cache_k, cache_v = torch.randn(2, 3, kv_heads, keys, dim)
     sees_all = torch.ones(3, 1, 2, keys, dtype=torch.bool)
     together = attend_each(q, cache_k, cache_v, seen_slots(sees_all), gqa=True)
     assert len(seen_slots(sees_all)) == 1  # all six queries in one call
@@ -161,10 +173,11 @@ def test_an_int8_row_is_the_same_alone_or_in_any_batch(calibrated):
         assert torch.equal(alone, together)
 
 
+@pytest.mark.parametrize("quant", ["int8", "q4"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_every_method_reproduces_the_int8_targets_own_decoding(family):
-    target = int8_target(family)
-    assert target.int8
+def test_every_method_reproduces_the_quantized_targets_own_decoding(family, quant):
+    target = int8_target(family, quant)
+    assert target.int8 if quant == "int8" else target.q4
     hidden, vocab = target.config.hidden_size, target.vocab_size
     drafters = {
         "draft_model": DraftModelDrafter(target.truncated(1), 4),
@@ -196,14 +209,17 @@ def test_quant_is_int8_on_cpu_and_named_otherwise(tmp_path, smollm2, capsys):
     for bad in ("int4", "gguf", "fp8"):
         with pytest.raises(ValueError, match="quant"):
             load_model(folder, quant=bad)
+    model, _ = load_model(folder, quant="q4")
+    assert model.q4 and model.quant_check is not None and model.quant_check.passed
     with pytest.raises(ValueError, match="quant: int8 weights run on CPU"):
         load_model(folder, quant="int8", device="cuda")
     with pytest.raises(ValueError, match="quant"):
         load_model(folder, quant="int8", backend="hf")
     runs = {}
-    for method in ("ar", "ngram"):
-        argv = ["generate", "Hello there", "--target", str(folder), "--quant", "int8",
-                "--method", method, "--max-new-tokens", "16", "--json"]  # fmt: skip
-        assert main(argv) == 0
-        runs[method] = json.loads(capsys.readouterr().out)["token_ids"]
-    assert runs["ar"] == runs["ngram"]
+    for quant in ("int8", "q4"):
+        for method in ("ar", "ngram"):
+            argv = ["generate", "Hello there", "--target", str(folder), "--quant", quant,
+                    "--method", method, "--max-new-tokens", "16", "--json"]  # fmt: skip
+            assert main(argv) == 0
+            runs[quant, method] = json.loads(capsys.readouterr().out)["token_ids"]
+        assert runs[quant, "ar"] == runs[quant, "ngram"], quant

@@ -114,9 +114,10 @@ def load_speculation(
 def add_quant(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quant",
-        choices=["int8"],
+        choices=["int8", "q4"],
         default=None,
-        help="the target's weights quantized (int8, CPU); speculation stays exact with respect "
+        help="the target's weights quantized on CPU: int8, or q4 (4-bit weights, int8 "
+        "activations, the compiled kernel this CPU runs); speculation stays exact with respect "
         "to the quantized target, and the load checks it against its float original",
     )
 

@@ -153,6 +153,8 @@ class LlamaRunner:
     projection's outlier input channels (kept in float); None keeps none.
     probe: [T] token ids to compare the int8 model with its float self on; the result is
     ``quant_check`` (None without a probe).
+    q4: 4-bit weights for every projection and the head (``kernels.q4``): batch-invariant,
+    so for targets as well as drafts; needs no calibration; ``probe`` checks it as for int8.
     shared: compute with the given tensors themselves (no fused or prepacked copies), so the
     runner holds no weights of its own (``from_transformers``).
     invariant: every token's logits are the same bit for bit whatever else the pass holds
@@ -173,9 +175,13 @@ class LlamaRunner:
         probe: torch.Tensor | None = None,
         shared: bool = False,
         invariant: bool = False,
+        q4: bool = False,
     ):
-        if shared and int8:
-            raise ValueError("int8: quantized weights are a copy; they cannot be shared")
+        if shared and (int8 or q4):
+            field = "int8" if int8 else "q4"
+            raise ValueError(f"{field}: quantized weights are a copy; they cannot be shared")
+        if int8 and q4:
+            raise ValueError("q4: a model is quantized to int8 or to 4 bits, not both")
         self.config = config
         self.name: str | None = None  # the alias it was loaded from (``load_model``)
         self.vocab_size = config.vocab_size
@@ -187,7 +193,7 @@ class LlamaRunner:
         self.embed = weights["model.embed_tokens.weight"]
         self.dtype, self.device = self.embed.dtype, self.embed.device
         # int8 builds float layers first: they keep their dense weights to be quantized.
-        linear = partial(Linear, prepack=not (int8 or shared))
+        linear = partial(Linear, prepack=not (int8 or q4 or shared))
         self.layers = [
             _Layer(weights, f"model.layers.{i}.", config.attention_bias, linear, fused=not shared)
             for i in range(config.num_layers)
@@ -198,14 +204,26 @@ class LlamaRunner:
         self.head_weight = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
         self.head = linear(self.head_weight)
         self.int8 = int8
+        self.q4 = q4
         self.invariant = invariant
         self.inv_freq = _rope_inv_freq(config).to(self.device)
         self.quant_check: int8_ops.QuantCheck | None = None
-        if int8:
+        if int8 or q4:
             original = None if probe is None else self._logits(probe)
-            self._quantize(calibration)
+            if q4:
+                for linear_layer in self._projections():
+                    linear_layer.quantize_q4()
+            else:
+                self._quantize(calibration)
             if original is not None:
                 self.quant_check = int8_ops.compare(self._logits(probe), original)
+
+    def _projections(self) -> list[Linear]:
+        """Every linear layer: the head, then each layer's q/k/v, o, gate/up and down."""
+        layers = [self.head]
+        for layer in self.layers:
+            layers += [layer.qkv, layer.o, layer.gate_up, layer.down]
+        return layers
 
     def _quantize(self, calibration: torch.Tensor | None) -> None:
         """Every projection and the head to int8, in place; ``calibration`` first runs in

@@ -39,7 +39,7 @@ from quickdraft.models.llama import SUPPORTED_MODEL_TYPES, LlamaConfig, LlamaRun
 from quickdraft.models.tokenizer import HFTokenizer
 
 DEFAULT_MODEL = "smollm2-135m"
-QUANTS = ("int8",)
+QUANTS = ("int8", "q4")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,21 +96,20 @@ def load_model(
     int8 model is compared with its float original on a fixed probe at load; if it agrees on
     fewer than 95% of top-1 tokens, ``int8_fallback`` loads float weights instead with a
     one-line warning (a draft), else raises ValueError (a model that must not drift).
-    quant: "int8" keeps a model's weights quantized whatever its role, a target included:
-    the same int8 weights, checked the same way, and a failed check raises. Speculation is
-    then exact with respect to the quantized model (its own plain decoding), as it is for any
-    target. Only int8 is offered: PyTorch's int4 and int8 weight-only CPU kernels ran slower
-    than float here (``benchmarks/results/quant_kernels.md``).
+    quant: keeps a model's weights quantized whatever its role, a target included: "int8"
+    (the same int8 weights, checked the same way) or "q4" (4-bit weights with int8
+    activations, ``kernels.q4``: the compiled kernel this CPU runs, else PyTorch). A failed
+    check raises. Speculation is then exact with respect to the quantized model (its own
+    plain decoding), as it is for any target: every token gets the same logits in a verify
+    pass as in a one-token step.
     """
+    q4 = quant == "q4"
     if quant is not None:
         if quant not in QUANTS:
-            raise ValueError(
-                f"quant: {quant!r} is not offered ({', '.join(QUANTS)}); int4 and GGUF-native "
-                "kernels ran slower than float on CPU (benchmarks/results/quant_kernels.md)"
-            )
+            raise ValueError(f"quant: {quant!r} is not offered ({', '.join(QUANTS)})")
         if torch.device(device).type != "cpu":
-            raise ValueError(f"quant: int8 weights run on CPU kernels, not on {device}")
-        int8, int8_fallback = True, False
+            raise ValueError(f"quant: {quant} weights run on CPU kernels, not on {device}")
+        int8, int8_fallback = quant == "int8", False
     if backend not in ("auto", "native", "hf"):
         raise ValueError(f"backend must be auto, native or hf, got {backend!r}")
     _check_device(device)
@@ -139,9 +138,9 @@ def load_model(
             f"runner ({', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     if backend == "hf" or not native:
-        if int8:
+        if int8 or q4:
             field = "quant" if quant else "int8"
-            raise ValueError(f"{field}: only the native runner has int8 weights")
+            raise ValueError(f"{field}: only the native runner has quantized weights")
         return _hf_model(folder, dtype, device), tokenizer
     state: dict[str, torch.Tensor] = {}
     for shard in weights:
@@ -153,7 +152,7 @@ def load_model(
     except (KeyError, TypeError) as error:
         raise ArtifactError(folder / "config.json", f"lacks {error}", remedy) from None
     calibration = probe = None
-    if int8:
+    if int8 or q4:
         calibration = torch.tensor(tokenizer.encode(int8_ops.CALIBRATION_TEXT))
         probe = torch.tensor(tokenizer.encode(int8_ops.PROBE_TEXT))
     try:
@@ -167,6 +166,7 @@ def load_model(
             calibration=calibration,
             probe=probe,
             invariant=quant is not None,
+            q4=q4,
         )
     except KeyError as error:
         raise ArtifactError(folder, f"lacks the weight {error}", remedy) from None

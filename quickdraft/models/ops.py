@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from quickdraft import kernels
+from quickdraft.kernels import q4 as q4_ops
 from quickdraft.models import int8 as int8_ops
 
 
@@ -39,6 +41,7 @@ class Linear:
         self._observing = False
         self._packed: Any = None
         self._int8: int8_ops.Int8Weights | None = None
+        self._q4: q4_ops.Q4Weights | None = None
         if not prepack:
             return
         if int8:
@@ -71,6 +74,20 @@ class Linear:
             return
         self.weight = None
 
+    def quantize_q4(self) -> None:
+        """To 4-bit weights in place (``kernels.q4``): batch-invariant by construction, and
+        needing no calibration (activations are quantized per group of 32, so an outlier
+        channel costs only its own group). CPU float32 layers only (others stay as they are);
+        a width that is not a multiple of 32 raises ValueError."""
+        if self.weight is None:
+            raise ValueError("quantize_q4() needs the dense weight: build with prepack=False")
+        self._observing = False
+        weight = self.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return
+        self._q4 = q4_ops.Q4Weights.build(q4_ops.quantize(weight), self.bias)
+        self.weight = None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._observing:
             seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
@@ -80,7 +97,9 @@ class Linear:
         flat = x.reshape(-1, x.shape[-1])
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        if self._int8 is not None:
+        if self._q4 is not None:
+            out = q4_ops.linear(flat, self._q4)
+        elif self._int8 is not None:
             out = int8_ops.linear(flat, self._int8)
         else:
             out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
@@ -192,10 +211,25 @@ def attend_each(
     splits its work by the batch's size, and a query's result then depends on how many others
     share its call (measured on torch 2.13: a tree's siblings, or batch rows of equal length,
     got other logits than their one-token steps). A padded, masked batch would change the
-    reduction's length and order."""
+    reduction's length and order. Nor, where the compiled kernels are built, the batched
+    products below: MKL's result for one batch entry changes with the batch's size too (with
+    SmolLM2's head shapes in every case measured), so a tree node's attention differed from
+    its one-token step; ``kernels/attention.cpp`` computes each query by itself."""
     out = torch.empty_like(q)
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, S, Hkv, D]
     heads, kv_heads, dim = q.shape[1], keys.shape[2], q.shape[3]
+    path = kernels.attention_path() if q.device.type == "cpu" and q.dtype == torch.float32 else 0
+    if path and dim <= 256:
+        # The compiled kernel: one query at a time, so a batched product's dependence on the
+        # batch's size (MKL's, below) cannot reach it.
+        if keys.stride(-1) != 1 or keys.stride(2) != dim:
+            keys, values = keys.contiguous(), values.contiguous()
+        for rows, queries, slots in groups:
+            group = q[rows, :, queries].contiguous()  # [G, H, D]
+            out[rows, :, queries] = torch.ops.quickdraft_kernels.attend(
+                group, keys, values, rows.contiguous(), slots.contiguous(), dim**-0.5, path
+            )
+        return out
     # GQA without copies: query head h reads kv head h // (heads / kv_heads).
     shared = heads // kv_heads if gqa else 1
     for rows, queries, slots in groups:

@@ -1,0 +1,114 @@
+"""Compiled CPU kernels, built from the sources beside this file at first use.
+
+``q4.cpp``: the 4-bit linear layer (``kernels.q4``). ``attention.cpp``: attention one query at
+a time over exactly its own keys (``models.ops.attend_each``), the same bits whatever else a
+pass holds. ``native()`` compiles them once per source and torch version into the user's cache
+(``$QUICKDRAFT_CACHE``, else ``~/.cache/quickdraft``) with the compiler and ninja the machine
+has, and loads them as ``torch.ops.quickdraft_kernels``. ``make demo`` builds them while
+installing, so the first generation does not wait. A host that cannot build them (no
+compiler, no ninja) gets one warning and PyTorch paths: the 4-bit reference (the same bits,
+slower) and batched attention.
+
+    python -m quickdraft.kernels    # build now; print the path this CPU runs
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCES = [Path(__file__).with_name(name) for name in ("q4.cpp", "attention.cpp")]
+# Which code path runs the 4-bit product: the compiled kernel's instruction sets, best first,
+# then the PyTorch reference (``kernels.q4.reference``), which every CPU runs.
+PATHS = {"avx512-vnni": 1, "avx2": 2}
+REFERENCE = "pytorch"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft"
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES)).hexdigest()[:12]
+    version = torch.__version__.replace("+", "-")
+    return Path(root) / "kernels" / f"{version}-{digest}"
+
+
+@functools.cache
+def native() -> bool:
+    """Whether the compiled kernels are loaded (building them first if need be)."""
+    if hasattr(torch.ops.quickdraft_kernels, "q4_linear"):
+        return True
+    try:
+        from torch.utils import cpp_extension
+
+        build = cache_dir()
+        build.mkdir(parents=True, exist_ok=True)
+        flags = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
+        cpp_extension.load(
+            name="quickdraft_kernels",
+            sources=[str(path) for path in SOURCES],
+            extra_cflags=flags,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build),
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as error:  # no compiler, no ninja, a failed build: all end the same way
+        warnings.warn(
+            f"compiled kernels could not be built ({_reason(error)}); 4-bit layers use "
+            "the PyTorch reference path (same results, slower)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    for stale in build.parent.iterdir():  # builds of earlier sources
+        if stale != build:
+            shutil.rmtree(stale, ignore_errors=True)
+    return True
+
+
+def _reason(error: Exception) -> str:
+    """The line of a build failure that says why: the compiler's first error, else the
+    exception's first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [repr(error)]
+    return next((line for line in lines if ": error:" in line), lines[0])[:300]
+
+
+@functools.cache
+def best_path() -> str:
+    """The fastest 4-bit path this host runs: ``avx512-vnni``, ``avx2`` or ``pytorch``."""
+    if not native():
+        return REFERENCE
+    code = int(torch.ops.quickdraft_kernels.best_path())
+    return next((name for name, value in PATHS.items() if value == code), REFERENCE)
+
+
+def runnable_paths() -> list[str]:
+    """Every 4-bit path this host can run, the reference last."""
+    if not native():
+        return [REFERENCE]
+    ops = torch.ops.quickdraft_kernels
+    return [name for name, code in PATHS.items() if ops.supported(code)] + [REFERENCE]
+
+
+def check_path(path: str) -> str:
+    """``path``, if this host runs it; a ValueError naming the field otherwise."""
+    if path == "auto":
+        return best_path()
+    runnable = runnable_paths()
+    if path not in runnable:
+        known = ", ".join(["auto", *PATHS, REFERENCE])
+        if path not in (*PATHS, REFERENCE):
+            raise ValueError(f"q4 path: {path!r} is not one of {known}")
+        raise ValueError(f"q4 path: this CPU cannot run {path!r} (it runs {', '.join(runnable)})")
+    return path
+
+
+def attention_path() -> int:
+    """The compiled attention kernel's instruction set for this CPU (1: AVX-512, 2: AVX2), or
+    0 where there is none."""
+    return {"avx512-vnni": 1, "avx2": 2}.get(best_path(), 0)

@@ -1,0 +1,225 @@
+// Attention for one query at a time over exactly the cache slots it sees, in their order: the
+// same bits for a query whatever else its call holds (other rows, other tree nodes, how many
+// queries share its key count). A batched matrix product cannot promise that: PyTorch's CPU
+// bmm hands batches to MKL, whose result for one batch entry changes with the batch's size
+// (measured on torch 2.13 with SmolLM2's shapes: 60 of 60 random cases).
+//
+// Each (query, head) is computed by one thread, in one fixed sequence: the scores as dot
+// products over the head dimension, their maximum, exp(score - max) by a fixed polynomial,
+// their sum over the slots in order, and the values weighted by them, also in order.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+struct Problem {
+  const float* q;        // [G, H, D]
+  const float* keys;     // [B, S, Hkv, D] with the strides below, [Hkv, D] contiguous
+  const float* values;   // the same layout
+  const int64_t* rows;   // [G]
+  const int64_t* slots;  // [G, n]
+  float* out;            // [G, H, D]
+  int64_t heads, kv_heads, dim, n;
+  int64_t key_row_stride, key_slot_stride, value_row_stride, value_slot_stride;
+  float scale;
+};
+
+// exp(x) for x <= 0: x = n ln 2 + r, |r| <= ln 2 / 2, exp(r) by its degree-6 Taylor polynomial
+// (about 2 ulp), times 2^n.
+__attribute__((target("avx512f"))) inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i exponent = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+}
+
+constexpr int64_t kMaxDim = 256;
+
+// One (query, head) with AVX-512: 16 lanes of the head dimension at a time, a masked tail.
+__attribute__((target("avx512f"))) void one_avx512(const Problem& P, int64_t g, int64_t h,
+                                                   std::vector<float>& scores) {
+  const int64_t dim = P.dim, n = P.n;
+  const int64_t kv = h / (P.heads / P.kv_heads);
+  const int64_t chunks = (dim + 15) / 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (dim - 16 * (chunks - 1))) - 1u);
+  auto mask = [&](int64_t c) { return c + 1 == chunks ? tail : static_cast<__mmask16>(0xFFFF); };
+  const float* query = P.q + (g * P.heads + h) * dim;
+  __m512 qv[kMaxDim / 16];
+  for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_maskz_loadu_ps(mask(c), query + 16 * c);
+  const int64_t* slots = P.slots + g * n;
+  const float* keys = P.keys + P.rows[g] * P.key_row_stride + kv * dim;
+  const float* values = P.values + P.rows[g] * P.value_row_stride + kv * dim;
+  float top = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* key = keys + slots[j] * P.key_slot_stride;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c)
+      acc = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(mask(c), key + 16 * c), acc);
+    scores[j] = _mm512_reduce_add_ps(acc) * P.scale;
+    top = scores[j] > top ? scores[j] : top;
+  }
+  __m512 total = _mm512_setzero_ps();
+  const __m512 shift = _mm512_set1_ps(top);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1u);
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores.data() + j), shift));
+    _mm512_mask_storeu_ps(scores.data() + j, m, e);
+    total = _mm512_add_ps(total, _mm512_maskz_mov_ps(m, e));
+  }
+  const float inverse = 1.0f / _mm512_reduce_add_ps(total);
+  __m512 acc[kMaxDim / 16];
+  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const float* value = values + slots[j] * P.value_slot_stride;
+    const __m512 w = _mm512_set1_ps(scores[j]);
+    for (int64_t c = 0; c < chunks; ++c)
+      acc[c] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mask(c), value + 16 * c), acc[c]);
+  }
+  float* out = P.out + (g * P.heads + h) * dim;
+  for (int64_t c = 0; c < chunks; ++c)
+    _mm512_mask_storeu_ps(out + 16 * c, mask(c), _mm512_mul_ps(acc[c], _mm512_set1_ps(inverse)));
+}
+
+__attribute__((target("avx2,fma"))) inline float sum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// Lanes [0, width - 8c) of chunk c, at most 8: a mask for AVX2's masked loads and stores.
+__attribute__((target("avx2"))) inline __m256i lanes(int64_t c, int64_t width) {
+  const int64_t left = width - 8 * c;
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left < 8 ? left : 8)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// The same with AVX2: 8 lanes at a time, masked loads for the tail.
+__attribute__((target("avx2,fma"))) void one_avx2(const Problem& P, int64_t g, int64_t h,
+                                                  std::vector<float>& scores) {
+  const int64_t dim = P.dim, n = P.n;
+  const int64_t kv = h / (P.heads / P.kv_heads);
+  const int64_t chunks = (dim + 7) / 8;
+  const float* query = P.q + (g * P.heads + h) * dim;
+  __m256 qv[kMaxDim / 8];
+  for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm256_maskload_ps(query + 8 * c, lanes(c, dim));
+  const int64_t* slots = P.slots + g * n;
+  const float* keys = P.keys + P.rows[g] * P.key_row_stride + kv * dim;
+  const float* values = P.values + P.rows[g] * P.value_row_stride + kv * dim;
+  float top = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* key = keys + slots[j] * P.key_slot_stride;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t c = 0; c < chunks; ++c)
+      acc = _mm256_fmadd_ps(qv[c], _mm256_maskload_ps(key + 8 * c, lanes(c, dim)), acc);
+    scores[j] = sum256(acc) * P.scale;
+    top = scores[j] > top ? scores[j] : top;
+  }
+  __m256 total = _mm256_setzero_ps();
+  const __m256 shift = _mm256_set1_ps(top);
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256i m = lanes(0, n - j);
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_maskload_ps(scores.data() + j, m), shift));
+    _mm256_maskstore_ps(scores.data() + j, m, e);
+    total = _mm256_add_ps(total, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
+  }
+  const float inverse = 1.0f / sum256(total);
+  __m256 acc[kMaxDim / 8];
+  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const float* value = values + slots[j] * P.value_slot_stride;
+    const __m256 w = _mm256_set1_ps(scores[j]);
+    for (int64_t c = 0; c < chunks; ++c)
+      acc[c] = _mm256_fmadd_ps(w, _mm256_maskload_ps(value + 8 * c, lanes(c, dim)), acc[c]);
+  }
+  float* out = P.out + (g * P.heads + h) * dim;
+  for (int64_t c = 0; c < chunks; ++c)
+    _mm256_maskstore_ps(out + 8 * c, lanes(c, dim), _mm256_mul_ps(acc[c], _mm256_set1_ps(inverse)));
+}
+
+// path: 1 AVX-512, 2 AVX2 (as the 4-bit kernel's paths; the caller checks the CPU has it).
+at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                  const at::Tensor& rows, const at::Tensor& slots, double scale, int64_t path) {
+  TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat,
+              "attend: q must be contiguous float32 [G, H, D]");
+  TORCH_CHECK(keys.dim() == 4 && values.dim() == 4, "attend: keys, values must be [B, S, Hkv, D]");
+  const int64_t dim = q.size(2), kv_heads = keys.size(2);
+  for (const at::Tensor* t : {&keys, &values}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->stride(3) == 1 && t->stride(2) == dim &&
+                    t->size(3) == dim && t->size(2) == kv_heads,
+                "attend: keys and values must be float32 with [Hkv, D] contiguous");
+  }
+  TORCH_CHECK(dim <= kMaxDim, "attend: head dimension above ", kMaxDim);
+  TORCH_CHECK(q.size(1) % kv_heads == 0, "attend: heads must be a multiple of kv heads");
+  TORCH_CHECK(rows.scalar_type() == at::kLong && slots.scalar_type() == at::kLong &&
+                  rows.is_contiguous() && slots.is_contiguous() && slots.dim() == 2 &&
+                  slots.size(0) == q.size(0) && rows.numel() == q.size(0) && slots.size(1) > 0,
+              "attend: rows [G] and slots [G, n > 0] must be contiguous int64");
+  at::Tensor out = at::empty_like(q);
+  Problem P{q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(),
+            rows.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), out.data_ptr<float>(),
+            q.size(1), kv_heads, dim, slots.size(1), keys.stride(0), keys.stride(1),
+            values.stride(0), values.stride(1), static_cast<float>(scale)};
+  const int64_t items = q.size(0) * P.heads;
+  // One (query, head) per item; threads only when there is enough work to share.
+  const int64_t grain = std::max<int64_t>(1, 4096 / (P.n * dim / 16 + 1));
+  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(P.n + 16);
+    for (int64_t item = begin; item < end; ++item) {
+      if (path == 1) {
+        one_avx512(P, item / P.heads, item % P.heads, scores);
+      } else {
+        one_avx2(P, item / P.heads, item % P.heads, scores);
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(quickdraft_kernels, m) {
+  m.def("attend(Tensor q, Tensor keys, Tensor values, Tensor rows, Tensor slots, float scale, "
+        "int path) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(quickdraft_kernels, CPU, m) { m.impl("attend", &attend); }

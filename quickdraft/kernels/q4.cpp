@@ -1,0 +1,338 @@
+// A batch-invariant 4-bit linear layer for x86 CPUs: y = x W^T + b with W in 4-bit groups.
+//
+// Weights: per output channel o and group g of 32 input channels, w = s[o,g] * q + m[o,g],
+// q in 0..15, s and m in float16. Activations: per row r and group g, x ~= a[r,g] * p with
+// p in -127..127 (a = amax / 127). Then
+//
+//     y[r,o] = sum_g ( (s[o,g] * dot(q, p)) * a[r,g] + m[o,g] * (a[r,g] * sum(p)) ) + b[o]
+//
+// where dot and sum are exact int32 (at most 32 * 15 * 127 per group). The float sum runs
+// over g in order, the same operations for every row whatever the row count, the row's place
+// in the batch, the thread count or the instruction set: each output element is computed by
+// one thread, in one fixed sequence of IEEE operations (built with -ffp-contract=off, so no
+// multiply-add is fused behind our back). The AVX-512 VNNI path, the AVX2 path and the
+// PyTorch reference (quickdraft/kernels/q4.py) give the same bits.
+//
+// Packed layout (uint8), a record of RECORD bytes per (block of 16 outputs, group), blocks
+// outer: 4 chunks of 64 bytes, chunk c holding input channels 8c..8c+7 of the group, byte
+// 4 * lane + t: low nibble q[lane][8c + t], high nibble q[lane][8c + 4 + t]; then the 16
+// scales and the 16 minimums as float16. A chunk is what one VNNI instruction multiplies
+// against 4 broadcast activation bytes, 16 outputs at once.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int64_t kLanes = 16;
+constexpr int64_t kNibbleBytes = kLanes * kGroup / 2;  // 256
+constexpr int64_t kRecord = kNibbleBytes + 2 * kLanes * 2;  // + scales and minimums, fp16
+
+// Row activations, quantized per group of 32: codes, their scale and scale * sum of codes.
+struct Activations {
+  std::vector<int8_t> codes;  // [rows, k]
+  std::vector<float> scale;   // [rows, groups]
+  std::vector<float> offset;  // [rows, groups]
+};
+
+// One group of 32 activations to codes, with its scale and scale * sum of codes: the codes
+// are nearbyint(x * (127 / amax)) (round half to even), as the PyTorch reference computes.
+__attribute__((target("avx2,fma,f16c"))) void quantize_group(const float* xs, int8_t* codes,
+                                                             float* scale, float* offset) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 top = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(xs + 8 * i);
+    top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v[i]));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  const float amax = _mm_cvtss_f32(h);
+  if (!(amax > 0.0f)) {
+    std::memset(codes, 0, kGroup);
+    *scale = *offset = 0.0f;
+    return;
+  }
+  const __m256 inverse = _mm256_set1_ps(127.0f / amax);
+  const __m256 high = _mm256_set1_ps(127.0f), low = _mm256_set1_ps(-127.0f);
+  __m256i q[4];
+  __m256i total = _mm256_setzero_si256();
+  for (int i = 0; i < 4; ++i) {
+    __m256 c = _mm256_round_ps(_mm256_mul_ps(v[i], inverse),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    c = _mm256_min_ps(high, _mm256_max_ps(low, c));
+    q[i] = _mm256_cvtps_epi32(c);
+    total = _mm256_add_epi32(total, q[i]);
+  }
+  // Packing works within 128-bit lanes: put the 4-byte pieces back in order.
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                            _mm256_packs_epi32(q[2], q[3]));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes),
+                      _mm256_permutevar8x32_epi32(packed, order));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  *scale = amax / 127.0f;
+  *offset = *scale * static_cast<float>(_mm_cvtsi128_si32(t));
+}
+
+Activations quantize_rows(const float* x, int64_t rows, int64_t k) {
+  const int64_t groups = k / kGroup;
+  Activations a{std::vector<int8_t>(rows * k), std::vector<float>(rows * groups),
+                std::vector<float>(rows * groups)};
+  // Rows in parallel once there is enough of them to pay for waking the threads.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / k);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        quantize_group(x + r * k + g * kGroup, a.codes.data() + r * k + g * kGroup,
+                       &a.scale[r * groups + g], &a.offset[r * groups + g]);
+      }
+    }
+  });
+  return a;
+}
+
+// Rows go through a block in tiles of up to kTile, each row's 16 sums held in a register
+// across the groups; the block's weights (15 KB for 1536 inputs) are read again from cache
+// for each tile. A row's operations are the same in a tile of any size.
+constexpr int kTile = 4;
+
+// acc + the dot products of each 32-bit lane of w (4 unsigned bytes) with the 4 signed bytes
+// at p, broadcast from memory inside the instruction (compilers do not fold the broadcast, and
+// a separate one costs an instruction per product).
+__attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_broadcast(__m512i acc,
+                                                                           __m512i w,
+                                                                           const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(w), "m"(*reinterpret_cast<const int32_t(*)[1]>(p)));
+  return acc;
+}
+
+// One block of 16 outputs for rows [0, R) of `a` from row `first`: out[r * 16 + lane].
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) inline void
+tile_avx512_vnni(const uint8_t* records, const Activations& a, int64_t first, int64_t k,
+                 float* out) {
+  const int64_t groups = k / kGroup;
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  const int8_t* codes[R];
+  const float* scale[R];
+  const float* offset[R];
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) {
+    codes[r] = a.codes.data() + (first + r) * k;
+    scale[r] = a.scale.data() + (first + r) * groups;
+    offset[r] = a.offset.data() + (first + r) * groups;
+    acc[r] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* record = records + g * kRecord;
+    __m512i lo[4], hi[4];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(record + 64 * c);
+      lo[c] = _mm512_and_si512(v, low_mask);
+      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
+    }
+    const __m512 s = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(record + kNibbleBytes)));
+    const __m512 m = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(record + kNibbleBytes + 32)));
+    for (int r = 0; r < R; ++r) {
+      const int8_t* p = codes[r] + g * kGroup;
+      __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+      for (int c = 0; c < 4; ++c) {
+        d0 = dpbusd_broadcast(d0, lo[c], p + 8 * c);
+        d1 = dpbusd_broadcast(d1, hi[c], p + 8 * c + 4);
+      }
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
+      const __m512 term = _mm512_mul_ps(_mm512_mul_ps(s, dot), _mm512_set1_ps(scale[r][g]));
+      acc[r] = _mm512_add_ps(acc[r], term);
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(m, _mm512_set1_ps(offset[r][g])));
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, acc[r]);
+}
+
+// The same sums with AVX2, 8 outputs (half a block) at a time: u8 x s8 pairs into int16 (at
+// most 2 * 15 * 127, no saturation), then pairs into int32: the exact dot products VNNI
+// computes. Lanes 0-7 and 8-15 of a chunk are its two 32-byte halves.
+template <int R>
+__attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* records,
+                                                               const Activations& a,
+                                                               int64_t first, int64_t k,
+                                                               float* out) {
+  const int64_t groups = k / kGroup;
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* record = records + g * kRecord;
+      __m256i lo[4], hi[4];
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(record + 64 * c + 32 * half));
+        lo[c] = _mm256_and_si256(v, low_mask);
+        hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_mask);
+      }
+      const __m256 s = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(record + kNibbleBytes + 16 * half)));
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(record + kNibbleBytes + 32 + 16 * half)));
+      for (int r = 0; r < R; ++r) {
+        const int64_t row = first + r;
+        const int8_t* p = a.codes.data() + row * k + g * kGroup;
+        __m256i d = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          int32_t first4, second4;
+          std::memcpy(&first4, p + 8 * c, 4);
+          std::memcpy(&second4, p + 8 * c + 4, 4);
+          const __m256i a0 = _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(first4));
+          const __m256i a1 = _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(second4));
+          d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_add_epi16(a0, a1), ones));
+        }
+        const __m256 dot = _mm256_cvtepi32_ps(d);
+        const __m256 term =
+            _mm256_mul_ps(_mm256_mul_ps(s, dot), _mm256_set1_ps(a.scale[row * groups + g]));
+        acc[r] = _mm256_add_ps(acc[r], term);
+        acc[r] = _mm256_add_ps(
+            acc[r], _mm256_mul_ps(m, _mm256_set1_ps(a.offset[row * groups + g])));
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * kLanes + 8 * half, acc[r]);
+  }
+}
+
+// One block of 16 outputs for every row, in tiles: out[r * 16 + lane].
+template <template <int> class Tile>
+void run_block(const uint8_t* records, const Activations& a, int64_t rows, int64_t k, float* out) {
+  int64_t first = 0;
+  for (; first + kTile <= rows; first += kTile) Tile<kTile>::run(records, a, first, k, out + first * kLanes);
+  switch (rows - first) {
+    case 7: Tile<7>::run(records, a, first, k, out + first * kLanes); break;
+    case 6: Tile<6>::run(records, a, first, k, out + first * kLanes); break;
+    case 5: Tile<5>::run(records, a, first, k, out + first * kLanes); break;
+    case 4: Tile<4>::run(records, a, first, k, out + first * kLanes); break;
+    case 3: Tile<3>::run(records, a, first, k, out + first * kLanes); break;
+    case 2: Tile<2>::run(records, a, first, k, out + first * kLanes); break;
+    case 1: Tile<1>::run(records, a, first, k, out + first * kLanes); break;
+    default: break;
+  }
+}
+
+template <int R>
+struct Avx512Vnni {
+  static void run(const uint8_t* w, const Activations& a, int64_t first, int64_t k, float* out) {
+    tile_avx512_vnni<R>(w, a, first, k, out);
+  }
+};
+
+template <int R>
+struct Avx2 {
+  static void run(const uint8_t* w, const Activations& a, int64_t first, int64_t k, float* out) {
+    tile_avx2<R>(w, a, first, k, out);
+  }
+};
+
+enum Path : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2 = 2 };
+
+bool supported(int64_t path) {
+  __builtin_cpu_init();
+  switch (path) {
+    case kAvx512Vnni:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    case kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    default:
+      return false;
+  }
+}
+
+// The fastest path this CPU runs (0: none, use the PyTorch reference).
+int64_t best_path() {
+  if (supported(kAvx512Vnni)) return kAvx512Vnni;
+  if (supported(kAvx2)) return kAvx2;
+  return kAuto;
+}
+
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
+                     const std::optional<at::Tensor>& bias, int64_t path) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "q4_linear: x must be [rows, ", k, "]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
+              "q4_linear: x must be contiguous float32 on CPU");
+  TORCH_CHECK(k % kGroup == 0, "q4_linear: in_features must be a multiple of 32");
+  const int64_t blocks = (n + kLanes - 1) / kLanes;
+  const int64_t groups = k / kGroup;
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.numel() == blocks * groups * kRecord,
+              "q4_linear: packed weights do not match ", n, " x ", k);
+  if (path == kAuto) path = best_path();
+  TORCH_CHECK(supported(path), "q4_linear: this CPU cannot run kernel path ", path);
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "q4_linear: bias must be [", n, "] float32");
+    b = bias->data_ptr<float>();
+  }
+  const int64_t rows = x.size(0);
+  at::Tensor out = at::empty({rows, n}, x.options());
+  if (rows == 0) return out;
+  const Activations a = quantize_rows(x.data_ptr<float>(), rows, k);
+  const uint8_t* weights = packed.data_ptr<uint8_t>();
+  float* y = out.data_ptr<float>();
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(rows * kLanes);
+    for (int64_t block = begin; block < end; ++block) {
+      const uint8_t* records = weights + block * groups * kRecord;
+      if (path == kAvx512Vnni) {
+        run_block<Avx512Vnni>(records, a, rows, k, acc.data());
+      } else {
+        run_block<Avx2>(records, a, rows, k, acc.data());
+      }
+      const int64_t first = block * kLanes;
+      const int64_t lanes = std::min(kLanes, n - first);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dst = y + r * n + first;
+        const float* src = acc.data() + r * kLanes;
+        if (b == nullptr) {
+          std::memcpy(dst, src, lanes * sizeof(float));
+        } else {
+          for (int64_t j = 0; j < lanes; ++j) dst[j] = src[j] + b[first + j];
+        }
+      }
+    }
+  });
+  return out;
+}
+
+bool path_supported(int64_t path) { return supported(path); }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(quickdraft_kernels, m) {
+  m.def("q4_linear(Tensor x, Tensor packed, int n, int k, Tensor? bias, int path) -> Tensor");
+  m.def("supported(int path) -> bool", &path_supported);
+  m.def("best_path() -> int", &best_path);
+}
+
+TORCH_LIBRARY_IMPL(quickdraft_kernels, CPU, m) { m.impl("q4_linear", &q4_linear); }

@@ -1,0 +1,122 @@
+"""The 4-bit kernel: its layout, its quantizer, and the same bits for a row alone or in any
+batch, on every path this host runs (the compiled AVX-512 VNNI and AVX2 paths, and the
+PyTorch reference every host runs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from quickdraft import kernels
+from quickdraft.kernels import q4
+
+PATHS = kernels.runnable_paths()
+
+
+def random_codes(out: int, inner: int, seed: int = 0) -> q4.Q4Codes:
+    generator = torch.Generator().manual_seed(seed)
+    groups = inner // q4.GROUP
+    return q4.Q4Codes(
+        torch.randint(0, 16, (out, inner), generator=generator, dtype=torch.uint8),
+        (torch.rand(out, groups, generator=generator) * 0.01 + 1e-4).half(),
+        (torch.randn(out, groups, generator=generator) * 0.05).half(),
+    )
+
+
+def test_pack_round_trips_with_padding():
+    codes = random_codes(37, 96)
+    packed = q4.pack(codes)
+    assert packed.numel() == 3 * 3 * q4.RECORD  # 37 outputs pad to 3 blocks of 16
+    back = q4.unpack(packed, 37, 96)
+    for name in ("q", "scale", "minimum"):
+        assert torch.equal(getattr(back, name), getattr(codes, name)), name
+
+
+def test_quantize_is_close_and_in_range():
+    torch.manual_seed(0)
+    weight = torch.randn(48, 256) * 0.02
+    weight[3] = 0.0  # a zero row
+    weight[5, :32] = 0.7  # a constant group
+    codes = q4.quantize(weight)
+    assert codes.q.dtype == torch.uint8 and int(codes.q.max()) <= 15
+    assert codes.scale.shape == codes.minimum.shape == (48, 8)
+    restored = codes.dequantize()
+    assert torch.equal(restored[3], weight[3])
+    assert torch.allclose(restored[5, :32], weight[5, :32], rtol=1e-3)
+    error = (restored - weight).norm() / weight.norm()
+    assert error < 0.09, float(error)  # 4 bits with a refitted range: about 0.08 on Gaussians
+
+
+def test_quantize_refuses_a_width_not_in_groups():
+    with pytest.raises(ValueError, match="q4: in_features 40"):
+        q4.quantize(torch.randn(4, 40))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_gives_the_reference_bits(path):
+    torch.manual_seed(1)
+    codes = random_codes(40, 160, seed=1)
+    bias = torch.randn(40)
+    layer = q4.Q4Weights.build(codes, bias, path=path)
+    x = torch.randn(9, 160) * 3
+    x[2, 32:64] = 0.0  # a zero group: scale 0
+    x[4, 7] = 400.0  # an outlier spoils only its own group
+    expected = q4.reference(x, codes, bias)
+    assert torch.equal(q4.linear(x, layer), expected)
+    float_result = x @ codes.dequantize().T + bias
+    relative = (expected - float_result).norm() / float_result.norm()
+    assert relative < 0.02, float(relative)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_row_is_the_same_alone_or_in_any_batch(path):
+    generator = torch.Generator().manual_seed(2)
+    codes = random_codes(50, 128, seed=2)
+    layer = q4.Q4Weights.build(codes, torch.randn(50, generator=generator), path=path)
+    x = torch.randn(64, 128, generator=generator)
+    whole = q4.linear(x, layer)
+    for rows in (1, 2, 3, 5, 8, 13, 16, 31, 32, 47, 64):
+        chosen = torch.randperm(64, generator=generator)[:rows]
+        assert torch.equal(q4.linear(x[chosen].contiguous(), layer), whole[chosen]), rows
+
+
+def test_thread_count_changes_nothing():
+    codes = random_codes(96, 192, seed=3)
+    layer = q4.Q4Weights.build(codes)
+    x = torch.randn(6, 192)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = q4.linear(x, layer)
+        torch.set_num_threads(max(2, threads))
+        assert torch.equal(q4.linear(x, layer), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_empty_batch_and_paths_named():
+    layer = q4.Q4Weights.build(random_codes(16, 32))
+    assert q4.linear(torch.empty(0, 32), layer).shape == (0, 16)
+    assert kernels.check_path("auto") == kernels.best_path() == PATHS[0]
+    with pytest.raises(ValueError, match="q4 path: 'sse2' is not one of"):
+        kernels.check_path("sse2")
+
+
+def test_a_host_without_a_compiler_gets_the_reference_with_one_warning(tmp_path):
+    script = (
+        "import warnings; warnings.simplefilter('always')\n"
+        "from quickdraft import kernels\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    path = kernels.best_path()\n"
+        "print(path, len(caught), str(caught[0].message)[:60])\n"
+    )
+    env = {**os.environ, "CXX": str(tmp_path / "no-compiler"), "QUICKDRAFT_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("pytorch 1 compiled kernels could not be "), done.stdout
