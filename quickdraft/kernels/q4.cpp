@@ -1,23 +1,24 @@
-// A batch-invariant 4-bit linear layer for x86 CPUs: y = x W^T + b with W in 4-bit groups.
+// A batch-invariant 4-bit (or 8-bit) linear layer for x86 CPUs: y = x W^T + b, W in groups.
 //
 // Weights: per output channel o and group g of 32 input channels, w = s[o,g] * q + m[o,g],
-// q in 0..15, s and m in float16. Activations: per row r and group g, x ~= a[r,g] * p with
-// p in -127..127 (a = amax / 127). Then
+// q in 0..15 (or 0..255), s and m in float16. Activations: per row r and group g,
+// x ~= a[r,g] * p with p in -127..127 (a = amax / 127). Then
 //
 //     y[r,o] = sum_g ( (s[o,g] * dot(q, p)) * a[r,g] + m[o,g] * (a[r,g] * sum(p)) ) + b[o]
 //
-// where dot and sum are exact int32 (at most 32 * 15 * 127 per group). The float sum runs
+// where dot and sum are exact int32 (at most 32 * 255 * 127 per group). The float sum runs
 // over g in order, the same operations for every row whatever the row count, the row's place
 // in the batch, the thread count or the instruction set: each output element is computed by
 // one thread, in one fixed sequence of IEEE operations (built with -ffp-contract=off, so no
 // multiply-add is fused behind our back). The AVX-512 VNNI path, the AVX2 path and the
 // PyTorch reference (quickdraft/kernels/q4.py) give the same bits.
 //
-// Packed layout (uint8), a record of RECORD bytes per (block of 16 outputs, group), blocks
-// outer: 4 chunks of 64 bytes, chunk c holding input channels 8c..8c+7 of the group, byte
-// 4 * lane + t: low nibble q[lane][8c + t], high nibble q[lane][8c + 4 + t]; then the 16
-// scales and the 16 minimums as float16. A chunk is what one VNNI instruction multiplies
-// against 4 broadcast activation bytes, 16 outputs at once.
+// Packed layout (uint8), a record per (block of 16 outputs, group), blocks outer. 4 bits: 4
+// chunks of 64 bytes, chunk c holding input channels 8c..8c+7 of the group, byte 4 * lane + t:
+// low nibble q[lane][8c + t], high nibble q[lane][8c + 4 + t]. 8 bits: 8 chunks, chunk c
+// holding inputs 4c..4c+3, byte 4 * lane + t: q[lane][4c + t]. Then the 16 scales and the 16
+// minimums as float16. A chunk is what one VNNI instruction multiplies against 4 broadcast
+// activation bytes, 16 outputs at once.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -37,8 +38,6 @@ namespace {
 
 constexpr int64_t kGroup = 32;
 constexpr int64_t kLanes = 16;
-constexpr int64_t kNibbleBytes = kLanes * kGroup / 2;  // 256
-constexpr int64_t kRecord = kNibbleBytes + 2 * kLanes * 2;  // + scales and minimums, fp16
 
 // Row activations, quantized per group of 32: codes, their scale and scale * sum of codes.
 struct Activations {
@@ -125,11 +124,21 @@ __attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_broadcast(__
   return acc;
 }
 
+// Bytes of one record: the codes (16 lanes x 32 inputs at Bits each), then the float16
+// scales and minimums.
+template <int Bits>
+constexpr int64_t record_bytes() {
+  return kLanes * kGroup * Bits / 8 + 2 * kLanes * 2;
+}
+
 // One block of 16 outputs for rows [0, R) of `a` from row `first`: out[r * 16 + lane].
-template <int R>
+// 4-bit codes: chunk c (of 4) holds inputs 8c..8c+3 in its low nibbles, 8c+4..8c+7 in its
+// high ones. 8-bit codes: chunk c (of 8) holds inputs 4c..4c+3.
+template <int Bits, int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) inline void
 tile_avx512_vnni(const uint8_t* records, const Activations& a, int64_t first, int64_t k,
                  float* out) {
+  constexpr int64_t kCodeBytes = kLanes * kGroup * Bits / 8;
   const int64_t groups = k / kGroup;
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
   const int8_t* codes[R];
@@ -143,23 +152,29 @@ tile_avx512_vnni(const uint8_t* records, const Activations& a, int64_t first, in
     acc[r] = _mm512_setzero_ps();
   }
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* record = records + g * kRecord;
-    __m512i lo[4], hi[4];
+    const uint8_t* record = records + g * record_bytes<Bits>();
+    // w[2c] and w[2c + 1] multiply the activation bytes at 8c and 8c + 4.
+    __m512i w[8];
     for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_loadu_si512(record + 64 * c);
-      lo[c] = _mm512_and_si512(v, low_mask);
-      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
+      if constexpr (Bits == 4) {
+        const __m512i v = _mm512_loadu_si512(record + 64 * c);
+        w[2 * c] = _mm512_and_si512(v, low_mask);
+        w[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
+      } else {
+        w[2 * c] = _mm512_loadu_si512(record + 128 * c);
+        w[2 * c + 1] = _mm512_loadu_si512(record + 128 * c + 64);
+      }
     }
     const __m512 s = _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(record + kNibbleBytes)));
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(record + kCodeBytes)));
     const __m512 m = _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(record + kNibbleBytes + 32)));
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(record + kCodeBytes + 32)));
     for (int r = 0; r < R; ++r) {
       const int8_t* p = codes[r] + g * kGroup;
       __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
       for (int c = 0; c < 4; ++c) {
-        d0 = dpbusd_broadcast(d0, lo[c], p + 8 * c);
-        d1 = dpbusd_broadcast(d1, hi[c], p + 8 * c + 4);
+        d0 = dpbusd_broadcast(d0, w[2 * c], p + 8 * c);
+        d1 = dpbusd_broadcast(d1, w[2 * c + 1], p + 8 * c + 4);
       }
       const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
       const __m512 term = _mm512_mul_ps(_mm512_mul_ps(s, dot), _mm512_set1_ps(scale[r][g]));
@@ -170,14 +185,16 @@ tile_avx512_vnni(const uint8_t* records, const Activations& a, int64_t first, in
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, acc[r]);
 }
 
-// The same sums with AVX2, 8 outputs (half a block) at a time: u8 x s8 pairs into int16 (at
-// most 2 * 15 * 127, no saturation), then pairs into int32: the exact dot products VNNI
-// computes. Lanes 0-7 and 8-15 of a chunk are its two 32-byte halves.
-template <int R>
+// The same sums with AVX2, 8 outputs (half a block) at a time: u8 x s8 pairs into int16, then
+// pairs into int32: the exact dot products VNNI computes. Lanes 0-7 and 8-15 of a chunk are its
+// two 32-byte halves. The int16 pair sums are exact for 4-bit codes (2 * 15 * 127); 8-bit codes
+// go as their two nibbles, 16 * dot(high) + dot(low), for the same reason.
+template <int Bits, int R>
 __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* records,
                                                                const Activations& a,
                                                                int64_t first, int64_t k,
                                                                float* out) {
+  constexpr int64_t kCodeBytes = kLanes * kGroup * Bits / 8;
   const int64_t groups = k / kGroup;
   const __m256i low_mask = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
@@ -185,29 +202,46 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* re
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* record = records + g * kRecord;
-      __m256i lo[4], hi[4];
-      for (int c = 0; c < 4; ++c) {
+      const uint8_t* record = records + g * record_bytes<Bits>();
+      // 4 bits: lo[c], hi[c] multiply the activations at 8c and 8c + 4. 8 bits: chunk j's low
+      // and high nibbles, both against the activations at 4j.
+      constexpr int kChunks = Bits == 4 ? 4 : 8;
+      __m256i lo[kChunks], hi[kChunks];
+      for (int c = 0; c < kChunks; ++c) {
         const __m256i v = _mm256_loadu_si256(
             reinterpret_cast<const __m256i*>(record + 64 * c + 32 * half));
         lo[c] = _mm256_and_si256(v, low_mask);
         hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_mask);
       }
       const __m256 s = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(record + kNibbleBytes + 16 * half)));
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(record + kCodeBytes + 16 * half)));
       const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(record + kNibbleBytes + 32 + 16 * half)));
+          reinterpret_cast<const __m128i*>(record + kCodeBytes + 32 + 16 * half)));
       for (int r = 0; r < R; ++r) {
         const int64_t row = first + r;
         const int8_t* p = a.codes.data() + row * k + g * kGroup;
-        __m256i d = _mm256_setzero_si256();
-        for (int c = 0; c < 4; ++c) {
-          int32_t first4, second4;
-          std::memcpy(&first4, p + 8 * c, 4);
-          std::memcpy(&second4, p + 8 * c + 4, 4);
-          const __m256i a0 = _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(first4));
-          const __m256i a1 = _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(second4));
-          d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_add_epi16(a0, a1), ones));
+        __m256i d;
+        if constexpr (Bits == 4) {
+          d = _mm256_setzero_si256();
+          for (int c = 0; c < 4; ++c) {
+            int32_t first4, second4;
+            std::memcpy(&first4, p + 8 * c, 4);
+            std::memcpy(&second4, p + 8 * c + 4, 4);
+            const __m256i a0 = _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(first4));
+            const __m256i a1 = _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(second4));
+            d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_add_epi16(a0, a1), ones));
+          }
+        } else {
+          __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+          for (int c = 0; c < 8; ++c) {
+            int32_t four;
+            std::memcpy(&four, p + 4 * c, 4);
+            const __m256i b = _mm256_set1_epi32(four);
+            low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[c], b), ones));
+            high =
+                _mm256_add_epi32(high, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[c], b), ones));
+          }
+          d = _mm256_add_epi32(low, _mm256_slli_epi32(high, 4));
         }
         const __m256 dot = _mm256_cvtepi32_ps(d);
         const __m256 term =
@@ -222,33 +256,33 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* re
 }
 
 // One block of 16 outputs for every row, in tiles: out[r * 16 + lane].
-template <template <int> class Tile>
-void run_block(const uint8_t* records, const Activations& a, int64_t rows, int64_t k, float* out) {
+template <template <int, int> class Tile, int Bits>
+void run_block(const uint8_t* records, const Activations& a, int64_t rows, int64_t k,
+               float* out) {
   int64_t first = 0;
-  for (; first + kTile <= rows; first += kTile) Tile<kTile>::run(records, a, first, k, out + first * kLanes);
+  for (; first + kTile <= rows; first += kTile) {
+    Tile<Bits, kTile>::run(records, a, first, k, out + first * kLanes);
+  }
+  float* rest = out + first * kLanes;
   switch (rows - first) {
-    case 7: Tile<7>::run(records, a, first, k, out + first * kLanes); break;
-    case 6: Tile<6>::run(records, a, first, k, out + first * kLanes); break;
-    case 5: Tile<5>::run(records, a, first, k, out + first * kLanes); break;
-    case 4: Tile<4>::run(records, a, first, k, out + first * kLanes); break;
-    case 3: Tile<3>::run(records, a, first, k, out + first * kLanes); break;
-    case 2: Tile<2>::run(records, a, first, k, out + first * kLanes); break;
-    case 1: Tile<1>::run(records, a, first, k, out + first * kLanes); break;
+    case 3: Tile<Bits, 3>::run(records, a, first, k, rest); break;
+    case 2: Tile<Bits, 2>::run(records, a, first, k, rest); break;
+    case 1: Tile<Bits, 1>::run(records, a, first, k, rest); break;
     default: break;
   }
 }
 
-template <int R>
+template <int Bits, int R>
 struct Avx512Vnni {
   static void run(const uint8_t* w, const Activations& a, int64_t first, int64_t k, float* out) {
-    tile_avx512_vnni<R>(w, a, first, k, out);
+    tile_avx512_vnni<Bits, R>(w, a, first, k, out);
   }
 };
 
-template <int R>
+template <int Bits, int R>
 struct Avx2 {
   static void run(const uint8_t* w, const Activations& a, int64_t first, int64_t k, float* out) {
-    tile_avx2<R>(w, a, first, k, out);
+    tile_avx2<Bits, R>(w, a, first, k, out);
   }
 };
 
@@ -276,7 +310,9 @@ int64_t best_path() {
 }
 
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
-                     const std::optional<at::Tensor>& bias, int64_t path) {
+                     const std::optional<at::Tensor>& bias, int64_t path, int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 8, "q4_linear: bits must be 4 or 8");
+  const int64_t record = bits == 4 ? record_bytes<4>() : record_bytes<8>();
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "q4_linear: x must be [rows, ", k, "]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
               "q4_linear: x must be contiguous float32 on CPU");
@@ -284,7 +320,7 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, i
   const int64_t blocks = (n + kLanes - 1) / kLanes;
   const int64_t groups = k / kGroup;
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  packed.numel() == blocks * groups * kRecord,
+                  packed.numel() == blocks * groups * record,
               "q4_linear: packed weights do not match ", n, " x ", k);
   if (path == kAuto) path = best_path();
   TORCH_CHECK(supported(path), "q4_linear: this CPU cannot run kernel path ", path);
@@ -303,11 +339,12 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, i
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(rows * kLanes);
     for (int64_t block = begin; block < end; ++block) {
-      const uint8_t* records = weights + block * groups * kRecord;
+      const uint8_t* records = weights + block * groups * record;
       if (path == kAvx512Vnni) {
-        run_block<Avx512Vnni>(records, a, rows, k, acc.data());
+        (bits == 4 ? run_block<Avx512Vnni, 4> : run_block<Avx512Vnni, 8>)(records, a, rows, k,
+                                                                          acc.data());
       } else {
-        run_block<Avx2>(records, a, rows, k, acc.data());
+        (bits == 4 ? run_block<Avx2, 4> : run_block<Avx2, 8>)(records, a, rows, k, acc.data());
       }
       const int64_t first = block * kLanes;
       const int64_t lanes = std::min(kLanes, n - first);
@@ -330,7 +367,8 @@ bool path_supported(int64_t path) { return supported(path); }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(quickdraft_kernels, m) {
-  m.def("q4_linear(Tensor x, Tensor packed, int n, int k, Tensor? bias, int path) -> Tensor");
+  m.def("q4_linear(Tensor x, Tensor packed, int n, int k, Tensor? bias, int path, int bits) "
+        "-> Tensor");
   m.def("supported(int path) -> bool", &path_supported);
   m.def("best_path() -> int", &best_path);
 }

@@ -1,7 +1,9 @@
 """4-bit weights with int8 activations, the same bits for a row alone or in any batch.
 
 A weight is ``s * q + m`` with ``q`` in 0..15 and a float16 scale ``s`` and minimum ``m`` per
-output channel and group of 32 input channels (5 bits a weight). Each activation row is
+output channel and group of 32 input channels (5 bits a weight). The same layer with 8-bit
+codes (``q`` in 0..255, 9 bits a weight) serves what 4 bits would spoil: the output head, and
+weights a GGUF file stores in more than 4 bits. Each activation row is
 quantized to int8 per group of 32 by its own absolute maximum, so the rows beside it change
 nothing, and outlier channels spoil only their own group. Products are exact int32 dot
 products per group, combined in float in one fixed order per output element (``q4.cpp``
@@ -24,20 +26,30 @@ from quickdraft import kernels
 
 GROUP = 32
 LANES = 16  # outputs per kernel block
-RECORD = LANES * GROUP // 2 + 2 * LANES * 2  # nibbles, then float16 scales and minimums
+BITS = (4, 8)
+
+
+def record_bytes(bits: int) -> int:
+    """Bytes per block of 16 outputs and group: the codes, then float16 scales and minimums."""
+    return LANES * GROUP * bits // 8 + 2 * LANES * 2
+
+
+RECORD = record_bytes(4)
 # Candidate ranges per group, as fractions of (max - min) kept: each is refitted by least
 # squares and the one with the least squared error wins.
 RANGE_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8)
+TOP_CODES_UNUSED = 3
 QUANTIZE_BLOCK_ROWS = 2048
 
 
 @dataclass(frozen=True, slots=True)
 class Q4Codes:
-    """q: [out, in] uint8 in 0..15; scale, minimum: [out, in / 32] float16."""
+    """q: [out, in] uint8 in 0..2^bits - 1; scale, minimum: [out, in / 32] float16."""
 
     q: torch.Tensor
     scale: torch.Tensor
     minimum: torch.Tensor
+    bits: int = 4
 
     def dequantize(self) -> torch.Tensor:
         out, inner = self.q.shape
@@ -46,24 +58,34 @@ class Q4Codes:
         return weight.view(out, inner)
 
 
-def quantize(weight: torch.Tensor) -> Q4Codes:
-    """[out, in] float weights (in a multiple of 32) to 4-bit codes."""
+def quantize(weight: torch.Tensor, bits: int = 4) -> Q4Codes:
+    """[out, in] float weights (in a multiple of 32) to 4-bit (or 8-bit) codes."""
     inner = weight.shape[1]
     if inner % GROUP:
         raise ValueError(f"q4: in_features {inner} is not a multiple of {GROUP}")
-    parts = [_quantize_block(block) for block in weight.float().split(QUANTIZE_BLOCK_ROWS)]
-    return Q4Codes(*(torch.cat(column) for column in zip(*parts, strict=True)))
+    if bits not in BITS:
+        raise ValueError(f"q4: bits must be one of {BITS}, got {bits}")
+    levels = 2**bits - 1
+    blocks = weight.float().split(QUANTIZE_BLOCK_ROWS)
+    parts = [_quantize_block(block, levels) for block in blocks]
+    return Q4Codes(*(torch.cat(column) for column in zip(*parts, strict=True)), bits=bits)
 
 
-def _quantize_block(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _quantize_block(
+    weight: torch.Tensor, levels: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out, inner = weight.shape
     w = weight.view(out, inner // GROUP, GROUP)
     low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    # Grids over the whole range with its top codes unused (a GGUF block whose largest weight
+    # is not at code 15 comes back exactly), then narrower ranges refitted by least squares.
+    candidates = [(levels - unused, 0.0) for unused in range(TOP_CODES_UNUSED + 1)]
+    candidates += [(levels / fraction, (1 - fraction) / 2) for fraction in RANGE_FRACTIONS[1:]]
     best = None
-    for fraction in RANGE_FRACTIONS:
-        margin = (high - low) * (1 - fraction) / 2
-        scale, minimum = _refit(w, ((high - low) * fraction / 15).clamp_min(1e-30), low + margin)
-        q, scale, minimum = _codes(w, scale, minimum)
+    for divisor, margin in candidates:
+        first = ((high - low) / divisor).clamp_min(1e-30)
+        scale, minimum = _refit(w, first, low + (high - low) * margin, levels)
+        q, scale, minimum = _codes(w, scale, minimum, levels)
         error = (q.float() * scale.float() + minimum.float() - w).pow_(2).sum(-1, keepdim=True)
         if best is None:
             best = [q, scale, minimum, error]
@@ -77,18 +99,18 @@ def _quantize_block(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return q.view(out, inner), scale.squeeze(-1), minimum.squeeze(-1)
 
 
-def _codes(w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor):
+def _codes(w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, levels: int):
     """Codes for float16-rounded (scale, minimum); a zero scale takes code 0 throughout."""
     scale, minimum = scale.half(), minimum.half()
     s, m = scale.float(), minimum.float()
-    q = ((w - m) / torch.where(s > 0, s, 1.0)).round_().clamp_(0, 15)
+    q = ((w - m) / torch.where(s > 0, s, 1.0)).round_().clamp_(0, levels)
     q = torch.where(s > 0, q, 0.0).to(torch.uint8)
     return q, scale, minimum
 
 
-def _refit(w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor):
+def _refit(w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, levels: int):
     """The least-squares (scale, minimum) for the codes this (scale, minimum) gives w."""
-    q = ((w - minimum) / scale).round_().clamp_(0, 15)
+    q = ((w - minimum) / scale).round_().clamp_(0, levels)
     n = w.shape[-1]
     sq, sqq = q.sum(-1, keepdim=True), (q * q).sum(-1, keepdim=True)
     sw, swq = w.sum(-1, keepdim=True), (w * q).sum(-1, keepdim=True)
@@ -101,8 +123,8 @@ def _refit(w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor):
 
 
 def pack(codes: Q4Codes) -> torch.Tensor:
-    """The kernel's layout (``q4.cpp``): a record of ``RECORD`` bytes per block of 16
-    outputs and group, outputs padded to a multiple of 16 with zero weights."""
+    """The kernel's layout (``q4.cpp``): a record of ``record_bytes(bits)`` bytes per block of
+    16 outputs and group, outputs padded to a multiple of 16 with zero weights."""
     q, scale, minimum = codes.q, codes.scale, codes.minimum
     out, inner = q.shape
     pad = -out % LANES
@@ -111,33 +133,43 @@ def pack(codes: Q4Codes) -> torch.Tensor:
         scale = torch.cat([scale, scale.new_zeros(pad, scale.shape[1])])
         minimum = torch.cat([minimum, minimum.new_zeros(pad, minimum.shape[1])])
     blocks, groups = (out + pad) // LANES, inner // GROUP
-    # k within a group = 8 * chunk + 4 * half + t; a byte holds half 0 low, half 1 high.
-    q = q.view(blocks, LANES, groups, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)
-    nibbles = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(blocks, groups, -1)
+    if codes.bits == 4:
+        # k within a group = 8 * chunk + 4 * half + t; a byte holds half 0 low, half 1 high.
+        q = q.view(blocks, LANES, groups, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)
+        data = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(blocks, groups, -1)
+    else:  # k = 4 * chunk + t
+        q = q.view(blocks, LANES, groups, 8, 4).permute(0, 2, 3, 1, 4)
+        data = q.reshape(blocks, groups, -1)
 
     def per_block(values: torch.Tensor) -> torch.Tensor:
         grouped = values.contiguous().view(blocks, LANES, groups).transpose(1, 2)
         return grouped.contiguous().view(torch.uint8).reshape(blocks, groups, -1)
 
-    records = torch.cat([nibbles, per_block(scale), per_block(minimum)], dim=-1)
+    records = torch.cat([data, per_block(scale), per_block(minimum)], dim=-1)
     return records.contiguous().view(-1)
 
 
-def unpack(packed: torch.Tensor, out: int, inner: int) -> Q4Codes:
+def unpack(packed: torch.Tensor, out: int, inner: int, bits: int = 4) -> Q4Codes:
     """``pack``'s inverse."""
     blocks, groups = -(-out // LANES), inner // GROUP
-    records = packed.view(blocks, groups, RECORD)
-    nibbles = records[..., : RECORD - 4 * LANES].reshape(blocks, groups, 4, LANES, 4)
-    halves = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=-2)  # [.., chunk, lane, half, t]
-    q = halves.permute(0, 3, 1, 2, 4, 5).reshape(blocks * LANES, inner)
+    size = record_bytes(bits)
+    records = packed.view(blocks, groups, size)
+    data = records[..., : size - 4 * LANES]
+    if bits == 4:
+        nibbles = data.reshape(blocks, groups, 4, LANES, 4)
+        halves = torch.stack([nibbles & 0x0F, nibbles >> 4], dim=-2)  # [.., chunk, lane, half, t]
+        q = halves.permute(0, 3, 1, 2, 4, 5).reshape(blocks * LANES, inner)
+    else:
+        q = data.reshape(blocks, groups, 8, LANES, 4).permute(0, 3, 1, 2, 4)
+        q = q.reshape(blocks * LANES, inner)
 
     def per_output(start: int) -> torch.Tensor:
         raw = records[..., start : start + 2 * LANES].contiguous().view(torch.float16)
         return raw.transpose(1, 2).reshape(blocks * LANES, groups)
 
-    scale = per_output(RECORD - 4 * LANES)
-    minimum = per_output(RECORD - 2 * LANES)
-    return Q4Codes(q[:out].contiguous(), scale[:out].contiguous(), minimum[:out].contiguous())
+    scale = per_output(size - 4 * LANES)
+    minimum = per_output(size - 2 * LANES)
+    return Q4Codes(q[:out].contiguous(), scale[:out].contiguous(), minimum[:out].contiguous(), bits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +183,7 @@ class Q4Weights:
     packed: torch.Tensor | None
     codes: Q4Codes | None
     bias: torch.Tensor | None
+    bits: int = 4
 
     @classmethod
     def build(
@@ -160,16 +193,15 @@ class Q4Weights:
         out, inner = codes.q.shape
         bias = None if bias is None else bias.float().contiguous()
         if path == kernels.REFERENCE:
-            return cls(out, inner, path, None, codes, bias)
-        return cls(out, inner, path, pack(codes), None, bias)
+            return cls(out, inner, path, None, codes, bias, codes.bits)
+        return cls(out, inner, path, pack(codes), None, bias, codes.bits)
 
     @property
     def nbytes(self) -> int:
         if self.packed is not None:
             return self.packed.numel()
-        return self.codes.q.numel() // 2 + 2 * (
-            self.codes.scale.numel() + self.codes.minimum.numel()
-        )
+        codes = self.codes
+        return codes.q.numel() * codes.bits // 8 + 2 * (codes.scale.numel() + codes.minimum.numel())
 
 
 def linear(x: torch.Tensor, weights: Q4Weights) -> torch.Tensor:
@@ -178,8 +210,9 @@ def linear(x: torch.Tensor, weights: Q4Weights) -> torch.Tensor:
     if weights.codes is not None:
         return reference(x, weights.codes, weights.bias)
     code = kernels.PATHS[weights.path]
+    bits = weights.bits
     return torch.ops.quickdraft_kernels.q4_linear(
-        x, weights.packed, weights.out_features, weights.in_features, weights.bias, code
+        x, weights.packed, weights.out_features, weights.in_features, weights.bias, code, bits
     )
 
 
@@ -204,7 +237,7 @@ def reference(x: torch.Tensor, codes: Q4Codes, bias: torch.Tensor | None = None)
     out, inner = codes.q.shape
     groups = inner // GROUP
     q = codes.q.view(out, groups, GROUP).float()
-    # Integer dot products of at most 32 * 15 * 127 < 2^24: exact in float32 in any order.
+    # Integer dot products of at most 32 * 255 * 127 < 2^24: exact in float32 in any order.
     dots = torch.bmm(p.transpose(0, 1), q.permute(1, 2, 0))  # [groups, rows, out]
     s, m = codes.scale.float(), codes.minimum.float()
     acc = x.new_zeros(x.shape[0], out)

@@ -153,8 +153,10 @@ class LlamaRunner:
     projection's outlier input channels (kept in float); None keeps none.
     probe: [T] token ids to compare the int8 model with its float self on; the result is
     ``quant_check`` (None without a probe).
-    q4: 4-bit weights for every projection and the head (``kernels.q4``): batch-invariant,
-    so for targets as well as drafts; needs no calibration; ``probe`` checks it as for int8.
+    q4: 4-bit weights for every projection and 8-bit ones for the head (``kernels.q4``):
+    batch-invariant, so for targets as well as drafts; needs no calibration; ``probe`` checks
+    it as for int8. q4_exact: the weights came from a quantized file; a projection that 4 bits
+    do not reproduce keeps 8 (a GGUF's Q6_K and Q8_0 tensors).
     shared: compute with the given tensors themselves (no fused or prepacked copies), so the
     runner holds no weights of its own (``from_transformers``).
     invariant: every token's logits are the same bit for bit whatever else the pass holds
@@ -176,6 +178,7 @@ class LlamaRunner:
         shared: bool = False,
         invariant: bool = False,
         q4: bool = False,
+        q4_exact: bool = False,
     ):
         if shared and (int8 or q4):
             field = "int8" if int8 else "q4"
@@ -211,8 +214,11 @@ class LlamaRunner:
         if int8 or q4:
             original = None if probe is None else self._logits(probe)
             if q4:
-                for linear_layer in self._projections():
-                    linear_layer.quantize_q4()
+                # The head keeps 8 bits (as llama.cpp's Q4_K_M keeps 6): 4 would cost more
+                # agreement than its bytes save.
+                self.head.quantize_q4(bits=8)
+                for linear_layer in self._projections()[1:]:
+                    linear_layer.quantize_q4(exact_only=q4_exact)
             else:
                 self._quantize(calibration)
             if original is not None:

@@ -167,6 +167,7 @@ def load_model(
             probe=probe,
             invariant=quant is not None,
             q4=q4,
+            q4_exact=(folder / "source.json").is_file(),  # converted from a GGUF file
         )
     except KeyError as error:
         raise ArtifactError(folder, f"lacks the weight {error}", remedy) from None

@@ -16,6 +16,11 @@ from quickdraft import kernels
 from quickdraft.kernels import q4 as q4_ops
 from quickdraft.models import int8 as int8_ops
 
+# A layer's weights are "already 4-bit" when 4-bit codes reproduce them to this relative
+# error: a GGUF's Q4_1 blocks come back exactly, its Q4_K blocks to float16 rounding of their
+# scales (about 1e-4), while 4 bits lose about 0.03 of a Q6_K tensor and 0.08 of float ones.
+EXACT_ERROR = 0.005
+
 
 class Linear:
     """y = x W^T + b. On CPU in float32 the weight is prepacked for oneDNN (exact up to float
@@ -74,18 +79,26 @@ class Linear:
             return
         self.weight = None
 
-    def quantize_q4(self) -> None:
-        """To 4-bit weights in place (``kernels.q4``): batch-invariant by construction, and
-        needing no calibration (activations are quantized per group of 32, so an outlier
-        channel costs only its own group). CPU float32 layers only (others stay as they are);
-        a width that is not a multiple of 32 raises ValueError."""
+    def quantize_q4(self, bits: int = 4, exact_only: bool = False) -> None:
+        """To 4-bit (or 8-bit) weights in place (``kernels.q4``): batch-invariant by
+        construction, and needing no calibration (activations are quantized per group of 32,
+        so an outlier channel costs only its own group). ``exact_only``: weights that came
+        from a quantized file keep 8 bits unless 4 bits reproduce them (within
+        ``EXACT_ERROR``), so a GGUF's 6- and 8-bit tensors are not rounded again to 4. CPU
+        float32 layers only (others stay as they are); a width that is not a multiple of 32
+        raises ValueError."""
         if self.weight is None:
             raise ValueError("quantize_q4() needs the dense weight: build with prepack=False")
         self._observing = False
         weight = self.weight
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return
-        self._q4 = q4_ops.Q4Weights.build(q4_ops.quantize(weight), self.bias)
+        codes = q4_ops.quantize(weight, bits)
+        if exact_only and bits == 4:
+            error = (codes.dequantize() - weight).norm() / weight.norm().clamp_min(1e-30)
+            if error > EXACT_ERROR:
+                codes = q4_ops.quantize(weight, 8)
+        self._q4 = q4_ops.Q4Weights.build(codes, self.bias)
         self.weight = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
