@@ -77,6 +77,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     import torch
 
+    from quickdraft import kernels
     from quickdraft.bench.harness import BenchSettings, parse_methods, run_bench
     from quickdraft.bench.machine import describe_machine
     from quickdraft.bench.report import write_report
@@ -112,7 +113,7 @@ def _bench(args: argparse.Namespace) -> int:
     trained = args.draft or any(m.spec.method in (Method.MEDUSA, Method.EAGLE) for m in methods)
     meta = {
         "target": args.target,
-        "target_weights": args.quant or "float",
+        "target_weights": kernels.describe_weights(args.quant),
         "draft": args.draft,
         "draft_weights": "int8" if args.draft_int8 and trained else "as loaded",
         "methods": [m.label for m in methods],

@@ -154,6 +154,7 @@ def _generate(args: argparse.Namespace) -> int:
     from quickdraft.config import SamplingParams
     from quickdraft.drafters import registry
     from quickdraft.engine import generate
+    from quickdraft.kernels import describe_weights
     from quickdraft.models.tokenizer import same_vocabulary
 
     if args.threads is not None:
@@ -234,8 +235,9 @@ def _generate(args: argparse.Namespace) -> int:
     head = getattr(draft, "shortlist", None)
     vocab = "" if head is None else f", {head.name} mean {head.mean_size():.0f} tokens"
     shape = "no drafts" if draft is None else draft.describe()
+    weights = "" if args.quant is None else f", target {describe_weights(args.quant)}"
     console.print(
-        f"[dim]{entry.name}, {shape}{vocab}: {out.stats.summary()}; "
+        f"[dim]{entry.name}, {shape}{vocab}{weights}: {out.stats.summary()}; "
         f"finish: {out.finish_reason}[/dim]"
     )
     return 0

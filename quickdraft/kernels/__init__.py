@@ -112,3 +112,13 @@ def attention_path() -> int:
     """The compiled attention kernel's instruction set for this CPU (1: AVX-512, 2: AVX2), or
     0 where there is none."""
     return {"avx512-vnni": 1, "avx2": 2}.get(best_path(), 0)
+
+
+def describe_weights(quant: str | None) -> str:
+    """How a target's weights are stored and which kernel multiplies them, for reports:
+    "float", "int8 (fbgemm)", "q4 (avx512-vnni)"."""
+    if quant is None:
+        return "float"
+    if quant == "q4":
+        return f"q4 ({best_path()})"
+    return f"{quant} (fbgemm)"

@@ -24,6 +24,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <immintrin.h>
@@ -32,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -364,6 +366,84 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, i
 
 bool path_supported(int64_t path) { return supported(path); }
 
+// The quantizer of kernels/q4.py (``_quantize_block``), one group of 32 weights: candidate
+// grids (the whole range with 0..3 top codes unused, then narrower ranges), each refitted by
+// least squares, its scale and minimum rounded to float16, the least squared error kept. An
+// exact fit ends the search.
+void quantize_weight_group(const float* w, int levels, uint8_t* q, c10::Half* scale,
+                    c10::Half* minimum) {
+  float low = w[0], high = w[0];
+  for (int i = 1; i < kGroup; ++i) {
+    low = std::min(low, w[i]);
+    high = std::max(high, w[i]);
+  }
+  const float divisors[] = {float(levels), float(levels - 1), float(levels - 2),
+                            float(levels - 3), levels / 0.95f, levels / 0.9f,
+                            levels / 0.85f, levels / 0.8f};
+  const float margins[] = {0, 0, 0, 0, 0.025f, 0.05f, 0.075f, 0.1f};
+  float best = INFINITY;
+  uint8_t codes[kGroup];
+  for (int c = 0; c < 8 && best > 0; ++c) {
+    const float first = std::max((high - low) / divisors[c], 1e-30f);
+    float s = first, m = low + (high - low) * margins[c];
+    float sq = 0, sqq = 0, sw = 0, swq = 0;
+    for (int i = 0; i < kGroup; ++i) {
+      const float code = std::min(std::max(std::nearbyint((w[i] - m) / s), 0.0f), float(levels));
+      sq += code;
+      sqq += code * code;
+      sw += w[i];
+      swq += w[i] * code;
+    }
+    const float det = kGroup * sqq - sq * sq;
+    if (det > 0) {
+      const float fitted = (kGroup * swq - sq * sw) / det;
+      if (fitted > 0) {
+        s = fitted;
+        m = (sw - fitted * sq) / kGroup;
+      }
+    }
+    const c10::Half s16(s), m16(m);
+    const float sf = s16, mf = m16;
+    float error = 0;
+    for (int i = 0; i < kGroup; ++i) {
+      float code = 0;
+      if (sf > 0) code = std::min(std::max(std::nearbyint((w[i] - mf) / sf), 0.0f), float(levels));
+      codes[i] = static_cast<uint8_t>(code);
+      const float miss = code * sf + mf - w[i];
+      error += miss * miss;
+    }
+    if (c == 0 || error < best) {
+      best = error;
+      std::memcpy(q, codes, kGroup);
+      *scale = s16;
+      *minimum = m16;
+    }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_quantize(const at::Tensor& weight,
+                                                           int64_t bits) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
+              "q4_quantize: weight must be contiguous float32 [out, in]");
+  TORCH_CHECK(weight.size(1) % kGroup == 0, "q4_quantize: in_features must be a multiple of 32");
+  TORCH_CHECK(bits == 4 || bits == 8, "q4_quantize: bits must be 4 or 8");
+  const int64_t out = weight.size(0), groups = weight.size(1) / kGroup;
+  at::Tensor q = at::empty({out, groups * kGroup}, weight.options().dtype(at::kByte));
+  at::Tensor scale = at::empty({out, groups}, weight.options().dtype(at::kHalf));
+  at::Tensor minimum = at::empty({out, groups}, weight.options().dtype(at::kHalf));
+  const float* w = weight.data_ptr<float>();
+  uint8_t* qs = q.data_ptr<uint8_t>();
+  c10::Half* ss = scale.data_ptr<c10::Half>();
+  c10::Half* ms = minimum.data_ptr<c10::Half>();
+  const int levels = (1 << bits) - 1;
+  at::parallel_for(0, out * groups, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      quantize_weight_group(w + i * kGroup, levels, qs + i * kGroup, ss + i, ms + i);
+    }
+  });
+  return {q, scale, minimum};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(quickdraft_kernels, m) {
@@ -371,6 +451,10 @@ TORCH_LIBRARY_FRAGMENT(quickdraft_kernels, m) {
         "-> Tensor");
   m.def("supported(int path) -> bool", &path_supported);
   m.def("best_path() -> int", &best_path);
+  m.def("q4_quantize(Tensor weight, int bits) -> (Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(quickdraft_kernels, CPU, m) { m.impl("q4_linear", &q4_linear); }
+TORCH_LIBRARY_IMPL(quickdraft_kernels, CPU, m) {
+  m.impl("q4_linear", &q4_linear);
+  m.impl("q4_quantize", &q4_quantize);
+}
