@@ -202,13 +202,15 @@ def projection_params(model) -> int:
 
 def _weight_bytes(model) -> float:
     """Bytes a decode step reads: 4 a parameter in float32; in int8, the int8 codes (two
-    anchor columns included, outlier columns apart)."""
-    if not model.int8:
-        return 4.0 * projection_params(model)
-    total = 0.0
+    anchor columns included, outlier columns apart); on the q4 kernel, its packed records."""
     linears = [model.head]
     for layer in model.layers:
         linears += [layer.qkv, layer.o, layer.gate_up, layer.down]
+    if getattr(model, "quant", None) is not None:
+        return float(sum(linear._q4.nbytes for linear in linears))
+    if not model.int8:
+        return 4.0 * projection_params(model)
+    total = 0.0
     for linear in linears:
         weights = linear._int8
         total += torch.ops.quantized.linear_unpack(weights.packed)[0].numel()

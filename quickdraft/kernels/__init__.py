@@ -116,9 +116,5 @@ def attention_path() -> int:
 
 def describe_weights(quant: str | None) -> str:
     """How a target's weights are stored and which kernel multiplies them, for reports:
-    "float", "int8 (fbgemm)", "q4 (avx512-vnni)"."""
-    if quant is None:
-        return "float"
-    if quant == "q4":
-        return f"q4 ({best_path()})"
-    return f"{quant} (fbgemm)"
+    "float", "q4 (avx512-vnni)", "int8 (avx2)"."""
+    return "float" if quant is None else f"{quant} ({best_path()})"

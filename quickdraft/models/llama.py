@@ -156,7 +156,8 @@ class LlamaRunner:
     q4: 4-bit weights for every projection and 8-bit ones for the head (``kernels.q4``):
     batch-invariant, so for targets as well as drafts; needs no calibration; ``probe`` checks
     it as for int8. q4_exact: the weights came from a quantized file; a projection that 4 bits
-    do not reproduce keeps 8 (a GGUF's Q6_K and Q8_0 tensors).
+    do not reproduce keeps 8 (a GGUF's Q6_K and Q8_0 tensors). q4_bits=8: 8-bit codes for
+    every layer on the same kernel (``load_model(quant="int8")``).
     shared: compute with the given tensors themselves (no fused or prepacked copies), so the
     runner holds no weights of its own (``from_transformers``).
     invariant: every token's logits are the same bit for bit whatever else the pass holds
@@ -179,6 +180,7 @@ class LlamaRunner:
         invariant: bool = False,
         q4: bool = False,
         q4_exact: bool = False,
+        q4_bits: int = 4,
     ):
         if shared and (int8 or q4):
             field = "int8" if int8 else "q4"
@@ -208,6 +210,8 @@ class LlamaRunner:
         self.head = linear(self.head_weight)
         self.int8 = int8
         self.q4 = q4
+        # What load_model's quant names: "q4", "int8" (8-bit codes on the q4 kernel), or None.
+        self.quant: str | None = ("q4" if q4_bits == 4 else "int8") if q4 else None
         self.invariant = invariant
         self.inv_freq = _rope_inv_freq(config).to(self.device)
         self.quant_check: int8_ops.QuantCheck | None = None
@@ -218,7 +222,7 @@ class LlamaRunner:
                 # agreement than its bytes save.
                 self.head.quantize_q4(bits=8)
                 for linear_layer in self._projections()[1:]:
-                    linear_layer.quantize_q4(exact_only=q4_exact)
+                    linear_layer.quantize_q4(bits=q4_bits, exact_only=q4_exact)
             else:
                 self._quantize(calibration)
             if original is not None:

@@ -96,20 +96,23 @@ def load_model(
     int8 model is compared with its float original on a fixed probe at load; if it agrees on
     fewer than 95% of top-1 tokens, ``int8_fallback`` loads float weights instead with a
     one-line warning (a draft), else raises ValueError (a model that must not drift).
-    quant: keeps a model's weights quantized whatever its role, a target included: "int8"
-    (the same int8 weights, checked the same way) or "q4" (4-bit weights with int8
-    activations, ``kernels.q4``: the compiled kernel this CPU runs, else PyTorch). A failed
+    quant: keeps a model's weights quantized whatever its role, a target included: "q4"
+    (4-bit weights with int8 activations, ``kernels.q4``: the compiled kernel this CPU runs,
+    else PyTorch) or "int8" (8-bit weights on the same kernel), checked like int8 drafts. A failed
     check raises. Speculation is then exact with respect to the quantized model (its own
     plain decoding), as it is for any target: every token gets the same logits in a verify
     pass as in a one-token step.
     """
-    q4 = quant == "q4"
+    # A quantized target runs on quickdraft's own kernel (``kernels.q4``): 4-bit codes, or
+    # 8-bit ones for int8. Both give a token the same bits in any pass on every host; the
+    # fbgemm int8 layers (``int8=True``) stay for drafts, where that does not matter.
+    q4 = quant is not None
     if quant is not None:
         if quant not in QUANTS:
             raise ValueError(f"quant: {quant!r} is not offered ({', '.join(QUANTS)})")
         if torch.device(device).type != "cpu":
             raise ValueError(f"quant: {quant} weights run on CPU kernels, not on {device}")
-        int8, int8_fallback = quant == "int8", False
+        int8, int8_fallback = False, False
     if backend not in ("auto", "native", "hf"):
         raise ValueError(f"backend must be auto, native or hf, got {backend!r}")
     _check_device(device)
@@ -168,6 +171,7 @@ def load_model(
             invariant=quant is not None,
             q4=q4,
             q4_exact=(folder / "source.json").is_file(),  # converted from a GGUF file
+            q4_bits=8 if quant == "int8" else 4,
         )
     except KeyError as error:
         raise ArtifactError(folder, f"lacks the weight {error}", remedy) from None
