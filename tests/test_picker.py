@@ -116,6 +116,22 @@ def test_higher_temperature_and_concurrency_never_raise_the_modelled_gain():
     assert pick(Workload(task="code", concurrency=16), context).predicted_speedup <= base
 
 
+def test_a_quantized_target_picks_shorter_cheaper_drafts():
+    """A q4 target's step is cheaper and its verify pass grows faster per token (measured on
+    SmolLM2), so a drafter costs more of a step: every drafting option models less gain, the
+    chain gets no longer, and the reasons say why."""
+    context = PickContext(target="smollm2-135m", draft="org/draft")
+    workload = Workload(task="code", methods=("ar", "draft_model", "ngram"))
+    quantized = dataclasses.replace(workload, weights="q4")
+    plain, four = pick(workload, context), pick(quantized, context)
+    assert four.predicted_speedup < plain.predicted_speedup
+    if four.spec.method is plain.spec.method is Method.DRAFT_MODEL:
+        assert four.spec.num_speculative_tokens <= plain.spec.num_speculative_tokens
+    assert any("q4 target" in reason for reason in four.reasons) or four.label == "ar"
+    with pytest.raises(ValueError, match="weights: q4 targets run on CPU"):
+        Workload(weights="q4", device="gpu")
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -125,6 +141,7 @@ def test_higher_temperature_and_concurrency_never_raise_the_modelled_gain():
         ("concurrency", 0),
         ("methods", ("eagle9",)),
         ("device", "tpu"),
+        ("weights", "q3"),
     ],
 )
 def test_bad_workloads_name_the_field(field, value):

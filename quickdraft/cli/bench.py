@@ -239,6 +239,7 @@ def _add_pick(commands: argparse._SubParsersAction) -> None:
         help="only these registered methods, comma-separated (default: all)",
     )
     pick.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    add_quant(pick)
     pick.add_argument("--json", action="store_true", help="print the result as JSON")
     calibration = pick.add_argument_group(
         "calibration", "measure acceptance and costs on your prompts instead of using priors"
@@ -278,6 +279,7 @@ def _pick_inputs(args: argparse.Namespace):
         draft_gb=args.draft_gb,
         methods=chosen,
         device=args.device,
+        weights=args.quant or "float",
     )
     context = PickContext(
         target=args.target or DEFAULT_MODEL,
@@ -320,7 +322,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     workload, context = _pick_inputs(args)
     if not args.calibrate.is_file():
         raise ValueError(f"calibrate: {args.calibrate} is not a file")
-    target, tokenizer = load_model(context.target)
+    target, tokenizer = load_model(context.target, quant=args.quant)
     draft = None
     if context.draft is not None and (
         workload.methods is None or "draft_model" in workload.methods

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import os
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -28,6 +29,7 @@ SOURCES = [Path(__file__).with_name(name) for name in ("q4.cpp", "attention.cpp"
 # then the PyTorch reference (``kernels.q4.reference``), which every CPU runs.
 PATHS = {"avx512-vnni": 1, "avx2": 2}
 REFERENCE = "pytorch"
+STALE_SECONDS = 24 * 3600
 
 
 def cache_dir() -> Path:
@@ -65,8 +67,10 @@ def native() -> bool:
             stacklevel=2,
         )
         return False
-    for stale in build.parent.iterdir():  # builds of earlier sources
-        if stale != build:
+    # Builds of other sources or torch versions, untouched for a day: another checkout may
+    # still be building or loading a recent one.
+    for stale in build.parent.iterdir():
+        if stale != build and time.time() - stale.stat().st_mtime > STALE_SECONDS:
             shutil.rmtree(stale, ignore_errors=True)
     return True
 

@@ -28,10 +28,11 @@ struct Problem {
   const float* q;        // [G, H, D]
   const float* keys;     // [B, S, Hkv, D] with the strides below, [Hkv, D] contiguous
   const float* values;   // the same layout
-  const int64_t* rows;   // [G]
-  const int64_t* slots;  // [G, n]
-  float* out;            // [G, H, D]
-  int64_t heads, kv_heads, dim, n;
+  const int64_t* rows;    // [G]
+  const int64_t* slots;   // [G, width]: query g's first counts[g] entries are its slots
+  const int64_t* counts;  // [G]
+  float* out;             // [G, H, D]
+  int64_t heads, kv_heads, dim, width;
   int64_t key_row_stride, key_slot_stride, value_row_stride, value_slot_stride;
   float scale;
 };
@@ -77,7 +78,7 @@ constexpr int64_t kMaxDim = 256;
 // One (query, head) with AVX-512: 16 lanes of the head dimension at a time, a masked tail.
 __attribute__((target("avx512f"))) void one_avx512(const Problem& P, int64_t g, int64_t h,
                                                    std::vector<float>& scores) {
-  const int64_t dim = P.dim, n = P.n;
+  const int64_t dim = P.dim, n = P.counts[g];
   const int64_t kv = h / (P.heads / P.kv_heads);
   const int64_t chunks = (dim + 15) / 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (dim - 16 * (chunks - 1))) - 1u);
@@ -85,7 +86,7 @@ __attribute__((target("avx512f"))) void one_avx512(const Problem& P, int64_t g, 
   const float* query = P.q + (g * P.heads + h) * dim;
   __m512 qv[kMaxDim / 16];
   for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_maskz_loadu_ps(mask(c), query + 16 * c);
-  const int64_t* slots = P.slots + g * n;
+  const int64_t* slots = P.slots + g * P.width;
   const float* keys = P.keys + P.rows[g] * P.key_row_stride + kv * dim;
   const float* values = P.values + P.rows[g] * P.value_row_stride + kv * dim;
   float top = -INFINITY;
@@ -136,13 +137,13 @@ __attribute__((target("avx2"))) inline __m256i lanes(int64_t c, int64_t width) {
 // The same with AVX2: 8 lanes at a time, masked loads for the tail.
 __attribute__((target("avx2,fma"))) void one_avx2(const Problem& P, int64_t g, int64_t h,
                                                   std::vector<float>& scores) {
-  const int64_t dim = P.dim, n = P.n;
+  const int64_t dim = P.dim, n = P.counts[g];
   const int64_t kv = h / (P.heads / P.kv_heads);
   const int64_t chunks = (dim + 7) / 8;
   const float* query = P.q + (g * P.heads + h) * dim;
   __m256 qv[kMaxDim / 8];
   for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm256_maskload_ps(query + 8 * c, lanes(c, dim));
-  const int64_t* slots = P.slots + g * n;
+  const int64_t* slots = P.slots + g * P.width;
   const float* keys = P.keys + P.rows[g] * P.key_row_stride + kv * dim;
   const float* values = P.values + P.rows[g] * P.value_row_stride + kv * dim;
   float top = -INFINITY;
@@ -177,12 +178,14 @@ __attribute__((target("avx2,fma"))) void one_avx2(const Problem& P, int64_t g, i
 }
 
 // path: 1 AVX-512, 2 AVX2 (as the 4-bit kernel's paths; the caller checks the CPU has it).
+// Every query of a pass in one call: query g sees the first counts[g] slots of slots[g].
 at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                  const at::Tensor& rows, const at::Tensor& slots, double scale, int64_t path) {
+                  const at::Tensor& rows, const at::Tensor& slots, const at::Tensor& counts,
+                  double scale, int64_t path) {
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous() && q.scalar_type() == at::kFloat,
               "attend: q must be contiguous float32 [G, H, D]");
   TORCH_CHECK(keys.dim() == 4 && values.dim() == 4, "attend: keys, values must be [B, S, Hkv, D]");
-  const int64_t dim = q.size(2), kv_heads = keys.size(2);
+  const int64_t queries = q.size(0), dim = q.size(2), kv_heads = keys.size(2);
   for (const at::Tensor* t : {&keys, &values}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->stride(3) == 1 && t->stride(2) == dim &&
                     t->size(3) == dim && t->size(2) == kv_heads,
@@ -190,20 +193,28 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
   }
   TORCH_CHECK(dim <= kMaxDim, "attend: head dimension above ", kMaxDim);
   TORCH_CHECK(q.size(1) % kv_heads == 0, "attend: heads must be a multiple of kv heads");
-  TORCH_CHECK(rows.scalar_type() == at::kLong && slots.scalar_type() == at::kLong &&
-                  rows.is_contiguous() && slots.is_contiguous() && slots.dim() == 2 &&
-                  slots.size(0) == q.size(0) && rows.numel() == q.size(0) && slots.size(1) > 0,
-              "attend: rows [G] and slots [G, n > 0] must be contiguous int64");
+  for (const at::Tensor* t : {&rows, &slots, &counts}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->size(0) == queries,
+                "attend: rows [G], slots [G, n] and counts [G] must be contiguous int64");
+  }
+  TORCH_CHECK(slots.dim() == 2, "attend: slots must be [G, n]");
+  const int64_t* count = counts.data_ptr<int64_t>();
+  int64_t total = 0;
+  for (int64_t g = 0; g < queries; ++g) {
+    TORCH_CHECK(count[g] > 0 && count[g] <= slots.size(1), "attend: counts out of range");
+    total += count[g];
+  }
   at::Tensor out = at::empty_like(q);
   Problem P{q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(),
-            rows.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), out.data_ptr<float>(),
+            rows.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), count, out.data_ptr<float>(),
             q.size(1), kv_heads, dim, slots.size(1), keys.stride(0), keys.stride(1),
             values.stride(0), values.stride(1), static_cast<float>(scale)};
-  const int64_t items = q.size(0) * P.heads;
+  const int64_t items = queries * P.heads;
   // One (query, head) per item; threads only when there is enough work to share.
-  const int64_t grain = std::max<int64_t>(1, 4096 / (P.n * dim / 16 + 1));
+  const int64_t work = total * P.heads * dim / 16 + 1;
+  const int64_t grain = std::max<int64_t>(1, items * 2048 / work);
   at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(P.n + 16);
+    std::vector<float> scores(P.width + 16);
     for (int64_t item = begin; item < end; ++item) {
       if (path == 1) {
         one_avx512(P, item / P.heads, item % P.heads, scores);
@@ -218,8 +229,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(quickdraft_kernels, m) {
-  m.def("attend(Tensor q, Tensor keys, Tensor values, Tensor rows, Tensor slots, float scale, "
-        "int path) -> Tensor");
+  m.def("attend(Tensor q, Tensor keys, Tensor values, Tensor rows, Tensor slots, "
+        "Tensor counts, float scale, int path) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft_kernels, CPU, m) { m.impl("attend", &attend); }

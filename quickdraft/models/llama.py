@@ -12,9 +12,7 @@ Weights use Hugging Face names and layouts, so a transformers state dict loads a
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -24,6 +22,11 @@ import torch.nn.functional as F
 from quickdraft.models import int8 as int8_ops
 from quickdraft.models.base import ModelOutput
 from quickdraft.models.kv_cache import KVCache
+from quickdraft.models.llama_config import (
+    SUPPORTED_MODEL_TYPES,
+    LlamaConfig,
+    rope_inv_freq,
+)
 from quickdraft.models.ops import (
     Joined,
     Linear,
@@ -34,88 +37,6 @@ from quickdraft.models.ops import (
     rotate,
     seen_slots,
 )
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-
-
-@dataclass(frozen=True, slots=True)
-class LlamaConfig:
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_positions: int
-    tie_word_embeddings: bool
-    attention_bias: bool
-    rope_scaling: dict | None = None
-    sliding_window: int | None = None
-
-    @classmethod
-    def from_hf(cls, config: dict[str, Any]) -> LlamaConfig:
-        """From a Hugging Face config.json dictionary."""
-        model_type = config.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"model_type {model_type!r} is not a Llama-family model; native "
-                f"support covers {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        heads = config["num_attention_heads"]
-        hidden = config["hidden_size"]
-        # transformers >= 5 folds rope_theta and rope_scaling into rope_parameters.
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        theta = config.get("rope_theta") or rope.get("rope_theta", 10000.0)
-        scaling = {k: v for k, v in rope.items() if k != "rope_theta"} or None
-        if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "default":
-            scaling = None
-        window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
-        return cls(
-            model_type=model_type,
-            vocab_size=config["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=config["intermediate_size"],
-            num_layers=config["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or hidden // heads,
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
-            max_positions=config.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
-            rope_scaling=scaling,
-            sliding_window=window,
-        )
-
-
-def _rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
-    dim = config.head_dim
-    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq.float()
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "linear":
-        return (inv_freq / scaling["factor"]).float()
-    if kind == "llama3":  # Llama 3.1: smooth interpolation between low and high frequencies
-        factor, low, high = (
-            scaling["factor"],
-            scaling["low_freq_factor"],
-            scaling["high_freq_factor"],
-        )
-        original = scaling["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (original / wavelen - low) / (high - low)
-        scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
-        middle = (wavelen <= original / low) & (wavelen >= original / high)
-        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        return torch.where(middle, blended, scaled).float()
-    raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3)")
 
 
 class _Layer:
@@ -213,7 +134,7 @@ class LlamaRunner:
         # What load_model's quant names: "q4", "int8" (8-bit codes on the q4 kernel), or None.
         self.quant: str | None = ("q4" if q4_bits == 4 else "int8") if q4 else None
         self.invariant = invariant
-        self.inv_freq = _rope_inv_freq(config).to(self.device)
+        self.inv_freq = rope_inv_freq(config).to(self.device)
         self.quant_check: int8_ops.QuantCheck | None = None
         if int8 or q4:
             original = None if probe is None else self._logits(probe)

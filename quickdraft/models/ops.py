@@ -237,11 +237,10 @@ def attend_each(
         # batch's size (MKL's, below) cannot reach it.
         if keys.stride(-1) != 1 or keys.stride(2) != dim:
             keys, values = keys.contiguous(), values.contiguous()
-        for rows, queries, slots in groups:
-            group = q[rows, :, queries].contiguous()  # [G, H, D]
-            out[rows, :, queries] = torch.ops.quickdraft_kernels.attend(
-                group, keys, values, rows.contiguous(), slots.contiguous(), dim**-0.5, path
-            )
+        rows, queries, slots, counts = flat_slots(groups)
+        out[rows, :, queries] = torch.ops.quickdraft_kernels.attend(
+            q[rows, :, queries].contiguous(), keys, values, rows, slots, counts, dim**-0.5, path
+        )
         return out
     # GQA without copies: query head h reads kv head h // (heads / kv_heads).
     shared = heads // kv_heads if gqa else 1
@@ -303,13 +302,39 @@ def _end_to_end(
     return index.reshape(-1), (batch - 1) * per_row + length
 
 
+class SlotGroups(list):
+    """``seen_slots``' groups, with their flat form (``flat_slots``) kept once made: every
+    layer of a pass attends with the same groups."""
+
+    flat: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+
+def flat_slots(
+    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every query of ``groups`` in one table: rows [Q], queries [Q], slots [Q, n] (each
+    query's slots first, then padding) and counts [Q], contiguous int64."""
+    cached = getattr(groups, "flat", None)
+    if cached is not None:
+        return cached
+    width = max(slots.shape[1] for _, _, slots in groups)
+    rows = torch.cat([r for r, _, _ in groups]).contiguous()
+    queries = torch.cat([t for _, t, _ in groups]).contiguous()
+    padded = [torch.nn.functional.pad(s, (0, width - s.shape[1])) for _, _, s in groups]
+    counts = torch.cat([torch.full((len(r),), s.shape[1]) for r, _, s in groups])
+    flat = (rows, queries, torch.cat(padded).contiguous(), counts)
+    if isinstance(groups, SlotGroups):
+        groups.flat = flat
+    return flat
+
+
 def seen_slots(mask: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """mask [B, 1, T, S] -> the queries grouped by how many keys they see: (rows [G],
     queries [G], slots [G, n], each query's visible cache slots in order). Found once a pass
     (every layer has the same mask)."""
     seen = mask[:, 0]
     counts = seen.sum(-1)  # [B, T]
-    groups = []
+    groups = SlotGroups()
     for count in counts.unique().tolist():
         rows, queries = (counts == count).nonzero(as_tuple=True)
         slots = seen[rows, queries].nonzero()[:, 1].view(len(rows), count)
