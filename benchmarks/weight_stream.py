@@ -72,25 +72,14 @@ def onednn(weights: list[torch.Tensor]):
     return run
 
 
-def quickdraft_q4(weights: list[torch.Tensor], path: str):
-    """quickdraft's 4-bit kernel on one compiled path (the codes of each weight found once
-    and shared between paths)."""
-    layers = [q4.Q4Weights.build(codes, None, path) for codes in _q4_codes(weights)]
+def quickdraft_q4(codes: list[q4.Q4Codes], path: str):
+    """quickdraft's 4-bit kernel on one compiled path."""
+    layers = [q4.Q4Weights.build(c, None, path) for c in codes]
 
     def run(x: torch.Tensor) -> list[torch.Tensor]:
         return [q4.linear(x, layer) for layer in layers]
 
     return run
-
-
-_CODES: dict[int, list[q4.Q4Codes]] = {}
-
-
-def _q4_codes(weights: list[torch.Tensor]) -> list[q4.Q4Codes]:
-    key = id(weights)
-    if key not in _CODES:
-        _CODES[key] = [q4.quantize(w) for w in weights]
-    return _CODES[key]
 
 
 def int4_bf16(weights: list[torch.Tensor]):
@@ -129,17 +118,17 @@ def main() -> None:
     weights = [torch.randn(N, K) * 0.02 for _ in range(args.layers)]
     q4_bytes = q4.RECORD / (q4.LANES * q4.GROUP)  # 5 bits a weight
     compiled_paths = [path for path in compiled.runnable_paths() if path != compiled.REFERENCE]
+    codes = [q4.quantize(w) for w in weights] if compiled_paths else []  # once, for every path
     kernels = {
         **{
-            f"quickdraft q4 ({path})": (quickdraft_q4(weights, path), q4_bytes)
+            f"quickdraft q4 ({path})": (quickdraft_q4(codes, path), q4_bytes)
             for path in compiled_paths
         },
         "quickdraft int8 (fbgemm)": (fbgemm(weights), 1.0),
         "oneDNN int8": (onednn(weights), 1.0),
         "int4, bf16 activations": (int4_bf16(weights), 0.5),
     }
-    del weights
-    _CODES.clear()
+    del weights, codes
     raw = torch.ones(N * K * args.layers // 4)  # the int8 stack's bytes, as float32
     rows = []
     for count in (int(n) for n in args.rows.split(",")):

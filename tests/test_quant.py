@@ -23,7 +23,7 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7, 7, 7]]
 
 
-def int8_target(family: str, quant: str = "int8") -> LlamaRunner:
+def quantized_target(family: str, quant: str = "int8") -> LlamaRunner:
     """A tiny batch-invariant model with quantized weights: "int8", fbgemm's int8 with its
     outlier channels calibrated (``models.int8``); "q4" and "q8", 4-bit and 8-bit codes on
     quickdraft's kernel (``kernels.q4``), what load_model(quant="q4" or "int8") builds."""
@@ -46,7 +46,7 @@ def test_a_quantized_target_gives_a_token_the_same_logits_in_any_pass(family, co
     other numbers with two threads: this tiny model's int8 rounding hides such last-bit
     differences, Qwen2.5-Coder-0.5B's did not in 2 of 33 bench prompts.)"""
     torch.set_num_threads(2)  # the autouse fixture sets 1 again for the next test
-    target = int8_target(family, quant)
+    target = quantized_target(family, quant)
     prompt = (torch.arange(context) * 37 % 101).unsqueeze(0)
     following = torch.tensor([[23, 4, 61, 9, 30]])
 
@@ -138,7 +138,7 @@ def test_a_token_gets_the_same_logits_beside_rows_of_other_lengths():
     """Batch invariance across rows: rows of different lengths put their queries in different
     attention groups, rows of equal length share a group; each token's logits are the ones it
     gets alone."""
-    target = int8_target("qwen2-bias")
+    target = quantized_target("qwen2-bias")
     prompts = torch.tensor([[5, 17, 3, 99, 42, 5, 17, 8], [1, 2, 3, 4, 5, 6, 7, 8]] * 2)
     lengths = torch.tensor([8, 5, 8, 6])
     step = torch.tensor([[23], [4], [61], [9]])
@@ -178,7 +178,7 @@ def test_an_int8_row_is_the_same_alone_or_in_any_batch(calibrated):
 @pytest.mark.parametrize("quant", ["int8", "q4", "q8"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_method_reproduces_the_quantized_targets_own_decoding(family, quant):
-    target = int8_target(family, quant)
+    target = quantized_target(family, quant)
     assert target.int8 if quant == "int8" else target.q4
     hidden, vocab = target.config.hidden_size, target.vocab_size
     drafters = {

@@ -112,6 +112,7 @@ def check_path(path: str) -> str:
     return path
 
 
+@functools.cache
 def attention_path() -> int:
     """The compiled attention kernel's instruction set for this CPU (1: AVX-512, 2: AVX2), or
     0 where there is none."""
