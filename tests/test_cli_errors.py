@@ -194,6 +194,13 @@ def invocations(f) -> list[list[str]]:
         ["export", "eagle", "--target", "qwen2.5-coder-0.5b-nope", "--out", out],
         ["export", "eagle", "--target", str(f["tiny"]), "--eagle-dir",
          str(f["shipped_eagle"]), "--out", out],  # a drafter made for another target
+        ["export", "eagle", "--target", "smollm2-135m", "--engine", "llama.cpp",
+         "--target-gguf", "/no/such.gguf", "--out", out],
+        ["export", "eagle", "--target", "smollm2-135m", "--engine", "llama.cpp",
+         "--target-gguf", str(f["junk_gguf"]), "--out", out],
+        ["export", "eagle", "--target", "smollm2-135m", "--target-gguf", str(f["junk_gguf"]),
+         "--out", out],  # a GGUF for an engine that takes none
+        ["export", "eagle", "--target", str(f["tiny"]), "--engine", "llama.cpp", "--out", out],
         ["pick", "--calibrate", "/no/such/prompts.jsonl"],
         ["pick", "--calibrate", str(f["bad_prompts"])],
         ["pick", "--methods", "bogus"],

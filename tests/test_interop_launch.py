@@ -11,6 +11,10 @@ The lists below were read from the engines' sources (no engine runs on these mac
   ``python/sglang/srt/server_args.py`` (BBuf/sglang at 0a6356ae56187a7977bdbe6df3a9016b23ae32a1);
   ``--speculative-algorithm`` choices EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM. SGLang has no
   Medusa and neither engine has lookahead decoding.
+- llama.cpp's ``llama-server`` flags: ``common/arg.cpp`` and ``common/speculative.cpp``
+  (``common_speculative_type_from_name_map``) of the llama.cpp inside llama-cpp-python 0.3.36.
+  It has no Medusa, no EAGLE-1 and no lookahead; its EAGLE-3 draft is a GGUF
+  (``tests/test_eagle_gguf.py``).
 """
 
 import json
@@ -48,6 +52,15 @@ SGLANG_FLAGS = {
     "--speculative-ngram-capacity",
 }  # fmt: skip
 SGLANG_ALGORITHMS = {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"}
+LLAMA_FLAGS = {
+    "--spec-draft-model", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min",
+    "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m", "--spec-ngram-simple-min-hits",
+}  # fmt: skip
+LLAMA_TYPES = {
+    "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
+    "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+}  # fmt: skip
+LLAMA_NEED_DRAFT = {"draft-simple", "draft-eagle3"}
 SGLANG_NEED_DRAFT = {"EAGLE3", "STANDALONE"}
 
 
@@ -76,6 +89,19 @@ def check_sglang_flags(flags: list[str]) -> None:
             assert int(pairs[name]) > 0
 
 
+def check_llama_flags(flags: list[str]) -> None:
+    assert len(flags) % 2 == 0  # every flag here takes a value
+    pairs = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert set(pairs) <= LLAMA_FLAGS, set(pairs) - LLAMA_FLAGS
+    assert pairs["--spec-type"] in LLAMA_TYPES
+    assert (pairs["--spec-type"] in LLAMA_NEED_DRAFT) == ("--spec-draft-model" in pairs)
+    if "--spec-draft-model" in pairs:
+        assert pairs["--spec-draft-model"].endswith(".gguf")
+    for name, value in pairs.items():
+        if name.startswith("--spec-ngram") or name.startswith("--spec-draft-n"):
+            assert 1 <= int(value) <= 1024
+
+
 def test_every_candidate_of_every_method_prints_configs_the_engines_define(tmp_path):
     context = PickContext(target="smollm2-135m", draft="org/draft", export_dir=tmp_path)
     seen = set()
@@ -92,6 +118,12 @@ def test_every_candidate_of_every_method_prints_configs_the_engines_define(tmp_p
                         check_vllm_config(config.speculative)
                     command = config.command("/models/target")
                     assert command.startswith("vllm serve /models/target"), label
+                elif config.engine == "llama.cpp":
+                    if config.speculative:
+                        check_llama_flags(config.speculative)
+                    command = shlex.split(config.command("/models/target"))
+                    assert command[:2] == ["llama-server", "-m"], label
+                    assert command[2].endswith(".gguf") and command[2] == config.model
                 else:
                     if config.speculative:
                         check_sglang_flags(config.speculative)
@@ -103,7 +135,9 @@ def test_every_candidate_of_every_method_prints_configs_the_engines_define(tmp_p
                         "--model-path",
                     ]
     assert {("draft_model", "vllm"), ("draft_model", "sglang"), ("ngram", "vllm"),
-            ("ngram", "sglang"), ("eagle", "vllm"), ("eagle", "sglang")} <= seen  # fmt: skip
+            ("ngram", "sglang"), ("eagle", "vllm"), ("eagle", "sglang"),
+            ("draft_model", "llama.cpp"), ("ngram", "llama.cpp"),
+            ("eagle", "llama.cpp")} <= seen  # fmt: skip
 
 
 def _layer(prefix: str, h: int, inner: int, q: int, kv: int, width: int) -> dict:

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from quickdraft.cli.common import console, strict_int
+from quickdraft.interop.eagle_gguf import FILE
 
 
 def _add_export(commands: argparse._SubParsersAction) -> None:
@@ -16,7 +17,7 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     eagle = kinds.add_parser(
         "eagle",
         help="an EAGLE drafter as a vLLM / SGLang draft model folder (config.json + "
-        "model.safetensors)",
+        "model.safetensors) or a llama.cpp draft GGUF (EAGLE-3)",
     )
     eagle.add_argument(
         "--target", required=True, help="the target it was trained for (its LM head rows)"
@@ -27,10 +28,18 @@ def _add_export(commands: argparse._SubParsersAction) -> None:
     eagle.add_argument("--out", type=Path, required=True)
     eagle.add_argument(
         "--engine",
-        choices=["vllm", "sglang"],
+        choices=["vllm", "sglang", "llama.cpp"],
         default="vllm",
         help="EAGLE-1 folders differ (vLLM's fc has no bias, SGLang's has one); EAGLE-3 "
-        "folders load in both",
+        "folders load in both; llama.cpp takes EAGLE-3 drafters as one GGUF file "
+        f"(OUT/{FILE})",
+    )
+    eagle.add_argument(
+        "--target-gguf",
+        type=Path,
+        default=None,
+        help="llama.cpp only: the target's GGUF file, whose vocabulary the draft carries "
+        "(default: the GGUF of a --target alias)",
     )
     medusa = kinds.add_parser(
         "medusa", help="Medusa heads as a vLLM Medusa draft model folder (SGLang has no Medusa)"
@@ -113,21 +122,50 @@ def _export_eagle(args: argparse.Namespace) -> int:
     from quickdraft.drafters.eagle.tree import EagleTree
     from quickdraft.interop import launch
     from quickdraft.interop.eagle_export import export_eagle
+    from quickdraft.interop.eagle_gguf import export_eagle_gguf
     from quickdraft.interop.launch import model_path
     from quickdraft.models.loading import load_model
 
+    if args.target_gguf is not None and args.engine != "llama.cpp":
+        raise ValueError("target_gguf: only --engine llama.cpp takes the target's GGUF")
+    target_file = _target_gguf(args) if args.engine == "llama.cpp" else None
     target, _ = load_model(args.target)
     net = load_eagle(eagle_folder(args.target, args.eagle_dir), target.config.num_layers)
     check_fits(net, target)  # an export must load where generate would
     head = target.head_weight  # type: ignore[attr-defined]
-    folder = export_eagle(net, head.float(), args.out, args.engine, target.max_positions)
-    console.print(f"wrote {folder} ({net.config.variant}, for {args.engine})")
     tree = EagleTree().resolve("cuda")  # the engines run on GPUs
+    if target_file is not None:
+        written = export_eagle_gguf(
+            net, head.float(), target_file, args.out / FILE, target.max_positions
+        )
+        console.print(f"wrote {written} ({net.config.variant}, for llama.cpp)")
+        folder = args.out
+    else:
+        folder = export_eagle(net, head.float(), args.out, args.engine, target.max_positions)
+        console.print(f"wrote {folder} ({net.config.variant}, for {args.engine})")
     export = {engine: ("", Path(folder)) for engine in launch.ENGINES}
     token_map = net.config.variant == "eagle1" and net.config.draft_vocab_size < target.vocab_size
     configs = launch.eagle(
         net.config.variant, tree.depth, tree.topk, tree.tokens, export, token_map=token_map
     )
     config = next(c for c in configs if c.engine == args.engine)
-    console.print(f"  {config.command(model_path(args.target))}", soft_wrap=True)
+    where = str(target_file) if target_file is not None else model_path(args.target)
+    console.print(f"  {config.command(where)}", soft_wrap=True)
     return 0
+
+
+def _target_gguf(args: argparse.Namespace) -> Path:
+    """The target GGUF a llama.cpp export copies its vocabulary from: the given file, else the
+    one packaged for a --target alias."""
+    from quickdraft.models.loading import ALIASES, packaged_gguf
+
+    if args.target_gguf is not None:
+        if not args.target_gguf.is_file():
+            raise ValueError(f"target_gguf: {args.target_gguf} is not a file")
+        return args.target_gguf
+    if args.target not in ALIASES:
+        raise ValueError(
+            "target_gguf: required for --engine llama.cpp when --target is not one of "
+            f"{', '.join(sorted(ALIASES))} (the target's GGUF, whose vocabulary the draft carries)"
+        )
+    return packaged_gguf(args.target)

@@ -1,11 +1,13 @@
-"""Configurations and commands for other serving engines: vLLM and SGLang.
+"""Configurations and commands for other serving engines: vLLM, SGLang and llama.cpp.
 
 quickdraft's configuration of a method becomes vLLM's ``--speculative-config`` JSON or SGLang's
 ``--speculative-*`` flags, with the commands to run first where a drafter has to be exported.
+llama.cpp's form is ``llama-server`` with its ``--spec-*`` flags, over GGUF files (the target's,
+a draft model's, an EAGLE-3 drafter exported by ``quickdraft export eagle --engine llama.cpp``).
 Only keys and flags those engines define are written; ``tests/test_interop_launch.py`` holds their
 lists with the source files they were read from. Where an engine has no equivalent (lookahead
-in both, Medusa in SGLang) the result says so instead of printing something that would not
-load.
+in all three, Medusa in SGLang and llama.cpp, EAGLE-1 in llama.cpp) the result says so instead
+of printing something that would not load.
 
 Engines differ from quickdraft in ways the notes name: vLLM drafts EAGLE as a chain (its trees
 are static), and neither engine takes quickdraft's drafter shortlists, so they score the full
@@ -25,29 +27,38 @@ if TYPE_CHECKING:
     from quickdraft.config import SpecConfig
     from quickdraft.pick.context import PickContext
 
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang", "llama.cpp")
+NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llama.cpp": "llama.cpp"}
 
 
 @dataclass(frozen=True, slots=True)
 class LaunchConfig:
     """One engine's form of a configuration.
 
-    speculative: vLLM's speculative_config (a dict) or SGLang's flags (a list); empty for plain
-        decoding; None when the engine cannot run the method (``note`` says why).
+    speculative: vLLM's speculative_config (a dict), SGLang's or llama.cpp's flags (a list);
+        empty for plain decoding; None when the engine cannot run the method (``note`` says
+        why).
     prepare: commands to run first, in order (exporting the drafter into ``speculative``'s
         path).
     note: how the engine's run differs from quickdraft's, or why there is none.
+    model: the file this engine loads in place of the target given to ``command`` (llama.cpp:
+        the target's GGUF), if any.
     """
 
     engine: str
     speculative: dict | list[str] | None
     prepare: tuple[str, ...] = ()
     note: str = ""
+    model: str | None = None
 
     def command(self, target: str) -> str | None:
         """The serve command for ``target`` (a model folder or hub id); None if unsupported."""
         if self.speculative is None:
             return None
+        target = self.model or target
+        if self.engine == "llama.cpp":
+            flags = " ".join(shlex.quote(str(flag)) for flag in self.speculative)
+            return f"llama-server -m {shlex.quote(target)} {flags}".strip()
         if self.engine == "vllm":
             command = f"vllm serve {shlex.quote(target)}"
             if self.speculative:
@@ -67,17 +78,20 @@ class LaunchConfig:
 
 
 def plain() -> list[LaunchConfig]:
-    """Plain decoding: both engines serve the target without speculative settings."""
-    return [LaunchConfig("vllm", {}), LaunchConfig("sglang", [])]
+    """Plain decoding: every engine serves the target without speculative settings."""
+    return [LaunchConfig("vllm", {}), LaunchConfig("sglang", []), LaunchConfig("llama.cpp", [])]
 
 
 def unsupported(engine: str, why: str) -> LaunchConfig:
     return LaunchConfig(engine, None, note=why)
 
 
-def draft_model(k: int, draft: str, shortlist: str = "full") -> list[LaunchConfig]:
+def draft_model(
+    k: int, draft: str, shortlist: str = "full", draft_gguf: str | None = None
+) -> list[LaunchConfig]:
     """A separate draft model proposing k tokens: vLLM's ``draft_model``, SGLang's
-    ``STANDALONE`` (a chain: top-1 per step)."""
+    ``STANDALONE`` (a chain: top-1 per step), llama.cpp's ``draft-simple`` over the draft's
+    GGUF (``draft_gguf``; a placeholder naming the conversion when there is none)."""
     note = _shortlist_note(shortlist)
     vllm = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
     sglang = [
@@ -85,7 +99,20 @@ def draft_model(k: int, draft: str, shortlist: str = "full") -> list[LaunchConfi
         "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", str(k + 1),
     ]  # fmt: skip
-    return [LaunchConfig("vllm", vllm, note=note), LaunchConfig("sglang", sglang, note=note)]
+    llama_note = note
+    if draft_gguf is None:
+        draft_gguf = f"{draft}.gguf"
+        convert = f"the draft as GGUF (llama.cpp's convert_hf_to_gguf.py {draft})"
+        llama_note = "; ".join(n for n in (note, convert) if n)
+    llama = [
+        "--spec-draft-model", draft_gguf, "--spec-type", "draft-simple",
+        "--spec-draft-n-max", str(k),
+    ]  # fmt: skip
+    return [
+        LaunchConfig("vllm", vllm, note=note),
+        LaunchConfig("sglang", sglang, note=note),
+        LaunchConfig("llama.cpp", llama, note=llama_note),
+    ]
 
 
 def ngram(k: int, lookup_min: int, lookup_max: int) -> list[LaunchConfig]:
@@ -99,7 +126,19 @@ def ngram(k: int, lookup_min: int, lookup_max: int) -> list[LaunchConfig]:
     }
     sglang = ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k)]
     note = "SGLang matches against a trie of earlier text (its own n-gram rules); CUDA only"
-    return [LaunchConfig("vllm", vllm), LaunchConfig("sglang", sglang, note=note)]
+    llama = [
+        "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(lookup_max),
+        "--spec-ngram-simple-size-m", str(k),
+    ]  # fmt: skip
+    llama_note = (
+        f"llama.cpp matches n-grams of {lookup_max} tokens only (quickdraft tries "
+        f"{lookup_max} down to {lookup_min})"
+    )
+    return [
+        LaunchConfig("vllm", vllm),
+        LaunchConfig("sglang", sglang, note=note),
+        LaunchConfig("llama.cpp", llama, note=llama_note if lookup_min < lookup_max else ""),
+    ]
 
 
 def medusa(heads: int, export: tuple[str, Path]) -> list[LaunchConfig]:
@@ -111,6 +150,7 @@ def medusa(heads: int, export: tuple[str, Path]) -> list[LaunchConfig]:
     return [
         LaunchConfig("vllm", vllm, (command,) if command else (), note),
         unsupported("sglang", "SGLang has no Medusa"),
+        unsupported("llama.cpp", "llama.cpp has no Medusa"),
     ]
 
 
@@ -130,11 +170,11 @@ def eagle(
     lookup: int = 0,
 ) -> list[LaunchConfig]:
     """An EAGLE drafter exported per engine (``export``: engine -> (export command, folder)):
-    vLLM drafts a chain of ``depth`` tokens, SGLang the same dynamic tree (depth steps, top-k
-    per step, ``tokens`` verified). ``token_map``: an EAGLE-1 export with a draft vocabulary
-    (``token_map.pt``), which SGLang takes and vLLM cannot. ``lookup``: quickdraft's
-    prompt-lookup graft, which neither engine has. SGLang counts the root in
-    ``--speculative-num-draft-tokens``, so it is ``tokens + 1``."""
+    vLLM and llama.cpp (EAGLE-3 only) draft a chain of ``depth`` tokens, SGLang the same
+    dynamic tree (depth steps, top-k per step, ``tokens`` verified). ``token_map``: an
+    EAGLE-1 export with a draft vocabulary (``token_map.pt``), which SGLang takes and vLLM
+    cannot. ``lookup``: quickdraft's prompt-lookup graft, which no engine has. SGLang counts
+    the root in ``--speculative-num-draft-tokens``, so it is ``tokens + 1``."""
     method = "eagle3" if variant == "eagle3" else "eagle"
     note = _shortlist_note(shortlist)
     if lookup:
@@ -156,6 +196,19 @@ def eagle(
     if token_map:
         sglang += ["--speculative-token-map", str(folder / "token_map.pt")]
     configs.append(LaunchConfig("sglang", sglang, (command,), note))
+    if method != "eagle3":
+        configs.append(unsupported("llama.cpp", "llama.cpp loads EAGLE-3 drafters only"))
+        return configs
+    from quickdraft.interop.eagle_gguf import FILE
+
+    command, folder = export["llama.cpp"]
+    llama = [
+        "--spec-draft-model", str(Path(folder) / FILE), "--spec-type", "draft-eagle3",
+        "--spec-draft-n-max", str(depth),
+    ]  # fmt: skip
+    chain = "llama.cpp drafts a chain of the tree's depth"
+    llama_note = "; ".join(n for n in (chain, note) if n)
+    configs.append(LaunchConfig("llama.cpp", llama, (command,) if command else (), llama_note))
     return configs
 
 
@@ -178,12 +231,25 @@ def model_path(name: str) -> str:
     return str(resolve(name)) if name in ALIASES else name
 
 
+def gguf_path(name: str) -> str | None:
+    """A model as the GGUF file llama.cpp loads: an alias's packaged file, a ``.gguf`` path as
+    it is; None when there is none (a folder or hub id has to be converted first)."""
+    from quickdraft.models.loading import ALIASES, gguf_location
+
+    if name in ALIASES:
+        return str(gguf_location(name))
+    return name if name.endswith(".gguf") else None
+
+
 def _draft_model(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
     from quickdraft.drafters.draft_model.options import DraftModelOptions
 
     assert context.draft is not None and isinstance(spec.options, DraftModelOptions)
     shortlist = str(spec.options.draft_shortlist)
-    return draft_model(spec.num_speculative_tokens, model_path(context.draft), shortlist)
+    return draft_model(
+        spec.num_speculative_tokens, model_path(context.draft), shortlist,
+        draft_gguf=gguf_path(context.draft),
+    )  # fmt: skip
 
 
 def _ngram(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
@@ -237,6 +303,7 @@ def _lookahead(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
     return [
         unsupported("vllm", "vLLM has no lookahead decoding"),
         unsupported("sglang", "SGLang has no lookahead decoding (its NGRAM is prompt lookup)"),
+        unsupported("llama.cpp", "llama.cpp's server has no lookahead decoding"),
     ]
 
 
@@ -251,8 +318,10 @@ LAUNCH: dict[str, Callable[[SpecConfig, PickContext], list[LaunchConfig]]] = {
 
 
 def launch_configs(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
-    """vLLM's and SGLang's forms of ``spec`` (options resolved) in ``context``'s deployment;
-    a method with no entry in ``LAUNCH`` is unsupported there, saying so."""
+    """vLLM's, SGLang's and llama.cpp's forms of ``spec`` (options resolved) in ``context``'s
+    deployment; a method with no entry in ``LAUNCH`` is unsupported there, saying so.
+    llama.cpp's forms load the target's GGUF; a target without one gets a placeholder and a
+    note naming the conversion."""
     import dataclasses
 
     from quickdraft.drafters.registry import resolve
@@ -262,4 +331,15 @@ def launch_configs(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]
     if form is None:
         why = f"quickdraft's method {spec.method} has no equivalent there"
         return [unsupported(engine, why) for engine in ENGINES]
-    return form(spec, context)
+    configs = form(spec, context)
+    model = gguf_path(context.target)
+    note = ""
+    if model is None:
+        model = f"{context.target}.gguf"
+        note = f"the target as GGUF (llama.cpp's convert_hf_to_gguf.py {context.target})"
+    return [
+        dataclasses.replace(c, model=model, note="; ".join(n for n in (c.note, note) if n))
+        if c.engine == "llama.cpp" and c.speculative is not None
+        else c
+        for c in configs
+    ]

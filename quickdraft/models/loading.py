@@ -290,6 +290,17 @@ def packaged_gguf(alias: str) -> Path:
     return target
 
 
+def gguf_location(alias: str) -> Path:
+    """Where ``packaged_gguf(alias)`` finds or puts the file, without joining or checking it
+    (for commands printed for other engines)."""
+    spec = ALIASES[alias]
+    if len(spec.parts) == 1:
+        installed = _installed_member(spec.parts[0][2])
+        if installed is not None:
+            return installed
+    return gguf.cache_root() / "gguf" / spec.filename
+
+
 def _installed_member(member: str) -> Path | None:
     package = member.split("/")[0]
     found = importlib.util.find_spec(package)

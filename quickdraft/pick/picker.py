@@ -27,7 +27,7 @@ from quickdraft.bench.tasks import TASK_KINDS
 from quickdraft.config import MAX_BATCH, Method, SpecConfig
 from quickdraft.drafters import registry
 from quickdraft.drafters.draft_model.options import DraftModelOptions
-from quickdraft.interop.launch import LaunchConfig, launch_configs
+from quickdraft.interop.launch import NAMES, LaunchConfig, launch_configs
 from quickdraft.pick.candidates import support
 from quickdraft.pick.context import PickContext, StepPrior
 
@@ -188,7 +188,7 @@ class Recommendation:
         lines.append("quickdraft: " + json.dumps(self.quickdraft_json()))
         target = self.target_path or "<target>"
         for config in self.engines:
-            name = {"vllm": "vLLM", "sglang": "SGLang"}.get(config.engine, config.engine)
+            name = NAMES.get(config.engine, config.engine)
             command = config.command(target)
             if command is None:
                 lines.append(f"{name}: not available ({config.note})")
