@@ -178,6 +178,7 @@ def _renderers() -> dict:
         "dynaspec_eagle": script("dynaspec_eagle").render,
         "eagle_tree_sweep": script("eagle_tree_sweep").render,
         "engine_batch_ab": script("engine_batch_ab").render,
+        "regenerate_rate": script("regenerate_rate").render,
         "bench": lambda r: markdown(r["results"], r["meta"]),
     }
 

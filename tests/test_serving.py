@@ -228,6 +228,28 @@ def test_prefill_padding_never_overflows_the_cache(target):
     assert out["b"].token_ids == generate(target, other, sampling=greedy).token_ids
 
 
+def test_a_short_prompt_is_not_padded_to_a_long_ones_width(target):
+    """Prompts admitted together prefill in passes of chunks at least half the widest: the
+    two-token prompt waits one step rather than be padded to 30 tokens, then prefills alone;
+    every pass is at most twice its real tokens and the outputs are plain decoding's. (A
+    prompt's last token is not prefilled: it is the first pending token of a verify.)"""
+    greedy = SamplingParams(temperature=0, max_new_tokens=4)
+    prompts = {"long": list(range(1, 31)), "mid": list(range(31, 47)), "short": [5, 6]}
+    engine = Engine(target, max_batch=3)
+    passes = []
+    prefill = engine.runner.prefill
+
+    def recording(plan):
+        passes.append(sorted(plan.counts, reverse=True))
+        return prefill(plan)
+
+    engine.runner.prefill = recording
+    out = serve(engine, {0: [(p, greedy, name) for name, p in prompts.items()]})
+    assert passes == [[29, 15], [1]]
+    for name, prompt in prompts.items():
+        assert out[name].token_ids == generate(target, prompt, sampling=greedy).token_ids
+
+
 def test_engine_arguments_are_checked_by_name(target):
     for kwargs, field in (
         ({"max_model_len": 2.5}, "max_model_len"),

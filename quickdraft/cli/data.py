@@ -8,8 +8,8 @@ from pathlib import Path
 from quickdraft.cli.common import (
     _positive_int,
     _progress_columns,
-    _stages,
     _threads,
+    add_quant,
     console,
     finite_float,
     strict_int,
@@ -90,14 +90,21 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     regenerate.add_argument(
         "--temperature", type=finite_float, default=0.0, help="0: greedy replies (default)"
     )
-    regenerate.add_argument("--batch-size", type=_positive_int, default=8)
+    regenerate.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=32,
+        help="prompts decoding at once (continuous batching; default 32, the fastest measured "
+        "on a 2-core CPU: benchmarks/results/regenerate_rate.md)",
+    )
     regenerate.add_argument("--limit", type=_positive_int, default=None, help="prompts at most")
+    add_quant(regenerate)
     regenerate.add_argument(
         "--int8",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="int8 weights for the target (faster on CPU; the replies are then the int8 "
-        "model's; default off)",
+        action="store_const",
+        const="int8",
+        dest="quant",
+        help="the same as --quant int8 (kept for earlier command lines)",
     )
     regenerate.add_argument("--seed", type=strict_int, default=0)
     regenerate.add_argument("--threads", type=_threads, default=None)
@@ -142,24 +149,26 @@ def _regenerate(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     prompts = read_prompts(args.prompts)[: args.limit]
-    model, tokenizer = load_model(args.target, int8=args.int8)
+    model, tokenizer = load_model(args.target, quant=args.quant)
     sampling = SamplingParams(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
         stop_token_ids=tokenizer.eos_token_ids,
     )  # fmt: skip
     with Progress(*_progress_columns(), console=console, transient=True) as progress:
-        advance = _stages(progress)
+        task = progress.add_task("replies", total=len(prompts))
 
-        def replied(done: int, total: int) -> None:
-            advance("replies", done, total)
+        def replied(done: int, total: int, tokens: int, seconds: float) -> None:
+            rate = f"{tokens / seconds:,.0f} tokens/s" if seconds > 0 else "starting"
+            progress.update(task, completed=done, description=f"replies ({rate})")
 
         counts = regenerate(
             model, tokenizer, prompts, args.out_file, sampling, name=args.target,
             batch_size=args.batch_size, progress=replied,
         )  # fmt: skip
+    rate = counts["tokens"] / counts["seconds"] if counts["seconds"] else 0.0
     console.print(
-        f"wrote {args.out_file}: {counts['answered']:,} replies ({counts['tokens']:,} tokens); "
-        f"{counts['skipped']:,} were there already"
+        f"wrote {args.out_file}: {counts['answered']:,} replies ({counts['tokens']:,} tokens, "
+        f"{rate:,.1f} tokens/s); {counts['skipped']:,} were there already"
     )
     return 0
 

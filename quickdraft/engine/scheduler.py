@@ -146,15 +146,22 @@ class Scheduler:
         return slots
 
     def prefill(self) -> Prefill | None:
-        """The next chunk of every prompt still to prefill, None when there is none."""
+        """The next chunk of the prompts still to prefill whose chunks are at least half the
+        widest one's, None when there is none. Rows of one pass are padded to its widest
+        chunk, so a short prompt beside a long one would cost the long one's width: it waits
+        a step instead and goes with prompts of its own length (each waits at most as many
+        steps as there are distinct widths; padding stays under half of every pass)."""
         requests = [r for r in self.held(Status.PREFILL) if r.to_prefill > 0]
         if not requests:
             return None
+        counts = {r.slot: min(r.to_prefill, self.prefill_chunk) for r in requests}
+        widest = max(counts.values())
+        requests = [r for r in requests if 2 * counts[r.slot] >= widest]
         return Prefill(
             tuple(requests),
             Slots.of([r.slot for r in requests], self.rows.device),
             tuple(r.prefilled for r in requests),
-            tuple(min(r.to_prefill, self.prefill_chunk) for r in requests),
+            tuple(counts[r.slot] for r in requests),
         )
 
     def prefilled(self, plan: Prefill, out: ModelOutput) -> None:
