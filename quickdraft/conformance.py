@@ -58,6 +58,11 @@ EAGLE_SHORTLIST_ROWS = ("fr:4", "fr-pa:6", "dyna:2", "dyna-pa:2")
 # Lookahead rows: the toy target itself runs the Jacobi window (W 2, 3 levels) beside up to 2
 # pool candidates of 3 tokens (N 4); pool and window change with every step.
 LOOKAHEAD_ROWS = ("lookahead:2,4,2",)
+# Suffix decoding rows: chains of up to 3 tokens from the tries of each row's text and of
+# every row's output so far (50,000 rows share the global one, so a draft depends on what
+# the other rows sampled); any match drafts (factor 4, no probability floor).
+SUFFIX_ROWS = ("suffix",)
+SUFFIX_K = 3
 MIN_SAMPLES = 2
 # Serving rows: the engine's table holds this many rows, far fewer than the samples, so
 # requests wait, join at every step as others leave, and arrive in random bursts.
@@ -105,9 +110,9 @@ def quick_cases() -> list[Case]:
     """The default proof, a minute or two on 2 cores: every lossless rule with every kind of
     drafter (chain draft model, each shortlist family, sampled and top-ranked trees, EAGLE's
     dynamic tree with floor and grafted lookup, with a DynaSpec shortlist and on an int8
-    target, lookahead),
+    target, lookahead, suffix decoding),
     plain and with temperature, top-k and top-p together. ``full_cases`` adds the whole
-    sampling grid and every variant (88 rows): the EAGLE rows cost most (a 50,000-row batch
+    sampling grid and every variant (92 rows): the EAGLE rows cost most (a 50,000-row batch
     through a Llama and its drafter, 30-50 s each on 2 shared cores)."""
     plain, shaped = (1.0, 0, 1.0), (0.6, 5, 0.9)
     cases = []
@@ -120,6 +125,7 @@ def quick_cases() -> list[Case]:
         cases.append(Case(rule, *shaped, 3, "dyna-pa:2", tree=EAGLE_ROWS[0]))
         cases.append(Case(rule, *shaped, 3, tree=EAGLE_ROWS[0], target="int8"))
         cases.append(Case(rule, *shaped, 3, tree=LOOKAHEAD_ROWS[0]))
+        cases.append(Case(rule, *shaped, SUFFIX_K, tree=SUFFIX_ROWS[0]))
         cases.append(Case(rule, *shaped, 4, serving=True))
     cases.append(Case(LOSSLESS_RULES[0], *shaped, 3, tree=TREE_ROWS[0], serving=True))
     return cases
@@ -128,7 +134,7 @@ def quick_cases() -> list[Case]:
 def full_cases() -> list[Case]:
     """Every lossless rule over temperature x top-k x top-p x k, then every rule with each
     kind of drafter vocabulary shortlist, then every rule with sampled and top-ranked trees,
-    EAGLE trees and lookahead."""
+    EAGLE trees, lookahead and suffix decoding."""
     grid = itertools.product(LOSSLESS_RULES, (0.6, 1.0), (0, 5), (1.0, 0.9), (1, 4))
     cases = [Case(rule, t, top_k, top_p, k) for rule, t, top_k, top_p, k in grid]
     shortlisted = itertools.product(LOSSLESS_RULES, SHORTLIST_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
@@ -146,6 +152,9 @@ def full_cases() -> list[Case]:
     lookahead = itertools.product(LOSSLESS_RULES, LOOKAHEAD_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
     for rule, tree, (t, top_k, top_p) in lookahead:
         cases.append(Case(rule, t, top_k, top_p, lookahead_row(tree).ngram - 1, tree=tree))
+    suffix = itertools.product(LOSSLESS_RULES, SUFFIX_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
+    for rule, tree, (t, top_k, top_p) in suffix:
+        cases.append(Case(rule, t, top_k, top_p, SUFFIX_K, tree=tree))
     for rule in LOSSLESS_RULES:  # serving: a chain, a sampled tree and lookahead
         cases.append(Case(rule, 0.6, 5, 0.9, 4, serving=True))
         cases.append(Case(rule, 0.6, 5, 0.9, 3, tree=TREE_ROWS[0], serving=True))
@@ -233,6 +242,11 @@ def run_case(
         from quickdraft.drafters.lookahead import LookaheadDrafter
 
         drafter = LookaheadDrafter(TOY_VOCAB, lookahead_row(case.tree, seed))
+    if case.tree.startswith("suffix") and drafter is None:
+        from quickdraft.drafters.suffix import SuffixDrafter, SuffixOptions
+
+        options = SuffixOptions(suffix_max_depth=8, suffix_spec_factor=4.0, suffix_min_prob=0.0)
+        drafter = SuffixDrafter(TOY_VOCAB, case.k, options)
     if drafter is None and case.tree:
         shape = toy_tree(case.tree)
         drafter = NGramTreeDrafter(draft, shape, sampled=case.tree.startswith("sample"))

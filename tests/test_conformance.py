@@ -36,7 +36,7 @@ CASES = full_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 88
+    assert len(CASES) == 92
     assert {case.rule for case in CASES} == set(LOSSLESS_RULES)
     shortlisted = {case.shortlist for case in CASES} - {"full"}
     kinds = {s.split(":")[0] for s in shortlisted}
@@ -56,6 +56,9 @@ def test_grid_covers_both_rules_and_every_setting():
     lookahead = [case for case in CASES if case.tree.startswith("lookahead")]
     assert {case.rule for case in lookahead} == set(LOSSLESS_RULES)
     assert {case.temperature for case in lookahead} == {1.0, 0.6}
+    suffix = [case for case in CASES if case.tree.startswith("suffix")]
+    assert {case.rule for case in suffix} == set(LOSSLESS_RULES)
+    assert {case.temperature for case in suffix} == {1.0, 0.6}
     serving = [case for case in CASES if case.serving]
     assert {case.rule for case in serving} == set(LOSSLESS_RULES)
     assert {case.tree.split(":")[0] for case in serving} == {"", "sample", "lookahead"}
@@ -89,8 +92,10 @@ QUICK = set(quick_cases())
 def test_lossless_rule_matches_the_target_distribution(case):
     result = run_case(case, samples=50_000, seed=0)
     assert result.p_value >= 1e-3, result
-    # The draft is accepted often enough to matter (less with a 3-of-8 token shortlist).
-    assert result.mean_accepted_length > (1.1 if case.shortlist == "full" else 1.05)
+    # The draft is accepted often enough to matter (less with a 3-of-8 token shortlist, and
+    # with suffix decoding, whose rows all start at once with an empty global trie).
+    weak = case.shortlist != "full" or case.tree.startswith("suffix")
+    assert result.mean_accepted_length > (1.05 if weak else 1.1)
 
 
 def test_exact_distribution_sums_to_one_and_respects_top_k():

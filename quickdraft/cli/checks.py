@@ -179,6 +179,8 @@ def _draft_shape(tree: str, k: int) -> str:
     if tree.startswith("lookahead"):
         config = lookahead_row(tree)
         return f"lookahead W={config.window} N={config.ngram} G={config.candidates}"
+    if tree.startswith("suffix"):
+        return f"suffix decoding (chains of up to {k})"
 
     kind = "sampled" if tree.startswith("sample") else "top-k"
     return f"{kind} tree ({toy_tree(tree).num_nodes} nodes)"

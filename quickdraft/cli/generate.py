@@ -127,6 +127,15 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
             default=None,
             help=f"lookahead: the {what} (default: measured for the device)",
         )
+    for name, kind, what in (
+        ("max-depth", strict_int, "longest substring counted (default 24)"),
+        ("spec-factor", finite_float, "draft nodes per matched token (default 1)"),
+        ("min-prob", finite_float, "least probability of a drafted node (default 0.1)"),
+        ("cache-tokens", strict_int, "cap of the shared trie in tokens (default 1,000,000)"),
+    ):
+        generate.add_argument(
+            f"--suffix-{name}", type=kind, default=None, help=f"suffix: the {what}"
+        )
     generate.add_argument("--prompt-lookup-min", type=strict_int, default=1)
     generate.add_argument("--prompt-lookup-max", type=strict_int, default=3)
     generate.add_argument("--threads", type=_threads, default=None, help="torch intra-op threads")
@@ -179,6 +188,10 @@ def _generate(args: argparse.Namespace) -> int:
             "lookahead_window": args.lookahead_window,
             "lookahead_ngram": args.lookahead_ngram,
             "lookahead_candidates": args.lookahead_candidates,
+            "suffix_max_depth": args.suffix_max_depth,
+            "suffix_spec_factor": args.suffix_spec_factor,
+            "suffix_min_prob": args.suffix_min_prob,
+            "suffix_cache_tokens": args.suffix_cache_tokens,
         }
     )
     if "drafter_int8" not in entry.option_names():  # a draft model's int8 is how it loads

@@ -26,7 +26,7 @@ from quickdraft.config import (
     SpecConfig,
     show_value,
 )
-from quickdraft.drafters import lookahead, ngram
+from quickdraft.drafters import lookahead, ngram, suffix
 from quickdraft.drafters.base import BuildContext, Drafter
 from quickdraft.drafters.draft_model import drafter as draft_model
 from quickdraft.drafters.draft_model.options import DraftModelOptions
@@ -295,5 +295,14 @@ register(
         lookahead.LookaheadOptions,
         lookahead.build,
         "lookahead decoding: Jacobi iteration and an n-gram pool, nothing trained",
+    )
+)
+register(
+    MethodEntry(
+        "suffix",
+        suffix.SuffixOptions,
+        suffix.build,
+        "suffix decoding: frequent continuations of the text and of earlier requests' outputs",
+        default_k=8,
     )
 )

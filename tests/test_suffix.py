@@ -1,0 +1,120 @@
+"""Suffix decoding: the count tries, the trees they grow, and exactness through the engine
+(the distribution rows are in ``quickdraft.conformance``'s grid)."""
+
+import pytest
+from conftest import FAMILIES, tiny_runners
+
+from quickdraft import Engine, SamplingParams, generate, generate_batch
+from quickdraft.drafters.registry import build_drafter, make_spec
+from quickdraft.drafters.suffix import SuffixDrafter, SuffixOptions, SuffixTrie, grow
+
+GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
+REPEATING = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
+PROMPTS = [REPEATING, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [11, 12, 11, 12, 11]]
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return tiny_runners(layers=2)
+
+
+def test_the_trie_counts_substrings_and_a_removed_text_leaves_nothing():
+    trie = SuffixTrie(depth=3)
+    cursor = trie.extend(trie.cursor(), [1, 2, 1])
+    cursor = trie.extend(cursor, [2, 3])  # the same as adding 1 2 1 2 3 at once
+    whole = SuffixTrie(depth=3)
+    whole.extend(whole.cursor(), [1, 2, 1, 2, 3])
+
+    def counts(node, prefix=()):
+        found = {prefix: node.count} if prefix else {}
+        for token, child in node.children.items():
+            found |= counts(child, (*prefix, token))
+        return found
+
+    assert counts(trie.root) == counts(whole.root)
+    seen = counts(trie.root)
+    assert seen[(1, 2)] == 2 and seen[(2,)] == 2 and seen[(1, 2, 1)] == 1
+    assert max(map(len, seen)) == 3  # nothing longer than the depth
+    # the longest suffix with a continuation: "1 2" (then "1" or "3"), not "2 1 2"
+    node, length = trie.match([9, 2, 1, 2])
+    assert length == 2 and set(node.children) == {1, 3}
+    assert trie.match([7, 7]) == (None, 0)
+    trie.remove([1, 2, 1, 2, 3])
+    assert trie.root.children == {} and trie.tokens == 0
+
+
+def test_trees_grow_best_first_above_the_floor():
+    trie = SuffixTrie(depth=4)
+    for text in ([1, 2, 3], [1, 2, 3], [1, 2, 4], [1, 5, 6]):
+        trie.extend(trie.cursor(), text)
+    node, _ = trie.match([1])
+    tree = grow(node, budget=8, min_prob=0.0)
+    # 2 (3 of 4), 3 (2 of 4), then at 1 of 4 each in the order found: 5, 4 (found when 2
+    # was drafted), 6 (when 5 was)
+    assert tree.tokens == (2, 3, 5, 4, 6) and tree.parents == (-1, 0, -1, 0, 2)
+    assert tree.score == pytest.approx(0.75 + 0.5 + 0.25 + 0.25 + 0.25)
+    assert tree.best_path() == [2, 3]
+    assert grow(node, budget=2, min_prob=0.0).tokens == (2, 3)
+    assert grow(node, budget=8, min_prob=0.3).tokens == (2, 3)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_suffix_trees_and_chains_are_token_identical_to_plain_decoding(targets, family):
+    target = targets[family]
+    spec = make_spec(method="suffix", suffix_spec_factor=2.0, suffix_min_prob=0.05)
+    expected = [generate(target, p, sampling=GREEDY).token_ids for p in PROMPTS]
+    drafter = build_drafter(spec, target)
+    for prompt, want in zip(PROMPTS, expected, strict=True):  # one row: trees
+        assert generate(target, prompt, sampling=GREEDY, draft=drafter).token_ids == want
+    assert sum(generate(target, REPEATING, sampling=GREEDY, draft=drafter).stats.accepted_drafts)
+    batch = generate_batch(target, PROMPTS, sampling=GREEDY, spec=spec)  # rows: chains
+    assert batch.token_ids == expected
+
+
+def test_a_later_request_drafts_from_an_earlier_ones_output(targets):
+    """The global trie: a second request with the same prompt accepts far more drafts than
+    the first, whose own text had little to match; sampled at T = 1 the outputs still come
+    from the target (the same seed gives the same tokens as plain decoding's engine)."""
+    target = targets["llama-untied"]
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    drafter = SuffixDrafter(target.vocab_size, 8, SuffixOptions(suffix_spec_factor=4.0))
+    engine = Engine(target, drafter, max_batch=1, disable_by_batch_size=None)
+    accepted = []
+    for _ in range(2):
+        engine.add_request(prompt, GREEDY)
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.finished:
+                    assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
+                    accepted.append(sum(out.stats.accepted_drafts))
+    assert accepted[1] >= accepted[0] + 20
+    assert drafter.cached_tokens == 80  # both outputs, 40 tokens each
+
+
+def test_the_global_trie_keeps_to_its_cap_oldest_first(targets):
+    target = targets["llama-untied"]
+    drafter = SuffixDrafter(target.vocab_size, 4, SuffixOptions(suffix_cache_tokens=50))
+    engine = Engine(target, drafter, max_batch=1, disable_by_batch_size=None)
+    for prompt in PROMPTS:
+        engine.add_request(prompt, GREEDY)
+        while engine.has_unfinished():
+            engine.step()
+        # a request's output leaves when its slot is taken by the next request
+    assert drafter.cached_tokens <= 50 + 40
+    engine.add_request([1, 2], SamplingParams(temperature=0, max_new_tokens=2))
+    while engine.has_unfinished():
+        engine.step()
+    assert drafter.cached_tokens <= 50 + 2
+    assert len(drafter.retired) <= 1
+
+
+def test_settings_are_checked_by_name():
+    for field, value in (
+        ("suffix_max_depth", 1), ("suffix_max_depth", 65), ("suffix_spec_factor", 0.0),
+        ("suffix_min_prob", 1.5), ("suffix_min_prob", float("nan")),
+        ("suffix_cache_tokens", -1),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=field):
+            make_spec(method="suffix", **{field: value})
+    with pytest.raises(ValueError, match="suffix"):
+        make_spec(method="ngram", suffix_min_prob=0.2)
