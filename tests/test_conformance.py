@@ -71,8 +71,9 @@ def _marked(case: Case):
     with the floor and grafted lookup, a DynaSpec head and an int8 target. The six rows
     left out (per rule: the plain tree without a shortlist under both sampling settings,
     whose tree the DynaSpec and int8 rows still run, and the floor-and-lookup tree under
-    the shaped one) kept the suite over its 15 minutes."""
-    slow = case.tree.startswith("eagle") and case not in QUICK
+    the shaped one) kept the suite over its 15 minutes. So do suffix decoding's rows under
+    plain sampling (its Python tries walk 50,000 rows a step); the shaped ones run."""
+    slow = case.tree.startswith(("eagle", "suffix")) and case not in QUICK
     return pytest.param(case, marks=pytest.mark.slow) if slow else case
 
 

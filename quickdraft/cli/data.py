@@ -93,9 +93,9 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     regenerate.add_argument(
         "--batch-size",
         type=_positive_int,
-        default=32,
-        help="prompts decoding at once (continuous batching; default 32, the fastest measured "
-        "on a 2-core CPU: benchmarks/results/regenerate_rate.md)",
+        default=16,
+        help="replies decoding at once (continuous batching; default 16, the fastest measured "
+        "on a 2-core CPU: benchmarks/results/regenerate_rate/)",
     )
     regenerate.add_argument("--limit", type=_positive_int, default=None, help="prompts at most")
     add_quant(regenerate)

@@ -96,7 +96,7 @@ def regenerate(
     sampling: SamplingParams,
     *,
     name: str,
-    batch_size: int = 32,
+    batch_size: int = 16,
     progress: Progress | None = None,
 ) -> dict:
     """Answer every prompt not yet in ``out`` and append the chats; returns counts (prompts,
