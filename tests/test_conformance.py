@@ -235,7 +235,7 @@ def test_quick_rows_cover_every_rule_and_drafter_kind():
     kinds = {(c.rule, c.tree.split(":")[0], c.shortlist.split(":")[0]) for c in quick}
     drafters = {("", "full"), ("", "fr-pa"), ("", "dyna-pa"), ("sample", "full"),
                 ("top", "full"), ("eagle", "full"), ("eagle", "dyna-pa"),
-                ("lookahead", "full")}  # fmt: skip
+                ("lookahead", "full"), ("suffix", "full")}  # fmt: skip
     assert kinds == {(rule, *d) for rule in LOSSLESS_RULES for d in drafters}
     assert {c.temperature for c in quick} == {1.0, 0.6} and {c.top_k for c in quick} == {0, 5}
 
