@@ -401,9 +401,10 @@ def test_requests_joining_and_leaving_in_any_order_keep_their_tokens(target, met
             Engine(target, make(), **ALWAYS), {0: [(prompt, params, rid)]}
         )
         got = finished[rid].token_ids
-        if rid == "c":
+        if rid == "c":  # aborted at step 5 in both runs: each has a prefix of its tokens
             assert finished[rid].finish_reason == "abort"
-            assert got == alone[rid].token_ids[: len(got)]
+            common = min(len(got), len(alone[rid].token_ids))
+            assert common > 0 and got[:common] == alone[rid].token_ids[:common]
             continue
         assert got == alone[rid].token_ids, (method, rid)
         if not sampled:

@@ -6,7 +6,7 @@ from conftest import FAMILIES, tiny_runners
 
 from quickdraft import Engine, SamplingParams, generate, generate_batch
 from quickdraft.drafters.registry import build_drafter, make_spec
-from quickdraft.drafters.suffix import SuffixDrafter, SuffixOptions, SuffixTrie, grow
+from quickdraft.drafters.suffix import SuffixDrafter, SuffixOptions, SuffixTrie, chain, grow
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 REPEATING = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
@@ -53,7 +53,9 @@ def test_trees_grow_best_first_above_the_floor():
     # was drafted), 6 (when 5 was)
     assert tree.tokens == (2, 3, 5, 4, 6) and tree.parents == (-1, 0, -1, 0, 2)
     assert tree.score == pytest.approx(0.75 + 0.5 + 0.25 + 0.25 + 0.25)
-    assert tree.best_path() == [2, 3]
+    path = chain(node, budget=8, min_prob=0.0)
+    assert path.tokens == (2, 3) and path.parents == (-1, 0)
+    assert path.score == pytest.approx(0.75 + 0.5)
     assert grow(node, budget=2, min_prob=0.0).tokens == (2, 3)
     assert grow(node, budget=8, min_prob=0.3).tokens == (2, 3)
 
@@ -69,6 +71,29 @@ def test_suffix_trees_and_chains_are_token_identical_to_plain_decoding(targets, 
     assert sum(generate(target, REPEATING, sampling=GREEDY, draft=drafter).stats.accepted_drafts)
     batch = generate_batch(target, PROMPTS, sampling=GREEDY, spec=spec)  # rows: chains
     assert batch.token_ids == expected
+
+
+def test_a_long_repetition_still_drafts_k_deep():
+    """A match as deep as the trie would leave nothing below it to draft: the match stops
+    k tokens short of the depth, so periodic text drafts k tokens."""
+    drafter = SuffixDrafter(100, 4, SuffixOptions(suffix_max_depth=8, suffix_spec_factor=4.0))
+    drafter.reserve(1, 64)
+    text = [5, 6, 7, 8] * 6
+    trie = SuffixTrie(8)
+    trie.extend(trie.cursor(), text)
+    drafter.own[0] = trie
+    assert drafter.proposal(0, text).tokens == (5, 6, 7, 8)
+    assert drafter.proposal(0, text, tree=False).tokens == (5, 6, 7, 8)
+
+
+def test_a_reused_drafter_keeps_its_cap(targets):
+    """A drafter given to several engines (``generate(..., draft=drafter)``): what the last
+    engine's requests wrote stays retirable, so the cap holds."""
+    target = targets["llama-untied"]
+    drafter = SuffixDrafter(target.vocab_size, 4, SuffixOptions(suffix_cache_tokens=30))
+    for prompt in PROMPTS:
+        generate(target, prompt, sampling=GREEDY, draft=drafter)
+    assert drafter.cached_tokens <= 30 + 40
 
 
 def test_a_later_request_drafts_from_an_earlier_ones_output(targets):
@@ -88,7 +113,9 @@ def test_a_later_request_drafts_from_an_earlier_ones_output(targets):
                     assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
                     accepted.append(sum(out.stats.accepted_drafts))
     assert accepted[1] >= accepted[0] + 20
-    assert drafter.cached_tokens == 80  # both outputs, 40 tokens each
+    # both outputs, 40 tokens each (and what a last verify kept past the 40th: the engine
+    # writes a step's accepted tokens before it cuts the output at max_new_tokens)
+    assert 80 <= drafter.cached_tokens <= 80 + 2 * 8
 
 
 def test_the_global_trie_keeps_to_its_cap_oldest_first(targets):

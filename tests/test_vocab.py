@@ -669,6 +669,29 @@ def test_data_regenerate_writes_the_targets_replies_and_resumes(tmp_path, smollm
     assert main([*argv[:5], str(tmp_path / "none.jsonl"), *argv[6:]]) == 2
 
 
+def test_regenerate_leaves_out_prompts_longer_than_the_context(tmp_path, smollm2):
+    """A prompt with no room for a reply is counted and left out; one with room for part of
+    a reply gets that part; the others are answered as usual."""
+    from quickdraft.models.loading import load_model
+    from quickdraft.train.replies import regenerate
+
+    folder, _ = tiny_folder_and_corpus(tmp_path, smollm2, "llama-tied")
+    model, tokenizer = load_model(folder)  # 512 positions
+    texts = {"long": "word " * 600, "edge": "word " * 480, "short": "hello"}
+    prompts = [
+        {"index": i, "line": i + 1, "kind": kind, "messages": [{"role": "user", "content": t}]}
+        for i, (kind, t) in enumerate(texts.items())
+    ]
+    out = tmp_path / "replies.jsonl"
+    sampling = SamplingParams(temperature=0, max_new_tokens=64, ignore_eos=True)
+    counts = regenerate(model, tokenizer, prompts, out, sampling, name="tiny", batch_size=2)
+    assert counts["too_long"] == 1 and counts["answered"] == 2
+    written = {json.loads(line)["kind"]: json.loads(line) for line in out.read_text().splitlines()}
+    assert set(written) == {"edge/generated", "short/generated"}
+    edge = len(tokenizer.apply_chat(prompts[1]["messages"]))
+    assert edge + 64 > 512 and counts["tokens"] == 64 + (512 - edge)  # the edge: up to the end
+
+
 def test_code_prompts_are_standard_library_functions_the_tasks_do_not_quote(tmp_path):
     """HumanEval-form prompts from a standard library (here a tiny one): public functions
     with a docstring only, none from a file the task sets quote, the same for the same seed."""

@@ -170,6 +170,11 @@ def _regenerate(args: argparse.Namespace) -> int:
         f"wrote {args.out_file}: {counts['answered']:,} replies ({counts['tokens']:,} tokens, "
         f"{rate:,.1f} tokens/s); {counts['skipped']:,} were there already"
     )
+    if counts["too_long"]:
+        console.print(
+            f"left out {counts['too_long']:,} prompts longer than the model's context "
+            f"({model.max_positions:,} tokens)"
+        )
     return 0
 
 

@@ -19,9 +19,10 @@ weak evidence. Of the two tries' trees the one with the larger expected accepted
 sum of its nodes' probabilities) is drafted. The drafts are deterministic, point masses, so
 the tree rules accept them exactly at any temperature.
 
-A batch of several rows drafts each row's most probable path (a chain, padded by repeating
-its last token), since rows share one tree shape in a verify pass; a lone request drafts its
-whole tree.
+A batch of several rows drafts each row's most probable chain (grown with the whole budget,
+padded by repeating its last token), since rows share one tree shape in a verify pass; a lone
+request drafts its whole tree. The match leaves k tokens of the trie's depth below it, so a
+long repetition still drafts k deep.
 """
 
 from __future__ import annotations
@@ -93,10 +94,11 @@ class SuffixTrie:
             cursor = grown
         self.tokens -= len(tokens)
 
-    def match(self, text: list[int]) -> tuple[Node | None, int]:
-        """The node of the longest suffix of ``text`` that has a continuation, and its
-        length; (None, 0) when no suffix has one."""
-        for length in range(min(self.depth - 1, len(text)), 0, -1):
+    def match(self, text: list[int], room: int = 1) -> tuple[Node | None, int]:
+        """The node of the longest suffix of ``text`` that has a continuation and leaves
+        ``room`` tokens of the trie's depth below it (a match as deep as the trie could draft
+        one token only), and its length; (None, 0) when no suffix has one."""
+        for length in range(min(self.depth - max(room, 1), len(text)), 0, -1):
             node = self.root
             for token in text[len(text) - length :]:
                 node = node.children.get(token)
@@ -117,16 +119,23 @@ class Proposal:
     parents: tuple[int, ...] = ()
     score: float = 0.0
 
-    def best_path(self) -> list[int]:
-        """The chain of the most probable node at each depth, root first (the first child of
-        each node, as nodes are added best first)."""
-        path, node = [], -1
-        while True:
-            child = next((i for i, p in enumerate(self.parents) if p == node), None)
-            if child is None:
-                return path
-            path.append(self.tokens[child])
-            node = child
+
+def chain(node: Node, budget: int, min_prob: float) -> Proposal:
+    """The most probable continuation of ``node``, a token at a time, up to ``budget`` tokens
+    and while its probability stays at least ``min_prob``."""
+    tokens: list[int] = []
+    score = 0.0
+    prob = 1.0
+    while node.children and len(tokens) < budget:
+        total = sum(child.count for child in node.children.values())
+        token, child = max(node.children.items(), key=lambda item: item[1].count)
+        prob *= child.count / total
+        if prob < min_prob:
+            break
+        tokens.append(token)
+        score += prob
+        node = child
+    return Proposal(tuple(tokens), tuple(range(-1, len(tokens) - 1)), score)
 
 
 def grow(node: Node, budget: int, min_prob: float) -> Proposal:
@@ -207,6 +216,10 @@ class SuffixDrafter:
         )
 
     def reserve(self, rows: int, capacity: int) -> None:
+        """Fresh per-slot state (a new engine); the outputs the slots held stay in the shared
+        trie as retired ones, evicted in turn."""
+        self.retired.extend(output for output in self.output if output)
+        self._evict()
         self.own = [None] * rows
         self.own_cursor = [[] for _ in range(rows)]
         self.shared_cursor = [[] for _ in range(rows)]
@@ -257,21 +270,23 @@ class SuffixDrafter:
     def cached_tokens(self) -> int:
         return self.shared.tokens
 
-    def proposal(self, slot: int, text: list[int]) -> Proposal:
-        """The better of the request's and the shared trie's trees for a row's text."""
+    def proposal(self, slot: int, text: list[int], tree: bool = True) -> Proposal:
+        """The better of the request's and the shared trie's drafts for a row's text: a
+        tree, or (``tree=False``) the most probable chain."""
         options = self.options
         best = Proposal()
         trie = self.own[slot]
+        room = min(self.num_tokens, options.suffix_max_depth - 1)
         for source in (trie, self.shared):
             if source is None:
                 continue
-            node, length = source.match(text)
+            node, length = source.match(text, room)
             if node is None:
                 continue
             budget = min(self.num_tokens, int(options.suffix_spec_factor * length))
             if budget < 1:
                 continue
-            found = grow(node, budget, options.suffix_min_prob)
+            found = (grow if tree else chain)(node, budget, options.suffix_min_prob)
             if found.score > best.score:
                 best = found
         return best
@@ -283,7 +298,9 @@ class SuffixDrafter:
         texts = batch.tokens[:, lo : max(lengths)].cpu()
         found = [
             self.proposal(
-                slot, texts[b, max(0, lengths[b] - depth - lo) : lengths[b] - lo].tolist()
+                slot,
+                texts[b, max(0, lengths[b] - depth - lo) : lengths[b] - lo].tolist(),
+                tree=batch.size == 1,
             )
             for b, slot in enumerate(batch.slots.host)
         ]
@@ -294,7 +311,7 @@ class SuffixDrafter:
                 return Draft.empty(1, device)
             tokens = torch.tensor([tree.tokens], dtype=torch.long, device=device)
             return Draft.from_parents(tokens, list(tree.parents))
-        paths = [p.best_path() for p in found]
+        paths = [list(p.tokens) for p in found]  # chains
         width = max(map(len, paths))
         if width == 0:
             return Draft.empty(batch.size, device)

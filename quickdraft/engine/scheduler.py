@@ -25,6 +25,9 @@ from quickdraft.drafters.base import Batch, StepResult, pad_rows
 from quickdraft.engine.requests import Request, Status
 from quickdraft.models.base import ModelOutput, Slots
 
+# Prefill passes a short prompt may sit out so as not to be padded to a long one's width.
+MAX_PREFILL_WAITS = 2
+
 
 class Rows:
     """The engine's own per-slot tables: each slot's tokens (prompt, then output) and length,
@@ -102,6 +105,7 @@ class Scheduler:
         self.generator = generator
         self.waiting: deque[Request] = deque()
         self._running: Slots | None = None  # the running requests' slots; None: to rebuild
+        self._passed_over: dict[int, int] = {}  # slot -> prefill passes its prompt sat out
 
     @property
     def num_rows(self) -> int:
@@ -131,6 +135,7 @@ class Scheduler:
             request = self.waiting.popleft()
             request.slot = free[len(admitted)]
             request.status = Status.PREFILL
+            self._passed_over.pop(request.slot, None)
             self.rows.requests[request.slot] = request
             admitted.append(request)
         if not admitted:
@@ -149,14 +154,23 @@ class Scheduler:
         """The next chunk of the prompts still to prefill whose chunks are at least half the
         widest one's, None when there is none. Rows of one pass are padded to its widest
         chunk, so a short prompt beside a long one would cost the long one's width: it waits
-        a step instead and goes with prompts of its own length (each waits at most as many
-        steps as there are distinct widths; padding stays under half of every pass)."""
+        a step instead and goes with prompts of its own length. One passed over
+        ``MAX_PREFILL_WAITS`` times goes with the next pass whatever its width, so none waits
+        behind a stream of long prompts."""
         requests = [r for r in self.held(Status.PREFILL) if r.to_prefill > 0]
         if not requests:
             return None
         counts = {r.slot: min(r.to_prefill, self.prefill_chunk) for r in requests}
         widest = max(counts.values())
-        requests = [r for r in requests if 2 * counts[r.slot] >= widest]
+        chosen = []
+        for request in requests:
+            waited = self._passed_over.get(request.slot, 0)
+            if 2 * counts[request.slot] >= widest or waited >= MAX_PREFILL_WAITS:
+                chosen.append(request)
+                self._passed_over.pop(request.slot, None)
+            else:
+                self._passed_over[request.slot] = waited + 1
+        requests = chosen
         return Prefill(
             tuple(requests),
             Slots.of([r.slot for r in requests], self.rows.device),

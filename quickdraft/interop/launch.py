@@ -288,6 +288,8 @@ def _eagle(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
             f"quickdraft export eagle --target {context.target} --eagle-dir {folder} "
             f"--engine {engine} --out {out}"
         )
+        if engine == "llama.cpp" and not gguf_path(context.target):
+            command += f" --target-gguf {context.target}.gguf"  # the target's own GGUF
         export[engine] = (command, out)
     config = read_eagle_config(folder)
     token_map = config.variant == "eagle1" and (

@@ -109,7 +109,16 @@ def regenerate(
     todo = [p for p in prompts if p["index"] not in done]
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = [tokenizer.apply_chat(p["messages"]) for p in todo]
-    counts = {"prompts": len(prompts), "skipped": len(done), "answered": len(todo)}
+    # A prompt with no room for a reply in the model's context is left out (counted, and
+    # left out again on a resumed run); one with room for part of it gets that part.
+    limit = model.max_positions
+    kept = [(p, row) for p, row in zip(todo, rows, strict=True) if len(row) < limit]
+    too_long = len(todo) - len(kept)
+    todo, rows = [p for p, _ in kept], [row for _, row in kept]
+    counts = {
+        "prompts": len(prompts), "skipped": len(done), "answered": len(todo),
+        "too_long": too_long,
+    }  # fmt: skip
     tokens, start = 0, time.perf_counter()
     if progress is not None:
         progress(len(done), len(prompts), 0, 0.0)
@@ -124,6 +133,8 @@ def regenerate(
         own = sampling
         if sampling.temperature > 0 and sampling.seed is not None:
             own = dataclasses.replace(sampling, seed=sampling.seed + prompt["index"])
+        if len(row) + own.max_new_tokens > limit:
+            own = dataclasses.replace(own, max_new_tokens=limit - len(row))
         engine.add_request(row, own, request_id=str(prompt["index"]))
     replies: dict[int, list[int]] = {}
     written = 0  # todo[:written] are in the file
