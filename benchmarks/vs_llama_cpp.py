@@ -7,10 +7,13 @@ same conditions):
 - llama.cpp (llama-cpp-python, built from source, see below): plain decoding; speculative
   decoding with the 0.5B GGUF as its draft model (k tokens a step, the draft keeping its KV
   cache between steps); prompt lookup (its ``LlamaPromptLookupDecoding``);
-- quickdraft, for each target quantization (the GGUF's weights dequantized to float32, and
-  the same weights in quickdraft's int8): plain decoding, the draft model at k = 3 and 5 (the
-  0.5B in int8; for the int8 target also k = 4 with the draft's head cut to FR-Spec's 32,768
-  most frequent tokens), prompt lookup at k = 5.
+- quickdraft, for each target quantization of ``--quants`` (the GGUF's weights dequantized to
+  float32, the same weights in quickdraft's int8, and on its 4-bit kernel, q4): plain
+  decoding, the draft model at k = 3 and 5 (the 0.5B in int8; for the int8 target also k = 4
+  with the draft's head cut to FR-Spec's 32,768 most frequent tokens), prompt lookup at k = 5.
+  The float32 target is the reference the "agrees with float" column compares with; with
+  other quantizations given it runs plain decoding only. ``--draft none`` leaves out every
+  draft-model row (the 0.5B's GGUF is then not needed).
 
 Every row gets the same token ids (quickdraft's tokenizer and chat template) and the same
 budget. Prompts: code (HumanEval-form completions of standard-library functions,
@@ -85,7 +88,7 @@ def llama_cpp_rows(args, tokenizer_eos: tuple[int, ...]) -> list[Row]:
     from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 
     target_path = str(packaged_gguf(args.target))
-    draft_path = str(packaged_gguf(args.draft))
+    draft_path = None if args.draft == "none" else str(packaged_gguf(args.draft))
 
     class DraftModel(LlamaDraftModel):
         """The 0.5B GGUF drafting ``k`` greedy tokens; ``generate`` reuses its KV cache for
@@ -130,15 +133,13 @@ def llama_cpp_rows(args, tokenizer_eos: tuple[int, ...]) -> list[Row]:
         return run
 
     size = Path(target_path).stat().st_size
+    drafts = []
+    if draft_path is not None:
+        name = f"llama.cpp + 0.5B draft (k={args.llama_k})"
+        drafts.append(Row(name, "llama.cpp", "Q4_K_M", make(DraftModel(args.llama_k)), size))
     return [
         Row("llama.cpp plain", "llama.cpp", "Q4_K_M", make(None), size),
-        Row(
-            f"llama.cpp + 0.5B draft (k={args.llama_k})",
-            "llama.cpp",
-            "Q4_K_M",
-            make(DraftModel(args.llama_k)),
-            size,
-        ),
+        *drafts,
         Row(
             "llama.cpp prompt lookup (10)",
             "llama.cpp",
@@ -151,16 +152,21 @@ def llama_cpp_rows(args, tokenizer_eos: tuple[int, ...]) -> list[Row]:
 
 def quickdraft_rows(args) -> tuple[list[Row], object, int]:
     """Each target quantization's rows, and the parameters a decode step multiplies by."""
-    draft, _ = load_model(args.draft, int8=True)
+    draft = None if args.draft == "none" else load_model(args.draft, int8=True)[0]
+    quants = ["float32"] + [q for q in args.quants.split(",") if q != "float32"]
     rows, tokenizer, params = [], None, 0
-    for quant in ("float32", "int8"):
+    for quant in quants:
         target, tokenizer = load_model(args.target, quant=None if quant == "float32" else quant)
         weight_bytes, params = _weight_bytes(target), projection_params(target)
         configs = [("plain", None, None)]
-        for k in (3, 5):
+        if quant == "float32" and len(quants) > 1:  # the reference only
+            run = _quickdraft_run(target, None, None, tokenizer, args)
+            rows.append(Row("quickdraft float32 plain", "quickdraft", quant, run, weight_bytes))
+            continue
+        for k in (3, 5) if draft is not None else ():
             spec = SpecConfig(method="draft_model", num_speculative_tokens=k)
             configs.append((f"draft model k={k}", spec, draft))
-        if quant == "int8":  # the draft's 151,936-row head is a quarter of its step
+        if quant == "int8" and draft is not None:  # the draft's 151,936-row head: a quarter
             spec = make_spec(
                 method="draft_model", num_speculative_tokens=4, draft_shortlist="fr:32768"
             )
@@ -262,7 +268,8 @@ def agreement(tokens: list[int], reference: list[int]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
-    parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b", help="or none")
+    parser.add_argument("--quants", default="float32,int8,q4", help="float32 always included")
     parser.add_argument("--llama-cpp", type=Path, required=True, help="llama-cpp-python's folder")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--code", type=int, default=6, help="code prompts")
@@ -305,7 +312,7 @@ def summarise(rows: list[Row], prompts, rates: dict, args) -> dict:
     plains = {r.quant: r for r in rows if r.name.endswith("plain")}
     summary = [summarise_row(row, plains[row.quant], float_plain, calibration) for row in rows]
     best = {}
-    for quant in ("float32", "int8"):
+    for quant in sorted({r["quant"] for r in summary if r["engine"] == "quickdraft"}):
         mine = [r for r in summary if r["engine"] == "quickdraft" and r["quant"] == quant]
         best[quant] = max(mine, key=lambda r: r["decode_tok_s_calibration"])["name"]
     return {
