@@ -265,6 +265,25 @@ def test_tree_option_is_validated_at_the_boundary():
     assert str(make_spec(method="eagle", tree="4,1,4").options.tree) == "4,1,4"
 
 
+def test_train_eagle_extracts_features_from_the_quantized_target(tmp_path, smollm2, capsys):
+    """--quant q4: the features come from the 4-bit target (the one the drafter will draft
+    for), cached apart from float features, and the record says so."""
+    import json
+
+    from quickdraft.cli import main
+
+    folder, corpus = tiny_folder_and_corpus(tmp_path, smollm2, "llama-tied")
+    base = ["train", "eagle", "--target", str(folder), "--data", str(corpus),
+            "--budget-tokens", "200", "--epochs", "1", "--draft-vocab", "128",
+            "--cache", str(tmp_path / "cache")]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "q4"), "--quant", "q4"]) == 0
+    assert main([*base, "--out", str(tmp_path / "float")]) == 0
+    q4 = json.loads((tmp_path / "q4" / "metrics.json").read_text())["features"]
+    plain = json.loads((tmp_path / "float" / "metrics.json").read_text())["features"]
+    assert q4["quant"] == "q4" and "quant" not in plain
+    assert len(list((tmp_path / "cache").glob("eagle-features-*"))) == 2
+
+
 def test_train_eagle_command_then_generate_and_export(tmp_path, smollm2, capsys):
     import json
 

@@ -246,6 +246,13 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
         help="start from the layers of a drafter saved by quickdraft train eagle for the same "
         "target and variant (more epochs, or new data); the draft vocabulary is chosen again",
     )
+    eagle.add_argument(
+        "--quant",
+        choices=["int8", "q4"],
+        default=None,
+        help="extract the features with the target's quantized weights (the target the "
+        "drafter will draft for; a q4 prefill runs several times faster on CPU)",
+    )
     _add_scaling(eagle)
 
 
@@ -272,7 +279,7 @@ def _train_eagle(args: argparse.Namespace) -> int:
         advance = _stages(progress)
         metrics = train_eagle(
             args.target, args.data, training, args.out, args.cache, args.budget_tokens,
-            args.max_tokens, args.context, args.max_cache_gb, advance, scaling,
+            args.max_tokens, args.context, args.max_cache_gb, advance, scaling, args.quant,
         )  # fmt: skip
     if not reporting:  # under `accelerate launch`, the first process writes and reports
         return 0
