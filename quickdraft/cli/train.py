@@ -251,7 +251,7 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
         choices=["int8", "q4"],
         default=None,
         help="extract the features with the target's quantized weights (the target the "
-        "drafter will draft for; a q4 prefill runs several times faster on CPU)",
+        "drafter will draft for; on the 1.5B, 2-core CPU: q4 124 tokens/s, float 76)",
     )
     _add_scaling(eagle)
 

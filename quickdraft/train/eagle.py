@@ -384,8 +384,8 @@ def train_eagle(
     train, save the drafter (``drafters.eagle.io.save_eagle``) and metrics into ``out``.
     Under ``accelerate launch`` the first process extracts the features (the others read its
     shards) and writes the drafter. ``quant``: the target's weights while extracting
-    features ("q4", "int8"; None: float), the target the drafter will draft for; its prefill
-    runs several times faster on CPU."""
+    features ("q4", "int8"; None: float), the target the drafter will draft for (on the
+    1.5B, 2 cores: q4 features 124 tokens/s, float 76)."""
     from quickdraft.drafters.eagle.io import save_eagle
     from quickdraft.models.loading import load_model
     from quickdraft.train.corpus import balanced_sample, read_records, tokenize
