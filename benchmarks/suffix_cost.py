@@ -17,7 +17,7 @@ import torch
 from quickdraft import SamplingParams, generate
 from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.tasks import TASK_DIR
-from quickdraft.drafters.suffix import SuffixDrafter
+from quickdraft.drafters.suffix.drafter import SuffixDrafter
 from quickdraft.models.loading import load_model
 from quickdraft.train.sources import code_prompts
 

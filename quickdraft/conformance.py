@@ -243,7 +243,8 @@ def run_case(
 
         drafter = LookaheadDrafter(TOY_VOCAB, lookahead_row(case.tree, seed))
     if case.tree.startswith("suffix") and drafter is None:
-        from quickdraft.drafters.suffix import SuffixDrafter, SuffixOptions
+        from quickdraft.drafters.suffix.drafter import SuffixDrafter
+        from quickdraft.drafters.suffix.options import SuffixOptions
 
         options = SuffixOptions(suffix_max_depth=8, suffix_spec_factor=4.0, suffix_min_prob=0.0)
         drafter = SuffixDrafter(TOY_VOCAB, case.k, options)

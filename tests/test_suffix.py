@@ -6,7 +6,9 @@ from conftest import FAMILIES, tiny_runners
 
 from quickdraft import Engine, SamplingParams, generate, generate_batch
 from quickdraft.drafters.registry import build_drafter, make_spec
-from quickdraft.drafters.suffix import SuffixDrafter, SuffixOptions, SuffixTrie, chain, grow
+from quickdraft.drafters.suffix.drafter import SuffixDrafter
+from quickdraft.drafters.suffix.options import SuffixOptions
+from quickdraft.drafters.suffix.trie import SuffixTrie, chain, grow
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 REPEATING = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
@@ -119,6 +121,8 @@ def test_a_later_request_drafts_from_an_earlier_ones_output(targets):
 
 
 def test_the_global_trie_keeps_to_its_cap_oldest_first(targets):
+    """Completed outputs are retired when their requests leave and evicted oldest first past
+    the cap: once every request left, the trie holds the newest outputs within it."""
     target = targets["llama-untied"]
     drafter = SuffixDrafter(target.vocab_size, 4, SuffixOptions(suffix_cache_tokens=50))
     engine = Engine(target, drafter, max_batch=1, disable_by_batch_size=None)
@@ -126,13 +130,13 @@ def test_the_global_trie_keeps_to_its_cap_oldest_first(targets):
         engine.add_request(prompt, GREEDY)
         while engine.has_unfinished():
             engine.step()
-        # a request's output leaves when its slot is taken by the next request
-    assert drafter.cached_tokens <= 50 + 40
+        assert drafter.cached_tokens <= 50
+    newest = list(drafter.retired)[-1]
     engine.add_request([1, 2], SamplingParams(temperature=0, max_new_tokens=2))
     while engine.has_unfinished():
         engine.step()
-    assert drafter.cached_tokens <= 50 + 2
-    assert len(drafter.retired) <= 1
+    assert drafter.cached_tokens <= 50
+    assert list(drafter.retired)[-2:][0] == newest  # the oldest went first
 
 
 def test_settings_are_checked_by_name():
@@ -145,3 +149,23 @@ def test_settings_are_checked_by_name():
             make_spec(method="suffix", **{field: value})
     with pytest.raises(ValueError, match="suffix"):
         make_spec(method="ngram", suffix_min_prob=0.2)
+
+
+def test_an_aborted_requests_output_leaves_the_shared_trie_at_once(targets):
+    """A completed request's output stays for later requests; an aborted one's partial
+    output is taken out when it leaves (``Drafter.release``)."""
+    target = targets["llama-untied"]
+    drafter = SuffixDrafter(target.vocab_size, 4)
+    engine = Engine(target, drafter, max_batch=2, disable_by_batch_size=None)
+    engine.add_request(PROMPTS[0], GREEDY, request_id="done")
+    engine.add_request(PROMPTS[1], GREEDY, request_id="cut")
+    for _ in range(6):
+        engine.step()
+    partial = drafter.cached_tokens
+    engine.abort("cut")
+    while engine.has_unfinished():
+        engine.step()
+    assert 0 < drafter.cached_tokens < partial + 40  # "cut"'s tokens went
+    assert (
+        drafter.cached_tokens <= 40 + 8 and sum(map(len, drafter.retired)) == drafter.cached_tokens
+    )

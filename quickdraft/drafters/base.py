@@ -224,6 +224,9 @@ class Drafter(Protocol):
                        slots ``result.batch.slots``: the batch ``propose`` had, or would have
                        had on a step the batch policy left undrafted), before finished
                        requests leave.
+    release(slot, completed): the request in ``slot`` left, ``completed`` (a stop or its
+                       length) or not (aborted); before the slot's next ``begin``. What a
+                       drafter learns across requests keeps only completed ones.
     """
 
     vocab_size: int
@@ -241,6 +244,8 @@ class Drafter(Protocol):
         ...
 
     def observe(self, result: StepResult) -> None: ...
+
+    def release(self, slot: int, completed: bool) -> None: ...
 
 
 def text_since(batch: Batch, seen: torch.Tensor) -> torch.Tensor:
@@ -310,6 +315,9 @@ class Stateless:
 
     def observe(self, result: StepResult) -> None:
         """Nothing to learn from a step."""
+
+    def release(self, slot: int, completed: bool) -> None:
+        """Nothing kept per request."""
 
 
 def shipped_folder(

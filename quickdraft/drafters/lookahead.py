@@ -154,6 +154,9 @@ class LookaheadDrafter:
         side = SideBranch(levels.flatten(1), self._offsets, self._mask)
         return Draft.from_parents(tokens, parents, None, side)
 
+    def release(self, slot: int, completed: bool) -> None:
+        """Nothing to do: the slot's next ``begin`` overwrites its state."""
+
     def observe(self, result: StepResult) -> None:
         """Step the Jacobi window with the target's argmax at its last level; collect the
         columns' n-grams of rows whose window is all Jacobi output; add the accepted text's

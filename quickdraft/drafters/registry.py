@@ -26,7 +26,7 @@ from quickdraft.config import (
     SpecConfig,
     show_value,
 )
-from quickdraft.drafters import lookahead, ngram, suffix
+from quickdraft.drafters import lookahead, ngram
 from quickdraft.drafters.base import BuildContext, Drafter
 from quickdraft.drafters.draft_model import drafter as draft_model
 from quickdraft.drafters.draft_model.options import DraftModelOptions
@@ -34,6 +34,8 @@ from quickdraft.drafters.eagle import build as eagle
 from quickdraft.drafters.eagle.options import EagleOptions
 from quickdraft.drafters.medusa import drafter as medusa
 from quickdraft.drafters.medusa.options import MedusaOptions
+from quickdraft.drafters.suffix import drafter as suffix
+from quickdraft.drafters.suffix.options import SuffixOptions
 from quickdraft.models.base import Model
 
 Builder = Callable[[SpecConfig, BuildContext], Drafter]
@@ -300,7 +302,7 @@ register(
 register(
     MethodEntry(
         "suffix",
-        suffix.SuffixOptions,
+        SuffixOptions,
         suffix.build,
         "suffix decoding: frequent continuations of the text and of earlier requests' outputs",
         default_k=8,

@@ -216,6 +216,8 @@ class Engine:
         if request.status is Status.WAITING:
             self.scheduler.drop_waiting(request)
         else:
+            if self.drafter is not None:
+                self.drafter.release(request.slot, completed=False)
             self.scheduler.leave([request])
         request.finish_reason = "abort"
         self._aborted.append(request)
@@ -292,7 +294,11 @@ class Engine:
 
         # 7. Record: every request's statistics; finished requests free their slots.
         self._record(requests, tick - start, (done - verified) + (tock - tick), verified - tock)
-        self.scheduler.leave([r for r in requests if r.finish_reason is not None])
+        leaving = [r for r in requests if r.finish_reason is not None]
+        if self.drafter is not None:
+            for request in leaving:
+                self.drafter.release(request.slot, completed=True)
+        self.scheduler.leave(leaving)
         self.stats.time_total += time.perf_counter() - start
         return reports + [self._report(r) for r in requests]
 

@@ -104,6 +104,9 @@ class DraftModelDrafter:
             cache.commit(batch.lengths - 1)
         batch.slots.put(self._valid, batch.lengths - 1)
 
+    def release(self, slot: int, completed: bool) -> None:
+        """Nothing to do: the slot's next ``begin`` overwrites its state."""
+
     def observe(self, result: StepResult) -> None:
         """The draft entries of the tokens the target accepted stay valid."""
         if not self._drafted:

@@ -170,6 +170,9 @@ class EagleDrafter:
         if self.shortlist_context is not None:
             self.shortlist_context.begin(start.batch)
 
+    def release(self, slot: int, completed: bool) -> None:
+        """Nothing to do: the slot's next ``begin`` overwrites its state."""
+
     def observe(self, result: StepResult) -> None:
         """The kept tokens' features wait for the next propose: a step the batch policy left
         undrafted costs nothing here, and a request that finishes before drafting resumes

@@ -108,6 +108,9 @@ class MedusaDrafter:
         if self.shortlist_context is not None:
             self.shortlist_context.begin(start.batch)
 
+    def release(self, slot: int, completed: bool) -> None:
+        """Nothing to do: the slot's next ``begin`` overwrites its state."""
+
     def observe(self, result: StepResult) -> None:
         result.batch.slots.put(self._hidden, _last_kept(result, self._hidden))
 

@@ -1,0 +1,168 @@
+"""The suffix-decoding drafter: a trie per request and one shared by the engine's requests
+(the method's description is the package's docstring)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from quickdraft.config import SpecConfig, check_range
+from quickdraft.drafters.base import Batch, BuildContext, Draft, Needs, StepResult
+from quickdraft.drafters.suffix.options import SuffixOptions
+from quickdraft.drafters.suffix.trie import Node, Proposal, SuffixTrie, chain, grow
+
+
+class SuffixDrafter:
+    """Suffix decoding as a drafter. The global trie lives on the drafter, so it spans every
+    request of the engine; per slot it keeps the request's own trie, cursors and what of the
+    text they have read."""
+
+    head_rows = 0  # no head: counts of earlier text
+
+    def __init__(self, vocab_size: int, num_tokens: int, options: SuffixOptions | None = None):
+        options = options or SuffixOptions()
+        check_range("num_speculative_tokens", num_tokens, 1, 256, integer=True)
+        self.vocab_size = vocab_size
+        self.num_tokens = num_tokens
+        self.options = options
+        self.needs = Needs(tokens=num_tokens, depth=num_tokens)
+        self.shared = SuffixTrie(options.suffix_max_depth)
+        self.retired: deque[list[int]] = deque()  # outputs of requests that left, oldest first
+        self.own: list[SuffixTrie | None] = []
+        self.own_cursor: list[list[Node]] = []
+        self.shared_cursor: list[list[Node]] = []
+        self.output: list[list[int]] = []  # each slot's output in the shared trie
+        self.seen: list[int] = []  # text length each slot's tries have read
+
+    def describe(self) -> str:
+        options = self.options
+        return (
+            f"k<={self.num_tokens} depth={options.suffix_max_depth} "
+            f"factor={options.suffix_spec_factor:g} p>={options.suffix_min_prob:g}"
+        )
+
+    def reserve(self, rows: int, capacity: int) -> None:
+        """Fresh per-slot state (a new engine); the outputs the slots held stay in the shared
+        trie as retired ones, evicted in turn."""
+        self.retired.extend(output for output in self.output if output)
+        self._evict()
+        self.own = [None] * rows
+        self.own_cursor = [[] for _ in range(rows)]
+        self.shared_cursor = [[] for _ in range(rows)]
+        self.output = [[] for _ in range(rows)]
+        self.seen = [0] * rows
+
+    def begin(self, start: StepResult) -> None:
+        """Each joining request gets a trie of its prompt; whatever output the slot's last
+        request left in the shared trie is retired (evicted oldest first past the cap)."""
+        batch = start.batch
+        texts, lengths = batch.tokens.cpu(), batch.lengths.tolist()
+        for b, slot in enumerate(batch.slots.host):
+            if self.output[slot]:
+                self.retired.append(self.output[slot])
+            trie = SuffixTrie(self.options.suffix_max_depth)
+            prompt = texts[b, : lengths[b]].tolist()
+            self.own[slot] = trie
+            self.own_cursor[slot] = trie.extend(trie.cursor(), prompt)
+            self.shared_cursor[slot] = self.shared.cursor()
+            self.output[slot] = []
+            self.seen[slot] = lengths[b]
+        self._evict()
+
+    def observe(self, result: StepResult) -> None:
+        """The tokens each row kept go into its own trie and the shared one."""
+        batch = result.batch
+        lengths = batch.lengths.tolist()
+        lo = min(self.seen[slot] for slot in batch.slots.host)
+        texts = batch.tokens[:, lo : max(lengths)].cpu()
+        for b, slot in enumerate(batch.slots.host):
+            new = texts[b, self.seen[slot] - lo : lengths[b] - lo].tolist()
+            if not new:
+                continue
+            trie = self.own[slot]
+            assert trie is not None  # begin came first
+            self.own_cursor[slot] = trie.extend(self.own_cursor[slot], new)
+            self.shared_cursor[slot] = self.shared.extend(self.shared_cursor[slot], new)
+            self.output[slot].extend(new)
+            self.seen[slot] = lengths[b]
+        self._evict()
+
+    def release(self, slot: int, completed: bool) -> None:
+        """A completed request's output is retired (it stays until the cap takes it); an
+        aborted one's partial output leaves the shared trie now."""
+        output = self.output[slot]
+        if completed and output:
+            self.retired.append(output)
+        elif output:
+            self.shared.remove(output)
+        self.output[slot] = []
+        self._evict()
+
+    def _evict(self) -> None:
+        cap = self.options.suffix_cache_tokens
+        while self.shared.tokens > cap and self.retired:
+            self.shared.remove(self.retired.popleft())
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.shared.tokens
+
+    def proposal(self, slot: int, text: list[int], tree: bool = True) -> Proposal:
+        """The better of the request's and the shared trie's drafts for a row's text: a
+        tree, or (``tree=False``) the most probable chain."""
+        options = self.options
+        best = Proposal()
+        trie = self.own[slot]
+        room = min(self.num_tokens, options.suffix_max_depth - 1)
+        for source in (trie, self.shared):
+            if source is None:
+                continue
+            node, length = source.match(text, room)
+            if node is None:
+                continue
+            budget = min(self.num_tokens, int(options.suffix_spec_factor * length))
+            if budget < 1:
+                continue
+            found = (grow if tree else chain)(node, budget, options.suffix_min_prob)
+            if found.score > best.score:
+                best = found
+        return best
+
+    def propose(self, batch: Batch) -> Draft:
+        lengths = batch.lengths.tolist()
+        depth = self.options.suffix_max_depth
+        lo = max(0, min(lengths) - depth)
+        texts = batch.tokens[:, lo : max(lengths)].cpu()
+        found = [
+            self.proposal(
+                slot,
+                texts[b, max(0, lengths[b] - depth - lo) : lengths[b] - lo].tolist(),
+                tree=batch.size == 1,
+            )
+            for b, slot in enumerate(batch.slots.host)
+        ]
+        device = batch.tokens.device
+        if batch.size == 1:
+            tree = found[0]
+            if not tree.tokens:
+                return Draft.empty(1, device)
+            tokens = torch.tensor([tree.tokens], dtype=torch.long, device=device)
+            return Draft.from_parents(tokens, list(tree.parents))
+        paths = [list(p.tokens) for p in found]  # chains
+        width = max(map(len, paths))
+        if width == 0:
+            return Draft.empty(batch.size, device)
+        rows = []
+        for b, path in enumerate(paths):
+            # Any deterministic filler keeps the output exact; the target rejects it.
+            last = path[-1] if path else int(texts[b, lengths[b] - 1 - lo])
+            rows.append(path + [last] * (width - len(path)))
+        return Draft.chain(torch.tensor(rows, dtype=torch.long, device=device))
+
+
+def build(spec: SpecConfig, context: BuildContext) -> SuffixDrafter:
+    """The registry's builder: ``spec.options`` are ``SuffixOptions``."""
+    options = spec.options
+    assert isinstance(options, SuffixOptions)
+    return SuffixDrafter(context.target.vocab_size, spec.num_speculative_tokens, options)
