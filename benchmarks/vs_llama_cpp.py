@@ -30,7 +30,8 @@ are the time one token needs at the measured memory bandwidth (weight bytes) and
 measured peak arithmetic rate (2 FLOPs a parameter).
 
 llama.cpp is not a project dependency: build it in the benchmark's own folder, with every
-vector extension this VM allows (AMX tiles are listed in /proc/cpuinfo but fault here):
+vector extension this VM allows (AMX tiles are listed in /proc/cpuinfo but fault here; set
+GGML_AVX_VNNI=OFF on a CPU without ``avx_vnni`` in /proc/cpuinfo, such as AMD's Zen 4):
 
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \\
       -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \\
