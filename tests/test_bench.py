@@ -3,10 +3,11 @@ from pathlib import Path
 
 import pytest
 
-from quickdraft.bench.harness import BenchSettings, parse_methods
+from quickdraft.bench.harness import BenchSettings, parse_methods, run_bench
 from quickdraft.bench.tasks import TASK_KINDS, load_tasks, parse_tasks
 from quickdraft.cli import main
-from quickdraft.config import Method
+from quickdraft.config import Method, SamplingParams
+from quickdraft.engine import generate
 
 
 def test_every_task_set_has_twenty_complete_items():
@@ -20,6 +21,36 @@ def test_every_task_set_has_twenty_complete_items():
             assert item.messages and item.messages[-1]["role"] == "user"
             assert all(m["role"] in ("user", "assistant") and m["content"] for m in item.messages)
     assert len(load_tasks(("code",), per_task=2)["code"]) == 2
+
+
+def test_agentic_sessions_are_whole_and_outside_all():
+    sessions = load_tasks(("agentic",), per_task=3)["agentic"]
+    assert "agentic" not in parse_tasks("all") and parse_tasks("agentic") == ("agentic",)
+    names = list(dict.fromkeys(item.session for item in sessions))
+    assert [name.split("-")[0] for name in names] == ["tools", "sql", "edit"]
+    for name in names:
+        turns = [item for item in sessions if item.session == name]
+        assert [item.turn for item in turns] == [1, 2, 3, 4]
+        assert turns[0].messages[-1]["role"] == "user" and "cpython" in turns[0].source
+        assert all(m["role"] == "user" for item in turns[1:] for m in item.messages)
+
+
+def test_a_session_turn_carries_the_models_own_earlier_replies(smollm2):
+    target, tokenizer = smollm2
+    turns = load_tasks(("agentic",), per_task=1)["agentic"][:2]
+    seen: list[list[int]] = []
+    bench = run_bench(
+        target, tokenizer, parse_methods("ngram@3"), {"agentic": turns},
+        BenchSettings(max_new_tokens=4),
+        on_run=lambda record, _: seen.append(record.token_ids),
+    )  # fmt: skip
+    first_ar, second_ar = (r for r in bench.records if r.method == "ar")
+    reply = tokenizer.decode(first_ar.token_ids).strip()
+    history = [*turns[0].messages, {"role": "assistant", "content": reply}]
+    expected = tokenizer.apply_chat([*history, *turns[1].messages])
+    again = generate(target, expected, sampling=SamplingParams(temperature=0.0, max_new_tokens=4))
+    assert again.token_ids == second_ar.token_ids
+    assert len(seen) == 4 and all(r.token_ids == second_ar.token_ids for r in bench.records[2:])
 
 
 def test_task_and_method_parsing():

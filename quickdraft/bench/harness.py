@@ -178,14 +178,18 @@ def run_bench(
         seed=settings.seed,
     )  # the tokenizer's EOS ids end each reply
     index = 0
+    sessions = _Sessions(tokenizer, settings.chat)
     for kind, items in tasks.items():
         for item in items:
-            prompt = _prompt_ids(item, tokenizer, settings.chat)
             for repeat in range(settings.repeats):
                 order = runs[index % len(runs) :] + runs[: index % len(runs)]
                 index += 1
                 for run in order:
+                    prompt = sessions.prompt(item, run.label, repeat)
                     if (kind, item.id, run.label, repeat) in finished:
+                        done_ids = next(r.token_ids for r in bench.records if r.key == (
+                            kind, item.id, run.label, repeat))  # fmt: skip
+                        sessions.replied(item, run.label, repeat, done_ids)
                         continue
                     drafter = built[run.label]
                     shortlist = getattr(drafter, "shortlist", None)
@@ -213,12 +217,37 @@ def run_bench(
                         record.shortlist_size = shortlist.mean_size()
                         record.shortlist_by_position = shortlist.mean_size_by_position()
                     bench.records.append(record)
+                    sessions.replied(item, run.label, repeat, out.token_ids)
                     if on_run is not None:
                         on_run(record, bench)
     return bench
 
 
-def _prompt_ids(item: TaskItem, tokenizer: Any, chat: bool) -> list[int]:
-    if chat and getattr(tokenizer, "has_chat_template", False):
-        return tokenizer.apply_chat(list(item.messages))
-    return tokenizer.encode(item.prompt)
+class _Sessions:
+    """Requests of session turns (agentic tasks): each method's run of a session keeps its
+    own conversation, the turns so far with the model's own replies, and a turn's request is
+    that conversation plus what the turn adds. Items outside sessions are their own request."""
+
+    def __init__(self, tokenizer: Any, chat: bool):
+        self.tokenizer = tokenizer
+        self.chat = chat and getattr(tokenizer, "has_chat_template", False)
+        self.messages: dict[tuple[str, str, int], list[dict[str, str]]] = {}
+        self.text: dict[tuple[str, str, int], str] = {}
+
+    def prompt(self, item: TaskItem, method: str, repeat: int) -> list[int]:
+        key = (method, item.session or "", repeat)
+        if item.session is None or item.turn <= 1:
+            self.messages.pop(key, None)
+            self.text.pop(key, None)
+        if self.chat:
+            return self.tokenizer.apply_chat([*self.messages.get(key, []), *item.messages])
+        return self.tokenizer.encode(self.text.get(key, "") + item.prompt)
+
+    def replied(self, item: TaskItem, method: str, repeat: int, token_ids: list[int]) -> None:
+        if item.session is None:
+            return
+        key = (method, item.session, repeat)
+        reply = self.tokenizer.decode(token_ids).strip()  # special tokens left out
+        history = self.messages.setdefault(key, [])
+        history += [*item.messages, {"role": "assistant", "content": reply}]
+        self.text[key] = self.text.get(key, "") + item.prompt + " " + reply + "\n\n"

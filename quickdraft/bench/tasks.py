@@ -1,7 +1,11 @@
-"""The seven task kinds of ``quickdraft bench``, stored as JSONL beside this file.
+"""The task kinds of ``quickdraft bench``, stored as JSONL beside this file.
 
 Each item has a plain ``prompt`` and the same request as chat ``messages``, with its ``source``
-and ``license``. ``tools/build_task_sets.py`` rebuilds the files from their offline sources.
+and ``license``. ``tools/build_task_sets.py`` rebuilds the seven classic kinds from their
+offline sources. ``agentic`` (``benchmarks/data/build_agentic.py``) is a set of sessions: its
+items are turns, each holding only what the user adds at that turn; the bench builds a turn's
+request from the session so far and the model's own replies. It runs when named
+(``--tasks agentic``), not in ``all``.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TASK_KINDS = ("translation", "conversation", "rag", "math", "qa", "summarization", "code")
+SESSION_KINDS = ("agentic",)
 TASK_DIR = Path(__file__).parent / "tasks"
 
 
@@ -22,17 +27,20 @@ class TaskItem:
     messages: tuple[dict[str, str], ...]
     source: str
     license: str
+    session: str | None = None  # turns of one session share it, in order
+    turn: int = 0
 
 
 def parse_tasks(text: str) -> tuple[str, ...]:
-    """'all' or a comma-separated list of task kinds."""
+    """'all' (the seven classic kinds) or a comma-separated list of task kinds."""
     if text.strip() == "all":
         return TASK_KINDS
     kinds = tuple(kind.strip() for kind in text.split(",") if kind.strip())
-    unknown = [kind for kind in kinds if kind not in TASK_KINDS]
+    known = (*TASK_KINDS, *SESSION_KINDS)
+    unknown = [kind for kind in kinds if kind not in known]
     if unknown or not kinds:
         raise ValueError(
-            f"tasks: unknown {unknown or text!r}; choose 'all' or from {', '.join(TASK_KINDS)}"
+            f"tasks: unknown {unknown or text!r}; choose 'all' or from {', '.join(known)}"
         )
     return kinds
 
@@ -40,14 +48,19 @@ def parse_tasks(text: str) -> tuple[str, ...]:
 def load_tasks(
     kinds: tuple[str, ...] = TASK_KINDS, per_task: int | None = None
 ) -> dict[str, list[TaskItem]]:
-    """The first ``per_task`` items of each kind (all when None)."""
+    """The first ``per_task`` items of each kind (all when None); of a session kind, every
+    turn of the first ``per_task`` sessions."""
     if per_task is not None and per_task < 1:
         raise ValueError(f"prompts_per_task must be >= 1, got {per_task}")
     loaded = {}
     for kind in kinds:
         lines = (TASK_DIR / f"{kind}.jsonl").read_text(encoding="utf-8").splitlines()
         items = [_item(json.loads(line)) for line in lines if line.strip()]
-        loaded[kind] = items[:per_task] if per_task else items
+        if per_task and kind in SESSION_KINDS:
+            sessions = list(dict.fromkeys(item.session for item in items))[:per_task]
+            loaded[kind] = [item for item in items if item.session in sessions]
+        else:
+            loaded[kind] = items[:per_task] if per_task else items
     return loaded
 
 
@@ -59,4 +72,6 @@ def _item(data: dict) -> TaskItem:
         tuple(data["messages"]),
         data["source"],
         data["license"],
+        data.get("session"),
+        data.get("turn", 0),
     )

@@ -50,7 +50,12 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         "--eagle-dir", default=None, help="EAGLE drafter (default: the one shipped for --target)"
     )
     bench.add_argument("-k", "--num-speculative-tokens", type=strict_int, default=None)
-    bench.add_argument("--tasks", default="all", help="all, or a comma-separated list")
+    bench.add_argument(
+        "--tasks",
+        default="all",
+        help="all (the seven classic kinds), or a comma-separated list; agentic: multi-turn "
+        "agent sessions (--prompts-per-task counts sessions)",
+    )
     bench.add_argument("--prompts-per-task", type=_positive_int, default=3)
     bench.add_argument("--max-new-tokens", type=_positive_int, default=64)
     bench.add_argument("--temperature", type=finite_float, default=0.0)
