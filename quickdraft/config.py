@@ -274,6 +274,9 @@ class SpecConfig:
         None always drafts. The default was measured (``benchmarks/engine_batch.py``).
         Output stays exact either way. A seeded request's tokens depend on which steps
         drafted only with a sampling drafter (draft_model): its draws include the draft's.
+    adaptive_k: choose k per step, up to ``num_speculative_tokens``, by expected goodput
+        from the running requests' acceptance and the measured draft and verify costs (0:
+        that step decodes plainly); for draft_model, ngram and suffix (``engine.goodput``).
     options: the method's own options (``MethodOptions``: ``EagleOptions``, ``MedusaOptions``,
         ...), None for the method's defaults. ``drafters.registry.make_spec`` builds a spec
         from flat fields as the command line and JSON configs give them (``tree="6,4,10"``).
@@ -284,8 +287,11 @@ class SpecConfig:
     acceptance: AcceptRule = AcceptRule.REJECTION_SAMPLING
     disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
     options: MethodOptions | None = None
+    adaptive_k: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.adaptive_k, bool):
+            raise ValueError(f"adaptive_k must be true or false, got {show_value(self.adaptive_k)}")
         if isinstance(self.method, Method):
             pass
         elif not isinstance(self.method, str) or not self.method.replace("_", "").isalnum():

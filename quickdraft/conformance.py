@@ -84,6 +84,7 @@ class Case:
     # The EAGLE rows' Llama target: "float", or "int8" weights (``models.int8``): speculation
     # must sample the quantized target's own distribution, which is the exact one here.
     target: str = "float"
+    adaptive: bool = False  # k chosen per step by goodput (``SpecConfig.adaptive_k``)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -128,6 +129,7 @@ def quick_cases() -> list[Case]:
         cases.append(Case(rule, *shaped, SUFFIX_K, tree=SUFFIX_ROWS[0]))
         cases.append(Case(rule, *shaped, 4, serving=True))
     cases.append(Case(LOSSLESS_RULES[0], *shaped, 3, tree=TREE_ROWS[0], serving=True))
+    cases.append(Case(LOSSLESS_RULES[0], *shaped, 4, serving=True, adaptive=True))
     return cases
 
 
@@ -155,8 +157,10 @@ def full_cases() -> list[Case]:
     suffix = itertools.product(LOSSLESS_RULES, SUFFIX_ROWS, ((1.0, 0, 1.0), (0.6, 5, 0.9)))
     for rule, tree, (t, top_k, top_p) in suffix:
         cases.append(Case(rule, t, top_k, top_p, SUFFIX_K, tree=tree))
-    for rule in LOSSLESS_RULES:  # serving: a chain, a sampled tree and lookahead
+    for rule in LOSSLESS_RULES:  # serving: a chain (k fixed and adaptive), a tree, lookahead
         cases.append(Case(rule, 0.6, 5, 0.9, 4, serving=True))
+        cases.append(Case(rule, 0.6, 5, 0.9, 4, serving=True, adaptive=True))
+        cases.append(Case(rule, 0.6, 5, 0.9, SUFFIX_K, tree=SUFFIX_ROWS[0], adaptive=True))
         cases.append(Case(rule, 0.6, 5, 0.9, 3, tree=TREE_ROWS[0], serving=True))
         cases.append(Case(rule, 0.6, 5, 0.9, 3, tree=LOOKAHEAD_ROWS[0], serving=True))
     return cases
@@ -269,6 +273,7 @@ def run_case(
             drafter,
             **ALWAYS_DRAFT,
             rules=rules,
+            adaptive_k=case.adaptive,
             max_batch=samples,
             max_model_len=16,
             seed=seed,
@@ -324,6 +329,7 @@ def _serve(
         drafter,
         **ALWAYS_DRAFT,
         rules=rules,
+        adaptive_k=case.adaptive,
         max_batch=SERVING_ROWS,
         max_model_len=16,
         seed=seed,

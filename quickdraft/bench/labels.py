@@ -11,12 +11,16 @@ the method's default). Methods whose options have a shorter form here get a pars
   head's shortlist; a number after ``+`` is the lookup, anything else a shortlist;
 - ``lookahead[@W.N.G]``: ``lookahead@4.4.3``.
 
+A trailing ``~`` chooses k per step by goodput, up to the label's k (``suffix~``,
+``draft_model@6~``: ``SpecConfig.adaptive_k``).
+
 A parser turns a label into (the label as reported, the method's option fields as text); the
 option classes parse those, so the label syntax is only a spelling of the option's text.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
@@ -91,6 +95,12 @@ LABELS: dict[str, Callable[[str, int | None], Parsed]] = {
 
 def parse_label(part: str, k: int | None = None) -> tuple[str, SpecConfig]:
     """One label (``eagle@3.1.3+0``) -> (the label as reported, its spec)."""
+    if part.endswith("~"):
+        label, spec = parse_label(part[:-1], k)
+        try:
+            return f"{label} adaptive", dataclasses.replace(spec, adaptive_k=True)
+        except ValueError as error:
+            raise ValueError(f"methods: {part!r}: {error}") from None
     match = re.match(r"[A-Za-z0-9_]*", part)
     name = match.group(0) if match else ""
     rest = part[len(name) :].removeprefix("@")

@@ -64,6 +64,12 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "--acceptance", default="rejection_sampling", choices=[rule.value for rule in AcceptRule]
     )
     generate.add_argument(
+        "--adaptive-k",
+        action="store_true",
+        help="choose k per step (0 .. -k) by expected goodput from the running acceptance and "
+        "the measured draft and verify costs (draft_model, ngram, suffix)",
+    )
+    generate.add_argument(
         "--temperature", type=finite_float, default=0.0, help="0 is greedy (default)"
     )
     generate.add_argument("--top-k", type=strict_int, default=0)
@@ -196,7 +202,10 @@ def _generate(args: argparse.Namespace) -> int:
     )
     if "drafter_int8" not in entry.option_names():  # a draft model's int8 is how it loads
         options.pop("drafter_int8", None)
-    spec = registry.make_spec(entry.name, args.num_speculative_tokens, args.acceptance, **options)
+    spec = registry.make_spec(
+        entry.name, args.num_speculative_tokens, args.acceptance,
+        adaptive_k=getattr(args, "adaptive_k", False), **options,
+    )  # fmt: skip
     sampling = SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,

@@ -24,7 +24,7 @@ from quickdraft.cli.common import (
 
 # Keys of --speculative-config besides the methods' options: the spec's own fields, and the
 # draft model (vLLM calls it "model"); "drafter_int8" is also how a draft model loads.
-_SPEC_KEYS = ("num_speculative_tokens", "acceptance", "disable_by_batch_size")
+_SPEC_KEYS = ("num_speculative_tokens", "acceptance", "disable_by_batch_size", "adaptive_k")
 _DRAFT_KEYS = ("draft", "model")
 
 

@@ -196,6 +196,26 @@ class Draft:
         """Draft positions a verify of this draft can accept."""
         return self.tokens.shape[1] if self.tree is None else self.tree.max_depth
 
+    def cut(self, depth: int) -> Draft:
+        """The draft without its nodes deeper than ``depth`` (a chain's first ``depth``
+        tokens), and without a side branch. Exact like any draft: the verify judges what is
+        left."""
+        if depth >= self.depth and self.side is None:
+            return self
+        if self.tree is None:
+            probs = None if self.probs is None else self.probs[:, :depth]
+            return Draft(self.tokens[:, :depth], probs)
+        keep = (self.tree.depth <= depth).nonzero().flatten()
+        if keep.numel() == 0:
+            return Draft.empty(self.tokens.shape[0], self.tokens.device)
+        new_index = torch.full((self.tree.num_nodes,), -1, dtype=torch.long)
+        new_index[keep] = torch.arange(keep.numel())
+        old_parents = self.tree.parents[keep]
+        parents = torch.where(old_parents < 0, -1, new_index[old_parents.clamp_min(0)])
+        index = keep.to(self.tokens.device)
+        probs = None if self.probs is None else self.probs[:, index]
+        return Draft.from_parents(self.tokens[:, index], parents, probs)
+
 
 @dataclass(frozen=True, slots=True)
 class BuildContext:

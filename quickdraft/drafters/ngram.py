@@ -38,6 +38,9 @@ class NGramOptions(MethodOptions):
 
 
 class NGramDrafter(Stateless):
+    shortens = True  # the engine may set ``limit`` between steps (adaptive k)
+    limit: int | None = None
+
     def __init__(self, vocab_size: int, num_tokens: int, min_n: int = 1, max_n: int = 3):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
@@ -69,7 +72,7 @@ class NGramDrafter(Stateless):
             starts = torch.nonzero((windows == pattern).all(dim=1)).flatten()
             if starts.numel():
                 start = int(starts[-1]) + n  # the most recent match
-                return sequence[start : start + self.num_tokens].tolist()
+                return sequence[start : start + (self.limit or self.num_tokens)].tolist()
         return []
 
     @property

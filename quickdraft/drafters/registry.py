@@ -147,6 +147,7 @@ def make_spec(
     num_speculative_tokens: int | None = None,
     acceptance: AcceptRule | str = AcceptRule.REJECTION_SAMPLING,
     disable_by_batch_size: int | object | None = ...,
+    adaptive_k: bool = False,
     **options: Any,
 ) -> SpecConfig:
     """A spec from flat fields, as the command line, JSON configs and the server give them:
@@ -160,6 +161,7 @@ def make_spec(
         entry.default_k if num_speculative_tokens is None else num_speculative_tokens,
         acceptance,  # type: ignore[arg-type]  # SpecConfig checks and converts it
         options=options_for(entry, options),
+        adaptive_k=adaptive_k,
         **policy,  # type: ignore[arg-type]
     )
 
@@ -170,7 +172,7 @@ def spec_fields(spec: SpecConfig) -> dict[str, Any]:
     entry, options = resolve(spec)
     data: dict[str, Any] = {"method": entry.name}
     plain = SpecConfig(entry.name, entry.default_k)
-    for name in ("num_speculative_tokens", "acceptance", "disable_by_batch_size"):
+    for name in ("num_speculative_tokens", "acceptance", "disable_by_batch_size", "adaptive_k"):
         value = getattr(spec, name)
         if value != getattr(plain, name):
             data[name] = str(value) if isinstance(value, AcceptRule) else value

@@ -101,8 +101,8 @@ def _engine(
 ) -> Engine:
     """An engine sized for these prompts: a row each, every prompt prefilled in one pass, the
     batch's shared generator seeded with ``sampling.seed``. A drafter given as ``draft`` is
-    used as it is, with the spec's acceptance rule and batch policy (its method is then the
-    drafter's own); no spec means plain decoding, or draft-model speculation when a draft
+    used as it is, with the spec's acceptance rule, batch policy and adaptive k (its method is
+    then the drafter's own); no spec means plain decoding, or draft-model speculation when a draft
     model is given."""
     sizing = {
         "tokenizer": tokenizer,
@@ -118,6 +118,7 @@ def _engine(
             draft,
             acceptance=policy.acceptance,
             disable_by_batch_size=policy.disable_by_batch_size,
+            adaptive_k=policy.adaptive_k,
             **sizing,
         )
     if spec is None:

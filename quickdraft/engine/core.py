@@ -32,6 +32,7 @@ from quickdraft.config import (
     check_range,
 )
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
+from quickdraft.engine.goodput import GoodputRule
 from quickdraft.engine.requests import Request, RequestOutput, Status, record_details
 from quickdraft.engine.runner import ModelRunner
 from quickdraft.engine.scheduler import Rows, Scheduler
@@ -75,6 +76,9 @@ class Engine:
     seed: seeds the generator that requests without a seed of their own share.
     rules: (chain rule, tree rule) in place of ``acceptance``'s, for tests that prove
         a broken rule is caught.
+    adaptive_k: each step drafts the k (0 .. the drafter's) with the most expected goodput
+        from the running requests' acceptance and the measured costs (``engine.goodput``);
+        for drafters whose drafts may be cut short between steps (``shortens``).
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class Engine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         seed: int | None = None,
         rules: tuple[AcceptFn, TreeAcceptFn] | None = None,
+        adaptive_k: bool = False,
     ):
         acceptance = accept_rule(acceptance)
         check_batch_policy(disable_by_batch_size)
@@ -134,6 +139,14 @@ class Engine:
         self.rows = Rows(max_batch, capacity, self.device)
         if drafter is not None:
             drafter.reserve(max_batch, capacity)
+        self.goodput: GoodputRule | None = None
+        if adaptive_k and drafter is not None:
+            if not getattr(drafter, "shortens", False):
+                raise ValueError(
+                    f"adaptive_k: {type(drafter).__name__} cannot cut its drafts short between "
+                    "steps; use it with draft_model, ngram or suffix"
+                )
+            self.goodput = GoodputRule(self.needs.depth, max_batch)
         self.generator = make_generator(seed, self.device)
         keep = (self.needs.hidden, self.needs.taps)
         self.scheduler = Scheduler(self.rows, prefill_chunk, keep, self.generator)
@@ -180,6 +193,7 @@ class Engine:
             drafter,
             acceptance=spec.acceptance,
             disable_by_batch_size=spec.disable_by_batch_size,
+            adaptive_k=spec.adaptive_k,
             **engine,
         )
 
@@ -292,6 +306,11 @@ class Engine:
             self.drafter.observe(self._result(batch, out, kept, num_accepted, nodes))
         done = time.perf_counter()
 
+        if self.goodput is not None:
+            accepted = num_accepted.tolist()
+            self.goodput.update(batch.slots.host, draft.depth, accepted, tock - tick,
+                                verified - tock)  # fmt: skip
+
         # 7. Record: every request's statistics; finished requests free their slots.
         self._record(requests, tick - start, (done - verified) + (tock - tick), verified - tock)
         leaving = [r for r in requests if r.finish_reason is not None]
@@ -318,6 +337,9 @@ class Engine:
         joined = scheduler.join()
         if joined is not None and self.drafter is not None:
             self.drafter.begin(joined)
+            if self.goodput is not None:
+                for slot in joined.batch.slots.host:
+                    self.goodput.reset(slot)
         prefill = time.perf_counter() - start
         for request in scheduler.held(Status.PREFILL):
             request.stats.time_prefill += prefill
@@ -331,7 +353,13 @@ class Engine:
         threshold = self.disable_by_batch_size
         if self.drafter is None or (threshold is not None and batch.size > threshold):
             return Draft.empty(batch.size, self.device)
-        return self.drafter.propose(batch)
+        if self.goodput is None:
+            return self.drafter.propose(batch)
+        k = self.goodput.choose(batch.slots.host)
+        if k == 0:
+            return Draft.empty(batch.size, self.device)
+        self.drafter.limit = k  # type: ignore[attr-defined]  # a drafter that shortens
+        return self.drafter.propose(batch).cut(k)
 
     def _append(
         self,

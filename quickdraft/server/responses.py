@@ -140,8 +140,11 @@ class Choice:
         stats = self.stats
         if stats is None:
             return {}
+        steps = stats.verify_steps
         return {
             "accepted_length": _finite_or_none(stats.mean_accepted_length),
+            # Draft tokens its verify steps held on average: k, or what adaptive k chose.
+            "draft_tokens_per_step": sum(stats.drafted) / steps if steps else None,
             "target_forwards": stats.target_forwards,
             "accepted_drafts": sum(stats.accepted_drafts),
             "time_s": stats.time_total,
@@ -165,15 +168,17 @@ def usage(choices: list[Choice]) -> dict[str, int]:
 def extension(choices: list[Choice], method: str) -> dict[str, Any]:
     """The response's ``quickdraft`` object: the method, and every choice's verify steps
     together (accepted length: tokens a verify step gave, on average)."""
-    steps = accepted = forwards = 0
+    steps = accepted = drafted = forwards = 0
     for choice in choices:
         if choice.stats is not None:
             steps += choice.stats.verify_steps
             accepted += sum(choice.stats.accepted_drafts)
+            drafted += sum(choice.stats.drafted)
             forwards += choice.stats.target_forwards
     return {
         "method": method,
         "accepted_length": 1 + accepted / steps if steps else None,
+        "draft_tokens_per_step": drafted / steps if steps else None,
         "target_forwards": forwards,
     }
 

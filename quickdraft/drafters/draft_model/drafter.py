@@ -38,6 +38,9 @@ class DraftModelDrafter:
     model (the native runner) for its separate body and head rows.
     """
 
+    shortens = True  # the engine may set ``limit`` between steps (adaptive k)
+    limit: int | None = None  # draft at most this many tokens (None: num_tokens)
+
     def __init__(
         self,
         model: Model,
@@ -132,6 +135,7 @@ class DraftModelDrafter:
     def propose(self, batch: Batch) -> Draft:
         assert self._cache is not None, "reserve() first"
         self._drafted = True
+        steps = min(self.num_tokens, self.limit or self.num_tokens)
         cache = self._cache.select(batch.slots)
         params = [self._params(p) for p in batch.sampling]
         lengths, valid = batch.lengths, batch.slots.take(self._valid)
@@ -145,15 +149,17 @@ class DraftModelDrafter:
         inputs = inputs.clamp_max(self.model.vocab_size - 1)
         pending = lengths - 1 - start  # each row's pending token among the inputs
         if self.shortlist is not None:
-            return self._propose_shortlisted(batch, cache, inputs, positions, pending, params)
+            return self._propose_shortlisted(
+                batch, cache, inputs, positions, pending, params, steps
+            )
         logits = self._logits(inputs, positions, cache, pending)
         cache.commit(pending + 1)
         tokens, probs = [], []
-        for i in range(self.num_tokens):
+        for i in range(steps):
             token, prob = self._choose(logits, params, batch)
             tokens.append(token)
             probs.append(prob)
-            if i + 1 < self.num_tokens:
+            if i + 1 < steps:
                 position = (batch.lengths + i).unsqueeze(1)
                 logits = self._logits(token.unsqueeze(1), position, cache)
                 cache.commit(1)
@@ -167,10 +173,12 @@ class DraftModelDrafter:
         positions: torch.Tensor,
         pending: torch.Tensor,
         params: list[SamplingParams],
+        steps: int,
     ) -> Draft:
-        """The draft loop with a shortlisted head. The router of draft position t reads the
-        token fed at t and the hidden state before it: at t = 0 both come from the first
-        forward; later it can run while the body processes the previous draft token."""
+        """The draft loop with a shortlisted head, ``steps`` tokens. The router of draft
+        position t reads the token fed at t and the hidden state before it: at t = 0 both come
+        from the first forward; later it can run while the body processes the previous draft
+        token."""
         assert self.shortlist is not None
         shortlist = self.shortlist
         if self.shortlist_context is not None:  # the tokens each row gained since its last step
@@ -183,14 +191,14 @@ class DraftModelDrafter:
         prev = torch.where((pending > 0).unsqueeze(1), before, 0.0)
         shortlist.prepare(0, inputs[rows, pending], prev)
         tokens, probs = [], []
-        for i in range(self.num_tokens):
+        for i in range(steps):
             if i:
                 last = hidden[:, -1]
             ids, logits = shortlist.logits(last)
             token, full = self._choose_among(ids, logits, params, batch)
             tokens.append(token)
             probs.append(full)
-            if i + 1 < self.num_tokens:
+            if i + 1 < steps:
                 shortlist.prepare(i + 1, token, last)
                 position = (batch.lengths + i).unsqueeze(1)
                 hidden = self._body(token.unsqueeze(1), position, cache)

@@ -19,6 +19,8 @@ class SuffixDrafter:
     text they have read."""
 
     head_rows = 0  # no head: counts of earlier text
+    shortens = True  # the engine may set ``limit`` between steps (adaptive k)
+    limit: int | None = None
 
     def __init__(self, vocab_size: int, num_tokens: int, options: SuffixOptions | None = None):
         options = options or SuffixOptions()
@@ -114,14 +116,15 @@ class SuffixDrafter:
         options = self.options
         best = Proposal()
         trie = self.own[slot]
-        room = min(self.num_tokens, options.suffix_max_depth - 1)
+        most = min(self.num_tokens, self.limit or self.num_tokens)
+        room = min(most, options.suffix_max_depth - 1)
         for source in (trie, self.shared):
             if source is None:
                 continue
             node, length = source.match(text, room)
             if node is None:
                 continue
-            budget = min(self.num_tokens, int(options.suffix_spec_factor * length))
+            budget = min(most, int(options.suffix_spec_factor * length))
             if budget < 1:
                 continue
             found = (grow if tree else chain)(node, budget, options.suffix_min_prob)
