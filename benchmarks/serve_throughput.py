@@ -28,8 +28,8 @@ from serve_common import server, task_items, write
 from quickdraft.bench.machine import describe_machine
 
 RESULTS = Path(__file__).parent / "results"
-CONCURRENCY = (1, 4, 16)
-ROUND_REQUESTS = {1: 4, 4: 8, 16: 16}  # requests a round, so each lasts some seconds
+CONCURRENCY = (1, 4, 8, 16)
+ROUND_REQUESTS = {1: 4, 4: 8, 8: 16, 16: 16}  # requests a round, so each lasts some seconds
 
 
 async def round_of(url: str, model: str, items, clients: int, max_tokens: int) -> dict:
@@ -67,22 +67,31 @@ def main() -> None:
         "--clients",
         type=int,
         nargs="+",
-        default=list(CONCURRENCY),
+        default=[1, 4, 16],
         choices=CONCURRENCY,
         help="concurrency levels to run (default 1 4 16)",
+    )
+    parser.add_argument(
+        "--speculative-config",
+        default=None,
+        help="the speculative server's --speculative-config (default: the automatic method), "
+        'such as \'{"method": "suffix", "adaptive_k": true, "disable_by_batch_size": null}\'',
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "serve_throughput")
     args = parser.parse_args()
 
     options = ["--max-batch", str(max(CONCURRENCY)), "--threads", str(args.threads)]
-    arms = {"plain": '{"method": "ar"}', "speculative": None}
+    arms = {"plain": '{"method": "ar"}', "speculative": args.speculative_config}
+    spec_options = (
+        [] if arms["speculative"] is None else ["--speculative-config", arms["speculative"]]
+    )
     levels = tuple(args.clients)
     results: dict[int, dict[str, list[float]]] = {c: {a: [] for a in arms} for c in levels}
     with (
         server(
             args.target, *options, "--speculative-config", arms["plain"], log="/tmp/qd_ar.log"
         ) as plain_url,
-        server(args.target, *options, log="/tmp/qd_spec.log") as spec_url,
+        server(args.target, *options, *spec_options, log="/tmp/qd_spec.log") as spec_url,
     ):
         urls = {"plain": plain_url, "speculative": spec_url}
         for repeat in range(args.repeats):
@@ -124,12 +133,17 @@ def main() -> None:
             }
         )
     machine = describe_machine()
+    speculative = (
+        "the automatic method, EAGLE with the batch policy 3"
+        if args.speculative_config is None
+        else f"`--speculative-config '{args.speculative_config}'`"
+    )
     md = [
         "# serve_throughput",
         "",
         f"{machine}, {args.threads} threads per server; {args.target}; two `quickdraft serve "
         f'--max-batch 16` processes (plain: `--speculative-config \'{{"method": "ar"}}\'`; '
-        f"speculative: the automatic method, EAGLE with the batch policy 3), greedy chat "
+        f"speculative: {speculative}), greedy chat "
         f"requests of {args.max_tokens} tokens from the bench's task sets, not streamed; "
         f"{args.repeats} interleaved rounds, new prompts each. Replies equal token for token.",
         "",

@@ -27,6 +27,7 @@ from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
 from quickdraft.drafters.medusa.drafter import MedusaDrafter
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.drafters.registry import make_spec
+from quickdraft.drafters.suffix.drafter import SuffixDrafter
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.server import ServerConfig, create_app
 from quickdraft.server.detok import TextStream
@@ -562,3 +563,25 @@ def test_speculative_config_json_takes_specconfig_keys_and_names_bad_ones():
     ):
         with pytest.raises(ValueError, match=words):
             speculative_config(bad, "smollm2-135m", None, "auto")
+
+
+def test_suffix_decoding_exports_its_trie_and_hit_rate(target, tokenizer):
+    drafter = SuffixDrafter(target.vocab_size, 4)
+    engine = Engine(target, drafter, tokenizer=tokenizer, max_batch=2, **ALWAYS)
+    with serving(engine, tokenizer) as url:
+        api = client(url)
+        for _ in range(2):  # the second request drafts from the first one's output
+            reply = api.completions.create(
+                model=MODEL, prompt="one two one two one two", max_tokens=12, temperature=0
+            )
+        extension = reply.model_extra["quickdraft"]
+        assert extension["draft_tokens_per_step"] is not None
+        deadline = time.monotonic() + 10
+        while metric(url, "quickdraft_suffix_cache_tokens") == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric(url, "quickdraft_suffix_cache_tokens") >= 12
+        lookups, hits = (
+            metric(url, "quickdraft_suffix_lookups"),
+            metric(url, "quickdraft_suffix_hits"),
+        )
+        assert lookups > 0 and 0 < hits <= lookups

@@ -169,3 +169,38 @@ def test_an_aborted_requests_output_leaves_the_shared_trie_at_once(targets):
     assert (
         drafter.cached_tokens <= 40 + 8 and sum(map(len, drafter.retired)) == drafter.cached_tokens
     )
+
+
+@pytest.mark.parametrize("model", ["eagle", "draft_model"])
+def test_suffix_first_is_token_identical_and_uses_both_drafters(targets, model):
+    from test_eagle import random_net
+
+    from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
+    from quickdraft.drafters.eagle.drafter import EagleDrafter
+    from quickdraft.drafters.eagle.tree import DynamicTree
+    from quickdraft.drafters.suffix.hybrid import SuffixFirst, suffix_first
+
+    target = targets["llama-untied"]
+    if model == "eagle":
+        inner = EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 2, 5))
+    else:
+        inner = DraftModelDrafter(tiny_runners(layers=1)["llama-untied"], 3)
+    drafter = suffix_first(inner)
+    assert isinstance(drafter, SuffixFirst) and drafter.needs.depth == 8
+    for prompt in [*PROMPTS, REPEATING * 3]:
+        want = generate(target, prompt, sampling=GREEDY).token_ids
+        assert generate(target, prompt, sampling=GREEDY, draft=drafter).token_ids == want
+    assert drafter.steps["suffix"] > 0 and drafter.steps["model"] > 0
+    gauges = drafter.gauges()
+    assert gauges["suffix_hits"] <= gauges["suffix_lookups"] and gauges["suffix_cache_tokens"]
+    batch = generate_batch(target, PROMPTS, sampling=GREEDY, draft=drafter)
+    assert batch.token_ids == [generate(target, p, sampling=GREEDY).token_ids for p in PROMPTS]
+
+
+def test_suffix_first_is_an_option_of_eagle_and_draft_model():
+    assert make_spec("eagle", suffix_first=True).options.suffix_first
+    assert make_spec("draft_model", suffix_first=True).options.suffix_first
+    with pytest.raises(ValueError, match="suffix_first"):
+        make_spec("draft_model", suffix_first="yes")
+    with pytest.raises(ValueError):
+        make_spec("ngram", suffix_first=True)

@@ -4,11 +4,13 @@ Every registered method takes ``name[@K]`` (k from the label, else the bench's `
 the method's default). Methods whose options have a shorter form here get a parser in
 ``LABELS``, keyed by method name:
 
-- ``draft_model[@K][+SHORTLIST]``: ``draft_model@5+dyna-pa:32``;
+- ``draft_model[@K][+SHORTLIST][+suffix]``: ``draft_model@5+dyna-pa:32``;
 - ``medusa[@W.W.W]``: the tree's sibling counts per depth, ``medusa@4.2.1``;
 - ``eagle[@D.K.N[pMIN_PROB]][+LOOKUP][+SHORTLIST]``: the dynamic tree (``eagle@6.4.10p0.1``
   is ``--tree 6,4,10,0.1``), the prompt-lookup tokens grafted on (``+0``: none) and the
   head's shortlist; a number after ``+`` is the lookup, anything else a shortlist;
+- ``+suffix`` on either: suffix decoding in front, where it beats the drafter
+  (``suffix_first``; reported as ``suffix+eagle``);
 - ``lookahead[@W.N.G]``: ``lookahead@4.4.3``.
 
 A trailing ``~`` chooses k per step by goodput, up to the label's k (``suffix~``,
@@ -43,10 +45,15 @@ def k_label(name: str, text: str, k: int | None, default_k: int) -> Parsed:
 
 
 def _draft_model(text: str, k: int | None) -> Parsed:
-    text, _, shortlist = text.partition("+")
+    text, *extras = text.split("+")
     label, fields = k_label("draft_model", text, k, registry.get("draft_model").default_k)
-    if shortlist:
-        label, fields = f"{label} {shortlist}", {**fields, "draft_shortlist": shortlist}
+    for extra in extras:
+        if extra == "suffix":
+            label, fields = f"suffix+{label}", {**fields, "suffix_first": True}
+        elif "draft_shortlist" in fields:
+            raise ValueError("draft_model takes one +SHORTLIST, such as draft_model@5+fr:4096")
+        else:
+            label, fields = f"{label} {extra}", {**fields, "draft_shortlist": extra}
     return label, fields
 
 
@@ -62,6 +69,9 @@ def _eagle(text: str, k: int | None) -> Parsed:
     fields: dict[str, Any] = {"tree": tree}
     label = "eagle" + (f" tree={tree}" if label_tree else "")
     for extra in extras:
+        if extra == "suffix":
+            label, fields["suffix_first"] = f"suffix+{label}", True
+            continue
         key = "eagle_lookup" if extra.isdigit() else "draft_shortlist"
         if key in fields:
             raise ValueError(
@@ -129,6 +139,7 @@ def label_of(spec: SpecConfig) -> str:
         text += f"p{shape.min_prob!r}" if shape is not None and shape.min_prob else ""
         text += "" if lookup is None else f"+{lookup}"
         text += "" if shortlist.full else f"+{shortlist}"
+        text += "+suffix" if options.suffix_first else ""
         return _eagle(text, None)[0]
     if isinstance(options, MedusaOptions):
         tree = str(options.tree)

@@ -142,6 +142,12 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         generate.add_argument(
             f"--suffix-{name}", type=kind, default=None, help=f"suffix: the {what}"
         )
+    generate.add_argument(
+        "--suffix-first",
+        action="store_true",
+        help="eagle, draft_model: suffix decoding in front; a step whose suffix draft is "
+        "expected to beat the drafter's uses it alone",
+    )
     generate.add_argument("--prompt-lookup-min", type=strict_int, default=1)
     generate.add_argument("--prompt-lookup-max", type=strict_int, default=3)
     generate.add_argument("--threads", type=_threads, default=None, help="torch intra-op threads")
@@ -198,6 +204,7 @@ def _generate(args: argparse.Namespace) -> int:
             "suffix_spec_factor": args.suffix_spec_factor,
             "suffix_min_prob": args.suffix_min_prob,
             "suffix_cache_tokens": args.suffix_cache_tokens,
+            "suffix_first": args.suffix_first,
         }
     )
     if "drafter_int8" not in entry.option_names():  # a draft model's int8 is how it loads

@@ -11,6 +11,7 @@ requests' outputs and stop checks, and, only for requests that ask for their ste
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
@@ -57,6 +58,9 @@ class Usage:
     rows_in_use: int
     rows: int
     cached_tokens: int
+    # The drafter's own gauges, for drafters that keep some (``gauges()``: suffix decoding's
+    # trie size, lookups and hits).
+    drafter: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 class Engine:
@@ -258,6 +262,7 @@ class Engine:
             rows_in_use=len(held),
             rows=scheduler.num_rows,
             cached_tokens=int(self.cache.lengths[index].sum()) if held else 0,
+            drafter=gauges() if (gauges := getattr(self.drafter, "gauges", None)) else {},
         )
 
     # -- the step ---------------------------------------------------------------------------

@@ -8,6 +8,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from quickdraft.engine.core import Usage
 from quickdraft.stats import Stats
 
+# The drafter's gauges (``Usage.drafter``) by name, exported as quickdraft_<name>.
+DRAFTER_GAUGES = {
+    "suffix_cache_tokens": "Output tokens in suffix decoding's shared trie (capped, oldest out)",
+    "suffix_lookups": "Rows suffix decoding looked up a draft for, since the engine began",
+    "suffix_hits": "Lookups that found a draft (hit rate: divide by suffix_lookups)",
+    "suffix_first_steps": "Steps that drafted with suffix decoding in front of the model",
+    "suffix_first_model_steps": "Steps the model drafter drafted behind suffix decoding",
+}
+
 # Outcomes a request (one choice) ends with.
 OUTCOMES = ("stop", "length", "abort", "timeout", "error", "rejected")
 
@@ -76,6 +85,7 @@ class Metrics:
         self.cache_tokens = Gauge(
             "quickdraft_cache_tokens_in_use", "KV cache slots holding a request's token", registry=r
         )
+        self.drafter: dict[str, Gauge] = {}
 
     def observe_steps(self, stats: Stats) -> None:
         """What the engine's steps since the last call did (``Engine.take_stats``)."""
@@ -96,6 +106,11 @@ class Metrics:
         self.cache_rows.set(usage.rows_in_use)
         self.cache_rows_total.set(usage.rows)
         self.cache_tokens.set(usage.cached_tokens)
+        for name, value in usage.drafter.items():
+            if name not in self.drafter:
+                about = DRAFTER_GAUGES.get(name, f"The drafter's {name}")
+                self.drafter[name] = Gauge(f"quickdraft_{name}", about, registry=self.registry)
+            self.drafter[name].set(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -280,10 +280,15 @@ def build(spec: SpecConfig, context: BuildContext) -> DraftModelDrafter:
         context.draft_name,
         spec.num_speculative_tokens,
     )
-    return DraftModelDrafter(
+    drafter = DraftModelDrafter(
         draft,
         spec.num_speculative_tokens,
         options.draft_temperature,
         vocab_size=target.vocab_size,
         shortlist=shortlist,
     )
+    if options.suffix_first:
+        from quickdraft.drafters.suffix.hybrid import suffix_first
+
+        return suffix_first(drafter)  # type: ignore[return-value]
+    return drafter

@@ -11,6 +11,7 @@ from quickdraft.drafters.eagle.drafter import EagleDrafter
 from quickdraft.drafters.eagle.io import eagle_folder, load_eagle
 from quickdraft.drafters.eagle.options import EagleOptions
 from quickdraft.drafters.eagle.tree import DynamicTree, EagleTree
+from quickdraft.drafters.suffix.hybrid import SuffixFirst, suffix_first
 from quickdraft.models.base import Model
 from quickdraft.vocab import shortlist_for
 from quickdraft.vocab.shortlist import Shortlist
@@ -41,7 +42,7 @@ def build_eagle(
     )
 
 
-def build(spec: SpecConfig, context: BuildContext) -> EagleDrafter:
+def build(spec: SpecConfig, context: BuildContext) -> EagleDrafter | SuffixFirst:
     """The registry's builder: ``spec.options`` are ``EagleOptions``."""
     options = spec.options
     assert isinstance(options, EagleOptions)
@@ -55,7 +56,7 @@ def build(spec: SpecConfig, context: BuildContext) -> EagleDrafter:
         inputs="eagle",
         shipped=folder / "shortlist",
     )
-    return build_eagle(
+    drafter = build_eagle(
         context.target,
         folder,
         tree,
@@ -64,3 +65,4 @@ def build(spec: SpecConfig, context: BuildContext) -> EagleDrafter:
         lookup_ngram=(options.prompt_lookup_min, options.prompt_lookup_max),
         shortlist=shortlist,
     )
+    return suffix_first(drafter) if options.suffix_first else drafter

@@ -33,6 +33,8 @@ class EagleOptions(MethodOptions):
         (``ShortlistChoice``); None uses the drafter's own artifacts, else the target's.
     drafter_int8: int8 weights for the drafter's layers and head rows, on CPU; exact, only
         the proposals can shift. Ignored on other devices.
+    suffix_first: suffix decoding in front (``drafters.suffix.hybrid``): a step whose suffix
+        draft is expected to beat this drafter's uses it alone. Exact like any draft.
     """
 
     eagle_dir: str | None = None
@@ -43,9 +45,11 @@ class EagleOptions(MethodOptions):
     draft_shortlist: ShortlistChoice = FULL
     shortlist_dir: str | None = None
     drafter_int8: bool = True
+    suffix_first: bool = False
 
     def __post_init__(self) -> None:
         check_path("eagle_dir", self.eagle_dir)
+        check_flag("suffix_first", self.suffix_first)
         parse_field(self, "tree", EagleTree)
         if self.eagle_lookup is not None:
             check_range("eagle_lookup", self.eagle_lookup, 0, MAX_SPECULATIVE_TOKENS, integer=True)

@@ -36,6 +36,7 @@ class SuffixDrafter:
         self.shared_cursor: list[list[Node]] = []
         self.output: list[list[int]] = []  # each slot's output in the shared trie
         self.seen: list[int] = []  # text length each slot's tries have read
+        self.lookups = self.hits = 0  # rows' proposals so far, and those that drafted
 
     def describe(self) -> str:
         options = self.options
@@ -132,7 +133,9 @@ class SuffixDrafter:
                 best = found
         return best
 
-    def propose(self, batch: Batch) -> Draft:
+    def proposals(self, batch: Batch) -> list[Proposal]:
+        """Each row's proposal: a tree when the batch is one row, else a chain (rows share
+        one draft shape)."""
         lengths = batch.lengths.tolist()
         depth = self.options.suffix_max_depth
         lo = max(0, min(lengths) - depth)
@@ -145,6 +148,16 @@ class SuffixDrafter:
             )
             for b, slot in enumerate(batch.slots.host)
         ]
+        self.lookups += len(found)
+        self.hits += sum(1 for p in found if p.tokens)
+        return found
+
+    def propose(self, batch: Batch) -> Draft:
+        return self.draft(batch, self.proposals(batch))
+
+    @staticmethod
+    def draft(batch: Batch, found: list[Proposal]) -> Draft:
+        """The batch's draft from its rows' proposals."""
         device = batch.tokens.device
         if batch.size == 1:
             tree = found[0]
@@ -157,11 +170,21 @@ class SuffixDrafter:
         if width == 0:
             return Draft.empty(batch.size, device)
         rows = []
+        lengths = batch.lengths.tolist()
         for b, path in enumerate(paths):
             # Any deterministic filler keeps the output exact; the target rejects it.
-            last = path[-1] if path else int(texts[b, lengths[b] - 1 - lo])
+            last = path[-1] if path else int(batch.tokens[b, lengths[b] - 1])
             rows.append(path + [last] * (width - len(path)))
         return Draft.chain(torch.tensor(rows, dtype=torch.long, device=device))
+
+    def gauges(self) -> dict[str, float]:
+        """For a server's metrics: the shared trie's size, and the rows' lookups so far and
+        how many found a draft (hit rate: hits / lookups)."""
+        return {
+            "suffix_cache_tokens": self.shared.tokens,
+            "suffix_lookups": self.lookups,
+            "suffix_hits": self.hits,
+        }
 
 
 def build(spec: SpecConfig, context: BuildContext) -> SuffixDrafter:

@@ -1,0 +1,92 @@
+"""Suffix decoding in front of a model drafter (EAGLE or a draft model), decided each step.
+
+SuffixDecoding's hybrid: a step whose suffix draft is expected to give at least as many tokens
+as the model drafter's draft uses the suffix draft alone and skips the model's network; any
+other step drafts with the model. The suffix proposal's score is its expected accepted length
+under the tries' counts (the sum of its nodes' probabilities); the model's is what its drafts
+gave on the steps it drafted, a running mean. Both drafters follow every step (``observe``),
+so each stays in step with the text whichever drafted: EAGLE keeps the target's features of
+every kept token, a draft model re-reads what its cache lacks. A batch drafts one shape, so it
+takes the suffix draft only where every row's beats the model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from quickdraft.drafters.base import Batch, Draft, Drafter, StepResult
+from quickdraft.drafters.suffix.drafter import SuffixDrafter
+
+# The model's expected accepted drafts before it has drafted: a suffix draft needs about this
+# much evidence to go first.
+PRIOR = 1.5
+DECAY = 0.9  # weight of the running mean's past
+SUFFIX_K = 8  # the suffix method's default k
+
+
+def suffix_first(model: Drafter, num_tokens: int = SUFFIX_K) -> SuffixFirst:
+    """``model`` with suffix decoding in front, at the suffix method's defaults."""
+    return SuffixFirst(model, SuffixDrafter(model.vocab_size, num_tokens))
+
+
+class SuffixFirst:
+    """``model`` drafts unless ``suffix``'s draft is expected to do at least as well."""
+
+    def __init__(self, model: Drafter, suffix: SuffixDrafter):
+        if suffix.vocab_size != model.vocab_size:
+            raise ValueError("suffix: its vocabulary differs from the model drafter's")
+        self.model, self.suffix = model, suffix
+        self.vocab_size = model.vocab_size
+        needs = model.needs
+        self.needs = dataclasses.replace(
+            needs,
+            tokens=max(needs.tokens, suffix.needs.tokens),
+            depth=max(needs.depth, suffix.needs.depth),
+        )
+        self.shortlist = getattr(model, "shortlist", None)
+        self.expected = PRIOR
+        self.steps = {"suffix": 0, "model": 0}
+        self._model_drafted = False
+
+    @property
+    def head_rows(self) -> int | None:
+        return self.model.head_rows
+
+    def describe(self) -> str:
+        return f"suffix decoding ({self.suffix.describe()}) when it beats {self.model.describe()}"
+
+    def reserve(self, rows: int, capacity: int) -> None:
+        self.model.reserve(rows, capacity)
+        self.suffix.reserve(rows, capacity)
+
+    def begin(self, start: StepResult) -> None:
+        self.model.begin(start)
+        self.suffix.begin(start)
+
+    def propose(self, batch: Batch) -> Draft:
+        found = self.suffix.proposals(batch)
+        if all(p.tokens and p.score >= self.expected for p in found):
+            self._model_drafted = False
+            self.steps["suffix"] += 1
+            return self.suffix.draft(batch, found)
+        self._model_drafted = True
+        self.steps["model"] += 1
+        return self.model.propose(batch)
+
+    def observe(self, result: StepResult) -> None:
+        if self._model_drafted and result.accepted is not None:
+            mean = float(result.accepted.float().mean())
+            self.expected = DECAY * self.expected + (1 - DECAY) * mean
+        self.model.observe(result)
+        self.suffix.observe(result)
+
+    def release(self, slot: int, completed: bool) -> None:
+        self.model.release(slot, completed)
+        self.suffix.release(slot, completed)
+
+    def gauges(self) -> dict[str, float]:
+        return {
+            **self.suffix.gauges(),
+            "suffix_first_steps": self.steps["suffix"],
+            "suffix_first_model_steps": self.steps["model"],
+        }
