@@ -137,7 +137,7 @@ def test_every_candidate_of_every_method_prints_configs_the_engines_define(tmp_p
     assert {("draft_model", "vllm"), ("draft_model", "sglang"), ("ngram", "vllm"),
             ("ngram", "sglang"), ("eagle", "vllm"), ("eagle", "sglang"),
             ("draft_model", "llama.cpp"), ("ngram", "llama.cpp"),
-            ("eagle", "llama.cpp")} <= seen  # fmt: skip
+            ("eagle", "llama.cpp"), ("suffix", "vllm")} <= seen  # fmt: skip
 
 
 def _layer(prefix: str, h: int, inner: int, q: int, kv: int, width: int) -> dict:

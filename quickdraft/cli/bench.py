@@ -203,7 +203,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _add_pick(commands: argparse._SubParsersAction) -> None:
-    from quickdraft.bench.tasks import TASK_KINDS
+    from quickdraft.pick.picker import PICK_TASKS
 
     pick = commands.add_parser(
         "pick",
@@ -227,7 +227,7 @@ def _add_pick(commands: argparse._SubParsersAction) -> None:
         default=Path("exported"),
         help="where drafters are exported for other engines (default: ./exported)",
     )
-    pick.add_argument("--task", default="other", choices=[*TASK_KINDS, "other"])
+    pick.add_argument("--task", default="other", choices=PICK_TASKS)
     pick.add_argument("--temperature", type=finite_float, default=0.0)
     pick.add_argument("--output-tokens", type=strict_int, default=256, help="typical output length")
     pick.add_argument("--concurrency", type=strict_int, default=1, help="requests decoded together")

@@ -141,6 +141,27 @@ def ngram(k: int, lookup_min: int, lookup_max: int) -> list[LaunchConfig]:
     ]
 
 
+def suffix(k: int, depth: int, factor: float, min_prob: float) -> list[LaunchConfig]:
+    """Suffix decoding: vLLM's ``suffix`` (Arctic Inference's implementation) with the same
+    tree depth, spec factor and probability floor; SGLang and llama.cpp have none."""
+    vllm = {
+        "method": "suffix",
+        "num_speculative_tokens": k,
+        "suffix_decoding_max_tree_depth": depth,
+        "suffix_decoding_max_spec_factor": factor,
+        "suffix_decoding_min_token_prob": min_prob,
+    }
+    note = (
+        "needs `pip install arctic-inference`; its global cache is capped in requests "
+        "(suffix_decoding_max_cached_requests), quickdraft's in tokens"
+    )
+    return [
+        LaunchConfig("vllm", vllm, note=note),
+        unsupported("sglang", "SGLang has no suffix decoding"),
+        unsupported("llama.cpp", "llama.cpp has no suffix decoding"),
+    ]
+
+
 def medusa(heads: int, export: tuple[str, Path]) -> list[LaunchConfig]:
     """Medusa heads exported for vLLM (``export``: the export command and its folder), one
     draft token per head; SGLang has no Medusa."""
@@ -168,18 +189,23 @@ def eagle(
     shortlist: str = "full",
     token_map: bool = False,
     lookup: int = 0,
+    suffix_first: bool = False,
 ) -> list[LaunchConfig]:
     """An EAGLE drafter exported per engine (``export``: engine -> (export command, folder)):
     vLLM and llama.cpp (EAGLE-3 only) draft a chain of ``depth`` tokens, SGLang the same
     dynamic tree (depth steps, top-k per step, ``tokens`` verified). ``token_map``: an
     EAGLE-1 export with a draft vocabulary (``token_map.pt``), which SGLang takes and vLLM
-    cannot. ``lookup``: quickdraft's prompt-lookup graft, which no engine has. SGLang counts
+    cannot. ``lookup``: quickdraft's prompt-lookup graft, which no engine has;
+    ``suffix_first``: suffix decoding in front, which none combines with EAGLE. SGLang counts
     the root in ``--speculative-num-draft-tokens``, so it is ``tokens + 1``."""
     method = "eagle3" if variant == "eagle3" else "eagle"
     note = _shortlist_note(shortlist)
     if lookup:
         graft = f"no prompt-lookup graft there (quickdraft grafts up to {lookup} tokens)"
         note = "; ".join(n for n in (note, graft) if n)
+    if suffix_first:
+        ahead = "no suffix decoding in front of EAGLE there (quickdraft's suffix_first)"
+        note = "; ".join(n for n in (note, ahead) if n)
     command, folder = export["vllm"]
     vllm = {"method": method, "model": str(folder), "num_speculative_tokens": depth}
     notes = ["vLLM drafts a chain of the tree's depth (its trees are static)", note]
@@ -260,6 +286,16 @@ def _ngram(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
     return ngram(spec.num_speculative_tokens, options.prompt_lookup_min, options.prompt_lookup_max)
 
 
+def _suffix(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
+    from quickdraft.drafters.suffix.options import SuffixOptions
+
+    o = spec.options
+    assert isinstance(o, SuffixOptions)
+    return suffix(
+        spec.num_speculative_tokens, o.suffix_max_depth, o.suffix_spec_factor, o.suffix_min_prob
+    )
+
+
 def _medusa(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
     from quickdraft.drafters.medusa.net import heads_folder, read_heads_config
     from quickdraft.drafters.medusa.options import MedusaOptions
@@ -298,6 +334,7 @@ def _eagle(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
     return eagle(
         config.variant, tree.depth, tree.topk, tree.tokens, export,
         str(options.draft_shortlist), token_map=token_map, lookup=options.lookup,
+        suffix_first=options.suffix_first,
     )  # fmt: skip
 
 
@@ -316,6 +353,7 @@ LAUNCH: dict[str, Callable[[SpecConfig, PickContext], list[LaunchConfig]]] = {
     "medusa": _medusa,
     "eagle": _eagle,
     "lookahead": _lookahead,
+    "suffix": _suffix,
 }
 
 

@@ -103,7 +103,7 @@ def _eagle_candidates(context: PickContext) -> list[tuple[str, SpecConfig]]:
         return []
     return [
         (label, registry.with_options(spec, eagle_dir=str(folder)))
-        for label, spec in _labelled("eagle", ["", "+0", "3.1.3+0"])
+        for label, spec in _labelled("eagle", ["", "+0", "3.1.3+0", "+suffix"])
     ]
 
 
@@ -131,6 +131,10 @@ PICK = {
     "eagle": PickSupport(_eagle_candidates, _eagle_prior),
     "lookahead": PickSupport(
         _lookahead_candidates, lambda spec, task: priors.measured("lookahead", task)
+    ),
+    "suffix": PickSupport(
+        lambda context: _labelled("suffix", [""]),
+        lambda spec, task: priors.measured("suffix k=8", task),
     ),
 }
 

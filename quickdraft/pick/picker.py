@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from quickdraft.bench.tasks import TASK_KINDS
+from quickdraft.bench.tasks import SESSION_KINDS, TASK_KINDS
 from quickdraft.config import MAX_BATCH, Method, SpecConfig
 from quickdraft.drafters import registry
 from quickdraft.drafters.draft_model.options import DraftModelOptions
@@ -48,6 +48,10 @@ TARGET_STEP = {"float": 1.0, "int8": 0.44, "q4": 0.28}
 VERIFY_GROWTH = {"float": 1.0, "int8": 0.8, "q4": 1.8}
 
 
+# Workloads the picker knows: the bench's task kinds, agent sessions, and anything else.
+PICK_TASKS = (*TASK_KINDS, *SESSION_KINDS, "other")
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     """task: a task kind or "other"; temperature: the target's; output_tokens: typical output
@@ -67,10 +71,8 @@ class Workload:
     weights: str = "float"
 
     def __post_init__(self) -> None:
-        if self.task not in (*TASK_KINDS, "other"):
-            raise ValueError(
-                f"task must be one of {', '.join(TASK_KINDS)}, other; got {self.task!r}"
-            )
+        if self.task not in PICK_TASKS:
+            raise ValueError(f"task must be one of {', '.join(PICK_TASKS)}; got {self.task!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.output_tokens < 1:

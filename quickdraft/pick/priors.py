@@ -9,12 +9,17 @@ Every figure was measured here, on the two-core CPU of ``benchmarks/results`` (2
   ``picker_holdout``): per-token acceptance of a draft model, its cost (a tenth of the
   target's step) and the verify pass's growth (9% of a step per extra token).
 
+* suffix decoding, alone and in front of EAGLE (``benchmarks/results/suffix_hybrid_classic_
+  smollm2``, two prompts of each kind), and every method on the agent sessions of
+  ``--tasks agentic`` (``benchmarks/results/agentic_smollm2``, three sessions), SmolLM2-135M.
+
 They are priors: another model, machine or text moves them, which ``pick --calibrate``
 measures. A temperature above 0 lowers acceptance (``picker.at_temperature``).
 """
 
 from __future__ import annotations
 
+from quickdraft.bench.tasks import TASK_KINDS
 from quickdraft.pick.context import StepPrior
 
 SMOLLM2 = "smollm2_methods (SmolLM2-135M, CPU)"
@@ -33,7 +38,7 @@ CPU_VERIFY_SLOPE = 0.09  # each extra verified token, in target decode steps
 _MEASURED: dict[str, tuple[dict[str, float], float, float, int]] = {
     "ngram k=5": (
         {"translation": 2.29, "conversation": 1.24, "rag": 1.34, "math": 1.32, "qa": 1.25,
-         "summarization": 1.58, "code": 1.46}, 0.005, 1.252, 6,
+         "summarization": 1.58, "code": 1.46, "agentic": 2.84}, 0.005, 1.252, 6,
     ),
     "medusa": (
         {"translation": 1.08, "conversation": 1.86, "rag": 1.48, "math": 1.99, "qa": 1.21,
@@ -45,7 +50,7 @@ _MEASURED: dict[str, tuple[dict[str, float], float, float, int]] = {
     ),
     "eagle": (
         {"translation": 2.29, "conversation": 1.76, "rag": 1.87, "math": 1.92, "qa": 1.95,
-         "summarization": 1.91, "code": 2.24}, 0.097, 1.379, 16,
+         "summarization": 1.91, "code": 2.24, "agentic": 3.67}, 0.097, 1.379, 16,
     ),
     "eagle lookup=0": (
         {"translation": 1.07, "conversation": 1.58, "rag": 1.53, "math": 1.68, "qa": 1.54,
@@ -57,7 +62,15 @@ _MEASURED: dict[str, tuple[dict[str, float], float, float, int]] = {
     ),
     "lookahead": (
         {"translation": 1.99, "conversation": 1.28, "rag": 1.50, "math": 1.56, "qa": 1.42,
-         "summarization": 1.61, "code": 1.63}, 0.002, 1.538, 5,
+         "summarization": 1.61, "code": 1.63, "agentic": 2.04}, 0.002, 1.538, 5,
+    ),
+    "suffix k=8": (
+        {"translation": 2.39, "conversation": 1.30, "rag": 1.28, "math": 1.35, "qa": 1.35,
+         "summarization": 1.32, "code": 1.50, "agentic": 3.04}, 0.024, 1.265, 9,
+    ),
+    "suffix+eagle": (
+        {"translation": 2.58, "conversation": 1.41, "rag": 1.61, "math": 1.94, "qa": 2.36,
+         "summarization": 1.72, "code": 2.08, "agentic": 4.37}, 0.154, 1.328, 16,
     ),
 }  # fmt: skip
 
@@ -66,7 +79,8 @@ def measured(label: str, task: str) -> StepPrior:
     """The prior of a configuration the SmolLM2 bench ran (its bench label); "other" takes the
     mean over the seven task kinds."""
     lengths, draft, verify, tokens = _MEASURED[label]
-    length = lengths.get(task, sum(lengths.values()) / len(lengths))
+    classic = [lengths[kind] for kind in TASK_KINDS]
+    length = lengths.get(task, sum(classic) / len(classic))
     return StepPrior(length, draft, verify, tokens, SMOLLM2)
 
 

@@ -3,8 +3,10 @@
 SuffixDecoding's hybrid: a step whose suffix draft is expected to give at least as many tokens
 as the model drafter's draft uses the suffix draft alone and skips the model's network; any
 other step drafts with the model. The suffix proposal's score is its expected accepted length
-under the tries' counts (the sum of its nodes' probabilities); the model's is what its drafts
-gave on the steps it drafted, a running mean. Both drafters follow every step (``observe``),
+under the tries' counts (the sum of its nodes' probabilities), which a match seen once or
+twice overstates; scores are scaled by what suffix drafts have been accepted per unit of score
+(a running ratio, ``calibration``). The model's expected length is what its drafts gave on the
+steps it drafted, a running mean. Both drafters follow every step (``observe``),
 so each stays in step with the text whichever drafted: EAGLE keeps the target's features of
 every kept token, a draft model re-reads what its cache lacks. A batch drafts one shape, so it
 takes the suffix draft only where every row's beats the model's.
@@ -20,6 +22,7 @@ from quickdraft.drafters.suffix.drafter import SuffixDrafter
 # The model's expected accepted drafts before it has drafted: a suffix draft needs about this
 # much evidence to go first.
 PRIOR = 1.5
+CALIBRATION = 0.6  # suffix drafts' accepted tokens per unit of score, before any is seen
 DECAY = 0.9  # weight of the running mean's past
 SUFFIX_K = 8  # the suffix method's default k
 
@@ -45,8 +48,10 @@ class SuffixFirst:
         )
         self.shortlist = getattr(model, "shortlist", None)
         self.expected = PRIOR
+        self.calibration = CALIBRATION
+        self._score = 0.0  # the mean score of the suffix draft this step verifies
         self.steps = {"suffix": 0, "model": 0}
-        self._model_drafted = False
+        self._last: str | None = None  # who drafted the step being verified
 
     @property
     def head_rows(self) -> int | None:
@@ -65,18 +70,24 @@ class SuffixFirst:
 
     def propose(self, batch: Batch) -> Draft:
         found = self.suffix.proposals(batch)
-        if all(p.tokens and p.score >= self.expected for p in found):
-            self._model_drafted = False
+        if all(p.tokens and p.score * self.calibration >= self.expected for p in found):
+            self._last = "suffix"
+            self._score = sum(p.score for p in found) / len(found)
             self.steps["suffix"] += 1
             return self.suffix.draft(batch, found)
-        self._model_drafted = True
+        self._last = "model"
         self.steps["model"] += 1
         return self.model.propose(batch)
 
     def observe(self, result: StepResult) -> None:
-        if self._model_drafted and result.accepted is not None:
+        if result.accepted is not None and self._last is not None:
             mean = float(result.accepted.float().mean())
-            self.expected = DECAY * self.expected + (1 - DECAY) * mean
+            if self._last == "model":
+                self.expected = DECAY * self.expected + (1 - DECAY) * mean
+            elif self._score > 0:
+                ratio = mean / self._score
+                self.calibration = DECAY * self.calibration + (1 - DECAY) * ratio
+        self._last = None  # a step the batch policy leaves undrafted teaches nothing
         self.model.observe(result)
         self.suffix.observe(result)
 
