@@ -1,0 +1,93 @@
+"""A constraint bound to a model's tokenizer: which tokens may come next, along a request's
+text and along each draft path, with rollback for what a verify rejects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from quickdraft.constraints.spec import Constraint
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+class Grammars:
+    """A model's tokenizer as llguidance reads it (its index takes 0.3-1.4 s to build, once per
+    model), from which each request gets its own ``Matcher``. ``vocab_size``: the model's
+    vocabulary, padding included (padding ids are never allowed)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int):
+        import llguidance.hf
+
+        hf = getattr(tokenizer, "hf", tokenizer)
+        self.vocab_size = vocab_size
+        self.tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size)
+
+    def matcher(self, constraint: Constraint) -> Matcher:
+        """A fresh matcher at the start of the output; ValueError naming the constraint's kind
+        when the grammar does not fit this tokenizer or no token can begin the output."""
+        import llguidance
+
+        inner = llguidance.LLMatcher(self.tokenizer, constraint.grammar)
+        if inner.is_error():
+            raise ValueError(f"{constraint.kind}: {inner.get_error()}")
+        matcher = Matcher(inner, self.vocab_size)
+        if not bool(matcher.allowed().any()):
+            raise ValueError(f"{constraint.kind}: no token of this model can begin the output")
+        return matcher
+
+
+class Matcher:
+    """One request's place in its grammar."""
+
+    def __init__(self, inner: Any, vocab_size: int):
+        import llguidance.torch
+
+        self.inner = inner
+        self.vocab_size = vocab_size
+        self._fill = llguidance.torch.fill_next_token_bitmask
+        self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
+
+    def allowed(self) -> torch.Tensor:
+        """[V] bool: the tokens the grammar allows next (only the stop token once the output
+        is complete; none after an error)."""
+        self._fill(self.inner, self._bitmask, 0)
+        bits = (self._bitmask[0].unsqueeze(1) >> _BITS) & 1
+        return bits.flatten()[: self.vocab_size].bool()
+
+    def advance(self, tokens: list[int]) -> int:
+        """Consume ``tokens`` as far as the grammar allows them; how many it took."""
+        if not tokens:
+            return 0
+        return int(self.inner.try_consume_tokens(list(tokens)))
+
+    def rollback(self, count: int) -> None:
+        if count:
+            self.inner.rollback(count)
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows as the only continuation from here (a key, a bracket):
+        a draft for free."""
+        return list(self.inner.compute_ff_tokens())
+
+    def path_masks(self, tokens: list[int]) -> torch.Tensor:
+        """[len(tokens) + 1, V] bool: the allowed tokens before each token of a draft path and
+        after its last. Past a token the grammar refuses, nothing is allowed (the verify
+        rejects that token, so what follows is never used). The matcher ends where it began."""
+        masks = torch.zeros(len(tokens) + 1, self.vocab_size, dtype=torch.bool)
+        taken = 0
+        for i, token in enumerate(tokens):
+            masks[i] = self.allowed()
+            if not bool(masks[i, token]) or self.advance([token]) != 1:
+                break
+            taken += 1
+        else:
+            masks[len(tokens)] = self.allowed()
+        self.rollback(taken)
+        return masks
+
+    @property
+    def done(self) -> bool:
+        """The output is complete (the grammar stopped)."""
+        return bool(self.inner.is_stopped())

@@ -1,0 +1,82 @@
+"""Constraints: compiled once, checked by name, and matched along draft paths with rollback."""
+
+import json
+
+import pytest
+
+from quickdraft.constraints import Constraint, Grammars
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def grammars(smollm2):
+    target, tokenizer = smollm2
+    return Grammars(tokenizer, target.vocab_size), tokenizer
+
+
+def _texts(tokenizer, mask) -> set[str]:
+    return {tokenizer.hf.decode([i]) for i in mask.nonzero().flatten().tolist()}
+
+
+def test_a_schema_allows_exactly_its_objects_and_paths_roll_back(grammars):
+    grammars, tokenizer = grammars
+    matcher = grammars.matcher(Constraint.json_schema(json.dumps(PERSON)))
+    assert _texts(tokenizer, matcher.allowed()) <= {"{", '{"', " {", "{\n"}
+    ids = tokenizer.hf.encode('{"name": "Ann", "age": 3}')
+    masks = matcher.path_masks(ids)
+    assert all(bool(masks[i, token]) for i, token in enumerate(ids))  # every token allowed
+    assert masks.shape == (len(ids) + 1, grammars.vocab_size)
+    assert bool(masks[1:].any(1).all())
+    before = matcher.allowed()
+    assert matcher.path_masks(tokenizer.hf.encode('{"nome"')).sum(1).tolist()[-1] == 0
+    assert bool((matcher.allowed() == before).all())  # rolled back to where it began
+    assert matcher.advance(ids[:-1]) == len(ids) - 1 and not matcher.done
+    assert matcher.advance(ids[-1:]) == 1 and matcher.done  # the object is complete
+    eos = tokenizer.hf.eos_token_id
+    assert matcher.allowed().nonzero().flatten().tolist() == [eos]
+
+
+def test_regex_choice_and_grammar_allow_only_their_strings(grammars):
+    grammars, tokenizer = grammars
+    digits = grammars.matcher(Constraint.regex("[0-9]{3}"))
+    assert _texts(tokenizer, digits.allowed()) == {str(d) for d in range(10)}
+    choice = grammars.matcher(Constraint.choice(["yes", "no"]))
+    assert _texts(tokenizer, choice.allowed()) <= {"y", "ye", "yes", "n", "no"}
+    lark = grammars.matcher(Constraint.lark('start: "A" "B"'))
+    assert lark.advance(tokenizer.hf.encode("A")) == 1
+    assert lark.forced() == tokenizer.hf.encode("B")  # the only continuation: free to draft
+    gbnf = grammars.matcher(Constraint("grammar", 'root ::= "ok"'))
+    assert bool(gbnf.allowed()[tokenizer.hf.encode("ok")[0]])
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "message"),
+    [
+        ("json_schema", "{not json", "json_schema: not valid JSON"),
+        ("json_schema", ["a list"], "json_schema: must be a JSON object"),
+        ("json_schema", {"type": "objectx"}, "json_schema: "),
+        ("regex", "[0-9", "regex: "),
+        ("choice", [], "choice: must be a non-empty list"),
+        ("choice", ["a", ""], "choice: every option"),
+        ("grammar", "start: undefined_rule", "grammar: "),
+        ("xml", "x", "constraint: kind must be one of"),
+    ],
+)
+def test_bad_constraints_are_one_line_naming_the_field(kind, value, message):
+    with pytest.raises(ValueError, match=message) as error:
+        Constraint(kind, value)
+    assert "\n" not in str(error.value)
+
+
+def test_equal_constraints_are_equal_and_keep_their_key_order():
+    first = Constraint.json_schema(PERSON)
+    assert first == Constraint.json_schema(json.dumps(PERSON)) and hash(first) == hash(
+        Constraint.json_schema(dict(PERSON))
+    )
+    assert list(json.loads(first.value)["properties"]) == ["name", "age"]
