@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Any
 
+from quickdraft.constraints.spec import Constraint
+
 # The ranges that work. Every bound is checked in __post_init__ by arithmetic alone: nothing is
 # built or allocated while validating.
 MIN_TEMPERATURE = 1e-5  # below it, logits / T overflows float32 for ordinary logits
@@ -188,6 +190,12 @@ class SamplingParams:
     draft_steps: report every verify step's draft and verdict (``RequestOutput.new_steps``,
         ``engine.requests.StepDetail``): what a page showing speculation reads. Off by
         default: it reads the draft back to the host each step.
+    constraint: a structured output (``constraints.Constraint``); or one of ``json_schema``
+        (a JSON Schema, as text or a dict), ``regex``, ``choice`` (a list of strings) or
+        ``grammar`` (Lark or GBNF), which become it. The target's logits are masked to what
+        the grammar allows before temperature, top-k and top-p (vLLM's order), at every
+        position of every verify pass: speculation samples the constrained distribution
+        exactly. Needs the engine's tokenizer.
     """
 
     temperature: float = 1.0
@@ -200,8 +208,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
     draft_steps: bool = False
+    constraint: Constraint | None = None
+    json_schema: str | dict | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
+        self._fold_constraint()
         check_temperature("temperature", self.temperature)
         check_range("top_k", self.top_k, 0, MAX_TOKEN_ID, integer=True)
         check_range("top_p", self.top_p, MIN_TOP_P, 1.0)
@@ -236,6 +250,23 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def _fold_constraint(self) -> None:
+        """The convenience fields become ``constraint`` (checked there, errors naming the
+        field); each keeps a hashable form (a schema as canonical JSON text)."""
+        names = ("json_schema", "regex", "choice", "grammar")
+        given = [name for name in ("constraint", *names) if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"set one constraint, got {', '.join(given)}")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise ValueError(
+                f"constraint must be a Constraint, got {type(self.constraint).__name__}"
+            )
+        if given and given[0] != "constraint":
+            name = given[0]
+            constraint = Constraint(name, getattr(self, name))
+            object.__setattr__(self, "constraint", constraint)
+            object.__setattr__(self, name, constraint.value)
 
 
 def _as_tuple(name: str, value: Any) -> tuple:

@@ -80,3 +80,29 @@ def test_equal_constraints_are_equal_and_keep_their_key_order():
         Constraint.json_schema(dict(PERSON))
     )
     assert list(json.loads(first.value)["properties"]) == ["name", "age"]
+
+
+def test_constrained_speculation_is_token_identical_and_valid(smollm2):
+    from quickdraft import Engine, SamplingParams, generate
+    from quickdraft.bench.labels import parse_label
+    from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
+    from quickdraft.drafters.registry import build_drafter
+
+    target, tokenizer = smollm2
+    prompt = tokenizer.apply_chat("Extract the person as JSON: Maria Lopez is 34, from Lima.")
+    sampling = SamplingParams(temperature=0, max_new_tokens=40, json_schema=PERSON)
+    plain = generate(target, prompt, sampling=sampling, tokenizer=tokenizer)
+    data = json.loads(plain.text)
+    assert set(data) == {"name", "age"} and isinstance(data["age"], int)
+    drafters = [
+        build_drafter(parse_label(label)[1], target, target_name="smollm2-135m")
+        for label in ("ngram", "suffix", "eagle+suffix", "lookahead")
+    ]
+    drafters.append(DraftModelDrafter(target.truncated(2), 3))
+    for drafter in drafters:
+        out = generate(target, prompt, sampling=sampling, draft=drafter, tokenizer=tokenizer)
+        assert out.token_ids == plain.token_ids, type(drafter).__name__
+    with pytest.raises(ValueError, match="needs the engine's tokenizer"):
+        Engine(target).add_request([1, 2, 3], sampling)
+    with pytest.raises(ValueError, match="set one constraint"):
+        SamplingParams(regex="a", choice=["a"])

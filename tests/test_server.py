@@ -366,6 +366,30 @@ def _bad_requests() -> list[tuple[str, object, str | None, int]]:
         (chat, {"messages": msgs, "logprobs": True, "top_logprobs": 99}, "top_logprobs", 400),
         (chat, {"messages": msgs, "tools": [{"type": "function"}]}, "tools", 400),
         (chat, {"messages": msgs, "stream_options": 3}, "stream_options", 400),
+        (chat, {"messages": msgs, "response_format": {"type": "xml"}}, "response_format.type", 400),
+        (
+            chat,
+            {"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {}}},
+            "response_format.json_schema",
+            400,
+        ),
+        (
+            chat,
+            {
+                "messages": msgs,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "objectx"}},
+                },
+            },
+            "response_format.json_schema.schema",
+            400,
+        ),
+        (c, {"prompt": "a", "guided_regex": "[0-9"}, "guided_regex", 400),
+        (c, {"prompt": "a", "guided_choice": []}, "guided_choice", 400),
+        (c, {"prompt": "a", "guided_json": "{bad"}, "guided_json", 400),
+        (c, {"prompt": "a", "structured_outputs": {"xml": "x"}}, "structured_outputs", 400),
+        (c, {"prompt": "a", "guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", 400),
         (c, {"prompt": "a" * (5 << 20)}, None, 413),
         ("/v1/nothing", {"prompt": "a"}, None, 404),
     ]
@@ -585,3 +609,42 @@ def test_suffix_decoding_exports_its_trie_and_hit_rate(target, tokenizer):
             metric(url, "quickdraft_suffix_hits"),
         )
         assert lookups > 0 and 0 < hits <= lookups
+
+
+def test_structured_outputs_parse_and_match_plain_decoding(target, tokenizer):
+    """response_format's JSON Schema and vLLM's guided_choice, served with speculation: the
+    replies follow their constraint, and greedy replies equal the plain engine's."""
+    schema = {
+        "type": "object",
+        "properties": {"id": {"enum": [1, 2, 3]}, "ok": {"type": "boolean"}},
+        "required": ["id", "ok"],
+        "additionalProperties": False,
+        # Compact JSON: a random model would spend its tokens on the whitespace JSON allows
+        # (and on the digits of an unbounded integer).
+        "x-guidance": {"whitespace_flexible": False},
+    }
+    replies = {}
+    for method in ("ar", "ngram"):
+        engine = Engine(target, drafter(target, method), tokenizer=tokenizer, **ALWAYS)
+        with serving(engine, tokenizer) as url:
+            api = client(url)
+            reply = api.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "a record"}],
+                max_tokens=40,
+                temperature=0,
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "record", "schema": schema, "strict": True},
+                },
+            )
+            text = reply.choices[0].message.content
+            assert reply.choices[0].finish_reason == "stop", text
+            assert set(json.loads(text)) == {"id", "ok"}, text
+            picked = api.completions.create(
+                model=MODEL, prompt="pick", max_tokens=8, temperature=0,
+                extra_body={"guided_choice": ["alpha", "beta"]},
+            )  # fmt: skip
+            assert picked.choices[0].text in ("alpha", "beta")
+            replies[method] = (text, picked.choices[0].text)
+    assert replies["ar"] == replies["ngram"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -143,6 +144,22 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
             f"--suffix-{name}", type=kind, default=None, help=f"suffix: the {what}"
         )
     generate.add_argument(
+        "--json-schema",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="structured output: the reply is JSON valid against this JSON Schema file",
+    )
+    generate.add_argument(
+        "--regex", default=None, help="structured output: the reply matches this regex"
+    )
+    generate.add_argument(
+        "--choice",
+        action="append",
+        default=None,
+        help="structured output: the reply is one of these (repeat the flag for each)",
+    )
+    generate.add_argument(
         "--suffix-first",
         action="store_true",
         help="eagle, draft_model: suffix decoding in front; a step whose suffix draft is "
@@ -164,6 +181,18 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.add_argument(
         "--json", action="store_true", help='print {"token_ids", "text", "stats"} as JSON'
     )
+
+
+def _schema_file(path: Path | None) -> str | None:
+    """The text of --json-schema's file; one line naming the file when it cannot be read
+    (whether it holds a schema is the constraint's check)."""
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+        raise ValueError(f"json_schema: cannot read {path} ({reason})") from None
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -219,6 +248,9 @@ def _generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
+        json_schema=_schema_file(args.json_schema),
+        regex=args.regex,
+        choice=tuple(args.choice) if args.choice else None,
     )
     target, tokenizer, draft_model, draft_tokenizer = load_speculation(
         args.target,

@@ -49,6 +49,10 @@ class Matcher:
         self._fill = llguidance.torch.fill_next_token_bitmask
         self._bitmask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
 
+    def copy(self) -> Matcher:
+        """An independent matcher at the same place (a compiled grammar, reused)."""
+        return Matcher(self.inner.deep_copy(), self.vocab_size)
+
     def allowed(self) -> torch.Tensor:
         """[V] bool: the tokens the grammar allows next (only the stop token once the output
         is complete; none after an error)."""

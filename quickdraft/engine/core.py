@@ -33,6 +33,8 @@ from quickdraft.config import (
     check_range,
 )
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
+from quickdraft.engine import constrain
+from quickdraft.engine.constrain import Constraints
 from quickdraft.engine.goodput import GoodputRule
 from quickdraft.engine.requests import Request, RequestOutput, Status, record_details
 from quickdraft.engine.runner import ModelRunner
@@ -156,6 +158,7 @@ class Engine:
         self.scheduler = Scheduler(self.rows, prefill_chunk, keep, self.generator)
         self.runner = ModelRunner(target, self.cache, self.rows)
         self.requests: dict[str, Request] = {}
+        self.constraints = Constraints(tokenizer, target.vocab_size)
         self.stats = Stats(k=self.needs.depth)  # every step of this engine's life
         self._ids = itertools.count()
         self._aborted: list[Request] = []
@@ -220,6 +223,8 @@ class Engine:
             raise ValueError(f"request_id: {request_id!r} is already running")
         prompt = self.check_request(prompt_ids, sampling)
         request = Request(request_id, prompt, sampling, self.tokenizer, self.needs.depth)
+        if sampling.constraint is not None:  # a bad one fails here, before it queues
+            request.matcher = self.constraints.matcher(sampling.constraint)
         if request.generator is not None and self.device.type != "cpu":
             request.generator = make_generator(sampling.seed, self.device)
         self.requests[request_id] = request
@@ -291,7 +296,8 @@ class Engine:
         nodes = draft.tokens.shape[1] + 1
 
         # 4. Accept: the accepted path and the corrected or bonus token of every row.
-        target_probs = probs_for_rows(out.logits[:, :nodes], batch.sampling)
+        logits = constrain.mask_logits(out.logits[:, :nodes], requests, draft)
+        target_probs = probs_for_rows(logits, batch.sampling)
         num_accepted, next_token, path = accept_rows(
             self.chain_rule, self.tree_rule, draft, target_probs, batch
         )
@@ -301,6 +307,7 @@ class Engine:
         #    tokens and the requests' outputs gain the accepted drafts and the next token.
         kept = self.runner.commit(batch.slots, draft, path, num_accepted)
         chunk = emitted_tokens(draft, path, num_accepted, next_token)
+        constrain.advance(requests, chunk, num_accepted)
         tops = [r.sampling.logprobs for r in requests]
         logprobs = emitted_logprobs(out.logits, kept, chunk, tops)
         emitted = self._append(batch, requests, chunk, num_accepted, draft.depth, logprobs)

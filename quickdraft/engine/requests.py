@@ -10,6 +10,7 @@ from enum import Enum, StrEnum
 import torch
 
 from quickdraft.config import SamplingParams
+from quickdraft.constraints import Matcher
 from quickdraft.drafters.base import Draft
 from quickdraft.models.base import Tokenizer
 from quickdraft.sampling import make_generator
@@ -149,6 +150,7 @@ class Request:
         self.reported_steps = 0
         self.finish_reason: str | None = None
         self.stats = Stats(k=depth)
+        self.matcher: Matcher | None = None  # its place in its constraint's grammar
         self.arrival = time.perf_counter()
         stop_ids = set(sampling.stop_token_ids)
         if tokenizer is not None and not sampling.ignore_eos:

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from quickdraft.config import SamplingParams, show_value
+from quickdraft.constraints import Constraint
 
 MAX_N = 16  # choices a request may ask for: each is a request in the engine
 
@@ -90,6 +91,13 @@ class _Common(_Strict):
     ignore_eos: bool | None = None
     return_token_ids: bool | None = None
     quickdraft: QuickdraftOptions | None = None
+    # Structured outputs, vLLM's request extensions: the older guided_* fields and the newer
+    # structured_outputs object ({"json": ..., "regex": ..., "choice": ..., "grammar": ...}).
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
     # Would change the distribution: accepted only at their no-op values.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -196,10 +204,7 @@ def refuse_unsupported(request: _Common) -> None:
             ("best_of", request.best_of not in (None, 1, request.choices_per_prompt)),
         ]
     if isinstance(request, ChatRequest):
-        refused += [
-            ("tools", bool(request.tools)),
-            ("response_format", _structured(request.response_format)),
-        ]
+        refused += [("tools", bool(request.tools))]
     for name, present in refused:
         if present:
             raise ApiError(400, f"{name} is not supported by this server", name)
@@ -207,8 +212,64 @@ def refuse_unsupported(request: _Common) -> None:
         raise ApiError(400, "stream_options: only allowed with stream: true", "stream_options")
 
 
-def _structured(response_format: dict[str, Any] | None) -> bool:
-    return response_format is not None and response_format.get("type", "text") != "text"
+# vLLM's structured_outputs keys and guided_* fields, by the constraint kind they ask for.
+_VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
+
+
+def constraint_for(request: CompletionRequest | ChatRequest) -> Constraint | None:
+    """The request's structured output, from OpenAI's ``response_format`` (chat) or vLLM's
+    extensions; a 400 naming the field for a malformed one, or for more than one. The schema
+    is always enforced (``strict`` false asks for less, and gets it too)."""
+    given: list[tuple[str, str, Any]] = []  # (field, kind, value)
+    for key, kind in _VLLM_KINDS.items():
+        value = getattr(request, f"guided_{key}")
+        if value is not None:
+            given.append((f"guided_{key}", kind, value))
+    outputs = request.structured_outputs or {}
+    for key, value in outputs.items():
+        if key not in _VLLM_KINDS:
+            known = ", ".join(_VLLM_KINDS)
+            raise ApiError(
+                400, f"structured_outputs.{key}: not one of {known}", "structured_outputs"
+            )
+        if value is not None:
+            given.append((f"structured_outputs.{key}", _VLLM_KINDS[key], value))
+    if isinstance(request, ChatRequest) and request.response_format is not None:
+        given += _response_format(request.response_format)
+    if len(given) > 1:
+        fields = ", ".join(field for field, _, _ in given)
+        raise ApiError(400, f"set one structured output, got {fields}", given[1][0])
+    if not given:
+        return None
+    field, kind, value = given[0]
+    try:
+        return Constraint(kind, value)
+    except ValueError as error:
+        message = str(error).split(": ", 1)[-1]
+        raise ApiError(400, f"{field}: {message}", field) from None
+
+
+def _response_format(response_format: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return []
+    if kind == "json_object":
+        return [("response_format", "json_object", None)]
+    if kind != "json_schema":
+        raise ApiError(
+            400,
+            "response_format.type must be text, json_object or json_schema, got "
+            + show_value(kind),
+            "response_format.type",
+        )
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or "schema" not in spec:
+        raise ApiError(
+            400,
+            'response_format.json_schema: must be an object with the schema under "schema"',
+            "response_format.json_schema",
+        )
+    return [("response_format.json_schema.schema", "json_schema", spec["schema"])]
 
 
 # Our field names to the API's, for errors SamplingParams raises.
@@ -271,6 +332,7 @@ def sampling_for(
             ignore_eos=bool(request.ignore_eos),
             logprobs=logprobs,
             draft_steps=request.steps,
+            constraint=constraint_for(request),
         )
     except ValueError as error:
         message = str(error)

@@ -1,0 +1,91 @@
+"""Structured outputs in the engine's step: each constrained request's matcher masks the
+target's logits at every position of the verify pass (after the pending token and after each
+draft node, along the node's own path), and then consumes what the request emitted.
+
+Masking comes before temperature, top-k and top-p (vLLM's order), so top-k picks among the
+allowed tokens. A draft token the grammar forbids has no probability under the masked target,
+so every acceptance rule rejects it; the positions past it are never reached (they get its
+parent's mask, any non-empty one would do). The logprobs a request asks for stay the raw
+distribution's, as without a constraint.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.constraints import Constraint, Grammars, Matcher
+from quickdraft.drafters.base import Draft
+from quickdraft.engine.requests import Request
+from quickdraft.models.base import Tokenizer
+
+
+class Constraints:
+    """The engine's grammars: its tokenizer's index (built at the first constrained request)
+    and one compiled matcher per distinct constraint, copied for each request."""
+
+    def __init__(self, tokenizer: Tokenizer | None, vocab_size: int):
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.grammars: Grammars | None = None
+        self.compiled: dict[Constraint, Matcher] = {}
+
+    def matcher(self, constraint: Constraint) -> Matcher:
+        """A matcher at the start of a request's output; ValueError naming the constraint's
+        kind when this model cannot follow it."""
+        if self.tokenizer is None:
+            raise ValueError(f"{constraint.kind}: a constraint needs the engine's tokenizer")
+        if self.grammars is None:
+            self.grammars = Grammars(self.tokenizer, self.vocab_size)
+        template = self.compiled.get(constraint)
+        if template is None:
+            template = self.compiled[constraint] = self.grammars.matcher(constraint)
+        return template.copy()
+
+
+def mask_logits(logits: torch.Tensor, requests: list[Request], draft: Draft) -> torch.Tensor:
+    """logits [B, N + 1, V] of the verify pass's pending token and draft nodes, with every
+    constrained row's disallowed tokens at -inf (a copy; unconstrained rows unchanged)."""
+    rows = [b for b, request in enumerate(requests) if request.matcher is not None]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    parents = draft.parents.tolist()
+    tokens = draft.tokens.tolist()
+    for b in rows:
+        matcher = requests[b].matcher
+        assert matcher is not None
+        masks = node_masks(matcher, tokens[b], parents)
+        logits[b].masked_fill_(~masks.to(logits.device)[:, : logits.shape[-1]], float("-inf"))
+    return logits
+
+
+def node_masks(matcher: Matcher, tokens: list[int], parents: list[int]) -> torch.Tensor:
+    """[1 + N, V] bool: the allowed tokens after the text (row 0) and after each draft node
+    (row i + 1), along the node's path from the root. The matcher ends where it began."""
+    masks = torch.zeros(1 + len(tokens), matcher.vocab_size, dtype=torch.bool)
+    masks[0] = matcher.allowed()
+    for node in range(len(tokens)):
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()
+        taken = matcher.advance([tokens[i] for i in path])
+        if taken == len(path):
+            masks[node + 1] = matcher.allowed()
+        else:  # unreachable: a token on the path is forbidden, so the verify stops before
+            masks[node + 1] = masks[parents[node] + 1]
+        matcher.rollback(taken)
+    return masks
+
+
+def advance(requests: list[Request], chunk: torch.Tensor, num_accepted: torch.Tensor) -> None:
+    """Each constrained request consumes what it emitted this step (its accepted drafts and
+    next token: chunk[b, : num_accepted[b] + 1])."""
+    rows = [b for b, request in enumerate(requests) if request.matcher is not None]
+    if not rows:
+        return
+    counts = num_accepted.tolist()
+    emitted = chunk.tolist()
+    for b in rows:
+        matcher = requests[b].matcher
+        assert matcher is not None
+        matcher.advance(emitted[b][: counts[b] + 1])
