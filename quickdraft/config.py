@@ -256,6 +256,10 @@ class SamplingParams:
         field); each keeps a hashable form (a schema as canonical JSON text)."""
         names = ("json_schema", "regex", "choice", "grammar")
         given = [name for name in ("constraint", *names) if getattr(self, name) is not None]
+        if len(given) == 2 and given[0] == "constraint":  # a copy (dataclasses.replace)
+            name = given[1]
+            if Constraint(name, getattr(self, name)) == self.constraint:
+                return
         if len(given) > 1:
             raise ValueError(f"set one constraint, got {', '.join(given)}")
         if self.constraint is not None and not isinstance(self.constraint, Constraint):

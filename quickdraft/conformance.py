@@ -20,15 +20,18 @@ from scipy import stats as scipy_stats
 
 from quickdraft.accept import ACCEPT_RULES, TREE_RULES, AcceptFn, TreeAcceptFn
 from quickdraft.config import LOSSLESS_RULES, AcceptRule, SamplingParams
+from quickdraft.constraints import Grammars
 from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.engine import Engine, RequestOutput
+from quickdraft.engine.constrain import node_masks
 from quickdraft.models.base import Model
 from quickdraft.models.toy import HeadedNGramLM
 from quickdraft.sampling import probs_from_logits
 from quickdraft.toys import (
     TOY_VOCAB,
     NGramTreeDrafter,
+    ToyTokenizer,
     eagle_row,
     lookahead_row,
     toy_eagle,
@@ -58,6 +61,10 @@ EAGLE_SHORTLIST_ROWS = ("fr:4", "fr-pa:6", "dyna:2", "dyna-pa:2")
 # Lookahead rows: the toy target itself runs the Jacobi window (W 2, 3 levels) beside up to 2
 # pool candidates of 3 tokens (N 4); pool and window change with every step.
 LOOKAHEAD_ROWS = ("lookahead:2,4,2",)
+# Constrained rows: the toys' tokens as the letters a..h (``toys.ToyTokenizer``) under a
+# regex that allows 3 of them first and 6 after: the target's logits are masked at every
+# verify position, and the exact joint is the masked target's.
+CONSTRAINED_REGEX = "[abc][a-f]{3,}"
 # Suffix decoding rows: chains of up to 3 tokens from the tries of each row's text and of
 # every row's output so far (50,000 rows share the global one, so a draft depends on what
 # the other rows sampled); any match drafts (factor 4, no probability floor).
@@ -85,6 +92,7 @@ class Case:
     # must sample the quantized target's own distribution, which is the exact one here.
     target: str = "float"
     adaptive: bool = False  # k chosen per step by goodput (``SpecConfig.adaptive_k``)
+    regex: str = ""  # a constraint on the output (the engine then has the toy tokenizer)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -93,6 +101,7 @@ class Case:
             top_k=self.top_k,
             top_p=self.top_p,
             max_new_tokens=self.k + 1,
+            regex=self.regex or None,
         )
 
 
@@ -163,6 +172,11 @@ def full_cases() -> list[Case]:
         cases.append(Case(rule, 0.6, 5, 0.9, SUFFIX_K, tree=SUFFIX_ROWS[0], adaptive=True))
         cases.append(Case(rule, 0.6, 5, 0.9, 3, tree=TREE_ROWS[0], serving=True))
         cases.append(Case(rule, 0.6, 5, 0.9, 3, tree=LOOKAHEAD_ROWS[0], serving=True))
+    # Under a constraint, every kind of draft (25-55 s a row: the grammar's masks are
+    # computed row by row, 50,000 rows a step).
+    constrained = ["", *TREE_ROWS, SUFFIX_ROWS[0], LOOKAHEAD_ROWS[0], EAGLE_ROWS[0]]
+    for rule, tree in itertools.product(LOSSLESS_RULES, constrained):
+        cases.append(Case(rule, 0.8, 0, 0.9, 3, tree=tree, regex=CONSTRAINED_REGEX))
     return cases
 
 
@@ -170,17 +184,27 @@ def exact_distribution(
     model: Model, prompt: tuple[int, ...], params: SamplingParams, length: int
 ) -> torch.Tensor:
     """P(first ``length`` tokens) for every sequence: [V^length], index base V, first token
-    most significant. Computed with the same ``probs_from_logits`` the engine samples with."""
+    most significant. Computed with the same ``probs_from_logits`` the engine samples with;
+    under a constraint, after the logits are masked to what the grammar allows after each
+    sequence (the toy tokenizer's letters)."""
     vocab = model.vocab_size
     sequences = torch.tensor([prompt], dtype=torch.long)
     joint = torch.ones(1, dtype=torch.float64)
+    matcher = None
+    if params.constraint is not None:
+        matcher = Grammars(ToyTokenizer(), vocab).matcher(params.constraint)
     for _ in range(length):
         rows, width = sequences.shape
         cache = model.new_cache(rows, width)
         positions = torch.arange(width).expand(rows, -1)
         device = model.device
-        logits = model.forward(sequences.to(device), positions.to(device), cache).logits
-        step = probs_from_logits(logits[:, -1], params).double().cpu()  # [rows, V]
+        logits = model.forward(sequences.to(device), positions.to(device), cache).logits[:, -1]
+        if matcher is not None:
+            outputs = sequences[:, len(prompt) :].tolist()
+            allowed = torch.stack([node_masks(matcher, row, list(range(-1, len(row) - 1)))[-1]
+                                   for row in outputs])  # fmt: skip
+            logits = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+        step = probs_from_logits(logits, params).double().cpu()  # [rows, V]
         joint = (joint.unsqueeze(1) * step).reshape(-1)
         sequences = torch.cat(
             [sequences.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(rows).unsqueeze(1)],
@@ -274,6 +298,7 @@ def run_case(
             **ALWAYS_DRAFT,
             rules=rules,
             adaptive_k=case.adaptive,
+            tokenizer=ToyTokenizer() if case.regex else None,
             max_batch=samples,
             max_model_len=16,
             seed=seed,
@@ -330,6 +355,7 @@ def _serve(
         **ALWAYS_DRAFT,
         rules=rules,
         adaptive_k=case.adaptive,
+        tokenizer=ToyTokenizer() if case.regex else None,
         max_batch=SERVING_ROWS,
         max_model_len=16,
         seed=seed,

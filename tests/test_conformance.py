@@ -36,16 +36,16 @@ CASES = full_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 96
+    assert len(CASES) == 108
     assert {case.rule for case in CASES} == set(LOSSLESS_RULES)
     shortlisted = {case.shortlist for case in CASES} - {"full"}
     kinds = {s.split(":")[0] for s in shortlisted}
     assert kinds == {"fr", "fr-pa", "dyna", "dyna-pa", "dyna-hybrid-pa"}
-    trees = [case for case in CASES if case.tree.startswith(("sample", "top"))]
+    trees = [case for case in CASES if case.tree.startswith(("sample", "top")) and not case.regex]
     assert {case.tree.split(":")[0] for case in trees} == {"sample", "top"}
     assert {case.rule for case in trees} == set(LOSSLESS_RULES)
     assert all(toy_tree(case.tree).max_depth == case.k == 3 for case in trees)
-    eagle = [case for case in CASES if case.tree.startswith("eagle")]
+    eagle = [case for case in CASES if case.tree.startswith("eagle") and not case.regex]
     assert {case.rule for case in eagle} == set(LOSSLESS_RULES)
     assert {case.temperature for case in eagle} == {1.0, 0.6}
     assert all(case.k == 3 for case in eagle)
@@ -53,10 +53,10 @@ def test_grid_covers_both_rules_and_every_setting():
     eagle_shortlists = {case.shortlist.split(":")[0] for case in eagle} - {"full"}
     assert eagle_shortlists == {"fr", "fr-pa", "dyna", "dyna-pa"}
     assert {case.rule for case in eagle if case.target == "int8"} == set(LOSSLESS_RULES)
-    lookahead = [case for case in CASES if case.tree.startswith("lookahead")]
+    lookahead = [case for case in CASES if case.tree.startswith("lookahead") and not case.regex]
     assert {case.rule for case in lookahead} == set(LOSSLESS_RULES)
     assert {case.temperature for case in lookahead} == {1.0, 0.6}
-    suffix = [case for case in CASES if case.tree.startswith("suffix")]
+    suffix = [case for case in CASES if case.tree.startswith("suffix") and not case.regex]
     assert {case.rule for case in suffix} == set(LOSSLESS_RULES)
     assert {case.temperature for case in suffix} == {1.0, 0.6}
     serving = [case for case in CASES if case.serving]
@@ -67,6 +67,10 @@ def test_grid_covers_both_rules_and_every_setting():
         (rule, tree) for rule in LOSSLESS_RULES for tree in ("", "suffix")
     }
     assert any(case.adaptive for case in quick_cases())
+    constrained = [case for case in CASES if case.regex]
+    assert {case.rule for case in constrained} == set(LOSSLESS_RULES)
+    kinds = {case.tree.split(":")[0] for case in constrained}
+    assert kinds == {"", "sample", "top", "suffix", "lookahead", "eagle"}
 
 
 def _marked(case: Case):
@@ -77,8 +81,10 @@ def _marked(case: Case):
     left out (per rule: the plain tree without a shortlist under both sampling settings,
     whose tree the DynaSpec and int8 rows still run, and the floor-and-lookup tree under
     the shaped one) kept the suite over its 15 minutes. So do suffix decoding's rows under
-    plain sampling (its Python tries walk 50,000 rows a step); the shaped ones run."""
-    slow = case.tree.startswith(("eagle", "suffix")) and case not in QUICK
+    plain sampling (its Python tries walk 50,000 rows a step); the shaped ones run. The
+    constrained rows (25-55 s each: a grammar mask per row and node, 50,000 rows a step) run
+    there too; ``tests/test_constraints.py`` runs a constrained chain on fewer samples."""
+    slow = (case.tree.startswith(("eagle", "suffix")) or case.regex) and case not in QUICK
     return pytest.param(case, marks=pytest.mark.slow) if slow else case
 
 
@@ -93,6 +99,7 @@ QUICK = set(quick_cases())
         + (f"-tree{c.tree.split(':')[0]}" if c.tree else "")
         + ("-serving" if c.serving else "")
         + ("-adaptive" if c.adaptive else "")
+        + ("-regex" if c.regex else "")
         + ("" if c.target == "float" else f"-{c.target}")
     ),
 )

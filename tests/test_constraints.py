@@ -106,3 +106,15 @@ def test_constrained_speculation_is_token_identical_and_valid(smollm2):
         Engine(target).add_request([1, 2, 3], sampling)
     with pytest.raises(ValueError, match="set one constraint"):
         SamplingParams(regex="a", choice=["a"])
+
+
+def test_a_constrained_sampling_chain_keeps_the_masked_distribution():
+    """A conformance row under a regex on fewer samples (``make test-slow`` runs every method
+    at 50,000): drafts sampled from an unmasked draft model, the masked target's joint."""
+    from quickdraft.config import AcceptRule
+    from quickdraft.conformance import CONSTRAINED_REGEX, Case, run_case
+
+    case = Case(AcceptRule.REJECTION_SAMPLING, 0.8, 0, 0.9, 3, regex=CONSTRAINED_REGEX)
+    result = run_case(case, samples=8_000, seed=1)
+    assert result.p_value >= 1e-3, result
+    assert result.mean_accepted_length > 1.3

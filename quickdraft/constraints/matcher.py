@@ -15,14 +15,18 @@ _BITS = torch.arange(32, dtype=torch.int32)
 class Grammars:
     """A model's tokenizer as llguidance reads it (its index takes 0.3-1.4 s to build, once per
     model), from which each request gets its own ``Matcher``. ``vocab_size``: the model's
-    vocabulary, padding included (padding ids are never allowed)."""
+    vocabulary, padding included (padding ids are never allowed). A tokenizer that is not a
+    Hugging Face one gives its llguidance form itself (``ll_tokenizer()``: the toys')."""
 
     def __init__(self, tokenizer: Any, vocab_size: int):
         import llguidance.hf
 
-        hf = getattr(tokenizer, "hf", tokenizer)
         self.vocab_size = vocab_size
-        self.tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size)
+        if hasattr(tokenizer, "ll_tokenizer"):
+            self.tokenizer = tokenizer.ll_tokenizer()
+        else:
+            hf = getattr(tokenizer, "hf", tokenizer)
+            self.tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size)
 
     def matcher(self, constraint: Constraint) -> Matcher:
         """A fresh matcher at the start of the output; ValueError naming the constraint's kind
