@@ -41,6 +41,21 @@ class Constraints:
         return template.copy()
 
 
+def forced_draft(requests: list[Request], room: int, device: torch.device | str) -> Draft | None:
+    """The grammar's forced continuation (keys, punctuation, closing brackets: what it allows
+    as the only way on) as a draft of point masses, when every running request has one: a
+    draft for free, no network run. ``room``: the most draft tokens a verify pass holds.
+    None when some request has none (the drafter drafts as usual)."""
+    if room < 1 or any(request.matcher is None for request in requests):
+        return None
+    forced = [request.matcher.forced()[:room] for request in requests]  # type: ignore[union-attr]
+    if not all(forced):
+        return None
+    width = max(map(len, forced))
+    rows = [row + [row[-1]] * (width - len(row)) for row in forced]  # filler: rejected or not
+    return Draft.chain(torch.tensor(rows, dtype=torch.long, device=device))
+
+
 def mask_logits(logits: torch.Tensor, requests: list[Request], draft: Draft) -> torch.Tensor:
     """logits [B, N + 1, V] of the verify pass's pending token and draft nodes, with every
     constrained row's disallowed tokens at -inf (a copy; unconstrained rows unchanged)."""

@@ -288,7 +288,7 @@ class Engine:
         tick = time.perf_counter()
 
         # 2. Propose: the drafter's candidates (none above the batch policy's threshold).
-        draft = self._propose(batch)
+        draft = self._propose(batch, requests)
         tock = time.perf_counter()
 
         # 3. Verify: one target forward over [pending, draft nodes, side branch].
@@ -361,10 +361,14 @@ class Engine:
             self.stats.time_total += prefill
         return running
 
-    def _propose(self, batch: Batch) -> Draft:
+    def _propose(self, batch: Batch, requests: list[Request]) -> Draft:
         threshold = self.disable_by_batch_size
         if self.drafter is None or (threshold is not None and batch.size > threshold):
             return Draft.empty(batch.size, self.device)
+        room = min(self.needs.tokens, self.needs.depth)  # a chain: a position a token
+        forced = constrain.forced_draft(requests, room, self.device)
+        if forced is not None:  # the drafter follows the step as one it left undrafted
+            return forced
         if self.goodput is None:
             return self.drafter.propose(batch)
         k = self.goodput.choose(batch.slots.host)
