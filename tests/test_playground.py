@@ -462,6 +462,30 @@ def test_prompt_method_change_and_race_in_a_real_browser(page_server):
         page.wait_for_function("document.querySelector('#error').textContent.includes('seed')")
         assert 'seed: "1.5" is not an integer' in page.inner_text("#error")
 
+        # 4b. The schema box: bad JSON is refused in the page; a schema shapes the reply.
+        page.fill("#seed", "")
+        page.fill("#schema", "{bad")
+        page.click("#generate")
+        page.wait_for_function("document.querySelector('#error').textContent.includes('Schema')")
+        assert "JSON Schema: not valid JSON" in page.inner_text("#error")
+        schema = {
+            "type": "object",
+            "properties": {"pick": {"enum": ["red", "blue"]}},
+            "required": ["pick"],
+            "additionalProperties": False,
+            "x-guidance": {"whitespace_flexible": False},
+        }
+        page.fill("#schema", json.dumps(schema))
+        page.fill("#max-tokens", "30")
+        page.select_option("#method", "ngram")
+        page.click("#generate")
+        page.wait_for_selector("#pane-main[data-state=done]")
+        page.wait_for_selector("#generate:enabled")
+        shown = page.inner_text("#pane-main .output")  # the end-of-sequence token's text follows
+        reply, _ = json.JSONDecoder().raw_decode(shown)
+        assert reply["pick"] in ("red", "blue"), shown
+        page.fill("#schema", "")
+
         # 5. Bytes become text across tokens: a character split over two tokens shows whole,
         #    and token text is never read as HTML.
         shown = page.evaluate(
