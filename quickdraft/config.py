@@ -11,9 +11,10 @@ import math
 import os
 from dataclasses import dataclass
 from enum import Enum, StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from quickdraft.constraints.spec import Constraint
+if TYPE_CHECKING:
+    from quickdraft.constraints.spec import Constraint
 
 # The ranges that work. Every bound is checked in __post_init__ by arithmetic alone: nothing is
 # built or allocated while validating.
@@ -256,6 +257,10 @@ class SamplingParams:
         field); each keeps a hashable form (a schema as canonical JSON text)."""
         names = ("json_schema", "regex", "choice", "grammar")
         given = [name for name in ("constraint", *names) if getattr(self, name) is not None]
+        if not given:
+            return
+        from quickdraft.constraints.spec import Constraint  # only for a constrained request
+
         if len(given) == 2 and given[0] == "constraint":  # a copy (dataclasses.replace)
             name = given[1]
             if Constraint(name, getattr(self, name)) == self.constraint:

@@ -26,12 +26,11 @@ from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.engine import Engine, RequestOutput
 from quickdraft.engine.constrain import node_masks
 from quickdraft.models.base import Model
-from quickdraft.models.toy import HeadedNGramLM
+from quickdraft.models.toy import HeadedNGramLM, ToyTokenizer
 from quickdraft.sampling import probs_from_logits
 from quickdraft.toys import (
     TOY_VOCAB,
     NGramTreeDrafter,
-    ToyTokenizer,
     eagle_row,
     lookahead_row,
     toy_eagle,
@@ -61,7 +60,7 @@ EAGLE_SHORTLIST_ROWS = ("fr:4", "fr-pa:6", "dyna:2", "dyna-pa:2")
 # Lookahead rows: the toy target itself runs the Jacobi window (W 2, 3 levels) beside up to 2
 # pool candidates of 3 tokens (N 4); pool and window change with every step.
 LOOKAHEAD_ROWS = ("lookahead:2,4,2",)
-# Constrained rows: the toys' tokens as the letters a..h (``toys.ToyTokenizer``) under a
+# Constrained rows: the toys' tokens as the letters a..h (``models.toy.ToyTokenizer``) under a
 # regex that allows 3 of them first and 6 after: the target's logits are masked at every
 # verify position, and the exact joint is the masked target's.
 CONSTRAINED_REGEX = "[abc][a-f]{3,}"
@@ -192,7 +191,7 @@ def exact_distribution(
     joint = torch.ones(1, dtype=torch.float64)
     matcher = None
     if params.constraint is not None:
-        matcher = Grammars(ToyTokenizer(), vocab).matcher(params.constraint)
+        matcher = Grammars(ToyTokenizer(TOY_VOCAB), vocab).matcher(params.constraint)
     for _ in range(length):
         rows, width = sequences.shape
         cache = model.new_cache(rows, width)
@@ -298,7 +297,7 @@ def run_case(
             **ALWAYS_DRAFT,
             rules=rules,
             adaptive_k=case.adaptive,
-            tokenizer=ToyTokenizer() if case.regex else None,
+            tokenizer=ToyTokenizer(TOY_VOCAB) if case.regex else None,
             max_batch=samples,
             max_model_len=16,
             seed=seed,
@@ -355,7 +354,7 @@ def _serve(
         **ALWAYS_DRAFT,
         rules=rules,
         adaptive_k=case.adaptive,
-        tokenizer=ToyTokenizer() if case.regex else None,
+        tokenizer=ToyTokenizer(TOY_VOCAB) if case.regex else None,
         max_batch=SERVING_ROWS,
         max_model_len=16,
         seed=seed,

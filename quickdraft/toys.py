@@ -185,39 +185,3 @@ def toy_shortlist(
 def toy_pair(seed: int = 0) -> tuple[NGramLM, NGramLM]:
     target = NGramLM.random(TOY_VOCAB, TOY_ORDER, seed=seed, sharpness=TOY_SHARPNESS)
     return target, target.perturbed(TOY_DRAFT_DISTANCE)
-
-
-class ToyTokenizer:
-    """The toys' 8 tokens as the letters a..h, for rows under a constraint: the quickdraft
-    ``Tokenizer`` protocol (no end-of-sequence id, so a sample runs its full length) and the
-    form llguidance reads (``ll_tokenizer``; "h" is its end-of-sequence token, which the
-    conformance grammars never allow before their end)."""
-
-    eos_token_ids: tuple[int, ...] = ()
-    letters = "abcdefgh"
-
-    def __len__(self) -> int:
-        return len(self.letters)
-
-    def encode(self, text: str) -> list[int]:
-        return [self.letters.index(c) for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(self.letters[i] for i in ids)
-
-    def ll_tokenizer(self):
-        import llguidance
-
-        letters = self.letters
-
-        class Source:
-            def __init__(self) -> None:
-                self.eos_token_id = len(letters) - 1
-                self.bos_token_id = None
-                self.tokens = [c.encode() for c in letters]
-                self.special_token_ids: list[int] = []
-
-            def __call__(self, text: bytes) -> list[int]:
-                return [letters.index(chr(b)) for b in text]
-
-        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(Source()))

@@ -104,7 +104,11 @@ QUICK = set(quick_cases())
     ),
 )
 def test_lossless_rule_matches_the_target_distribution(case):
-    result = run_case(case, samples=50_000, seed=0)
+    # The EAGLE rows push their batch through a Llama and its drafter (35-45 s at 50,000):
+    # in the suite they sample 25,000, which keeps it under 15 minutes on 2 cores; `quickdraft
+    # conformance` runs them at 50,000.
+    samples = 25_000 if case.tree.startswith("eagle") else 50_000
+    result = run_case(case, samples=samples, seed=0)
     assert result.p_value >= 1e-3, result
     # The draft is accepted often enough to matter (less with a 3-of-8 token shortlist, and
     # with suffix decoding, whose rows all start at once with an empty global trie).

@@ -99,14 +99,19 @@ def test_every_sampling_value_is_rejected_by_name_or_generates(toy):
             assert_names_a_field(given, failure)
             continue
         accepted += 1
-        if params.stop:  # stop strings need a tokenizer; the toy alphabet is enough
+        if params.stop or params.constraint:  # these need a tokenizer; the toy alphabet does
             from quickdraft.models.toy import ToyTokenizer
 
             tokenizer = ToyTokenizer(TOY_VOCAB)
         else:
             tokenizer = None
         short = SamplingParams(**{**_as_fields(params), "max_new_tokens": 3})
-        out = generate(target, PROMPT, sampling=short, tokenizer=tokenizer)
+        try:
+            out = generate(target, PROMPT, sampling=short, tokenizer=tokenizer)
+        except ValueError as error:  # a grammar no token of the toy alphabet can begin
+            assert params.constraint is not None, (given, error)
+            assert_names_a_field(given, (0.0, str(error)))
+            continue
         assert 1 <= len(out.token_ids) <= 3
     assert accepted > 100  # the fuzz reaches the valid ranges too
 

@@ -187,6 +187,26 @@ class ToyTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join(self.alphabet[i] for i in ids)
 
+    def ll_tokenizer(self):
+        """The same characters as llguidance reads a tokenizer, for constrained toy runs; the
+        last token is its end-of-sequence token (never this tokenizer's: a toy run goes its
+        full length), allowed only where a grammar may end."""
+        import llguidance
+
+        alphabet = self.alphabet[: self.vocab_size]
+
+        class Source:
+            def __init__(self) -> None:
+                self.eos_token_id = len(alphabet) - 1
+                self.bos_token_id = None
+                self.tokens = [c.encode() for c in alphabet]
+                self.special_token_ids: list[int] = []
+
+            def __call__(self, text: bytes) -> list[int]:
+                return [alphabet.index(chr(b)) for b in text]
+
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(Source()))
+
 
 class HeadedNGramLM(NGramLM):
     """An n-gram LM written as a body and a linear head: the body's hidden state is the one-hot
