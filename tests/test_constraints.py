@@ -118,3 +118,15 @@ def test_a_constrained_sampling_chain_keeps_the_masked_distribution():
     result = run_case(case, samples=8_000, seed=1)
     assert result.p_value >= 1e-3, result
     assert result.mean_accepted_length > 1.3
+
+
+def test_an_engine_keeps_its_most_recent_compiled_constraints(monkeypatch):
+    from quickdraft.engine import constrain
+    from quickdraft.models.toy import ToyTokenizer
+
+    monkeypatch.setattr(constrain, "MAX_COMPILED", 2)
+    kept = constrain.Constraints(ToyTokenizer(8), 8)
+    first, second, third = (Constraint.regex(text) for text in ("a+", "b+", "c+"))
+    for constraint in (first, second, first, third):
+        kept.matcher(constraint)
+    assert list(kept.compiled) == [first, third]  # the least recently used left

@@ -11,12 +11,18 @@ distribution's, as without a constraint.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 from quickdraft.constraints import Constraint, Grammars, Matcher
 from quickdraft.drafters.base import Draft
 from quickdraft.engine.requests import Request
 from quickdraft.models.base import Tokenizer
+
+# Compiled constraints an engine keeps (the most recently used): a server that meets many
+# distinct schemas compiles an old one again rather than growing without bound.
+MAX_COMPILED = 256
 
 
 class Constraints:
@@ -26,7 +32,7 @@ class Constraints:
     def __init__(self, tokenizer: Tokenizer | None, vocab_size: int):
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.grammars: Grammars | None = None
-        self.compiled: dict[Constraint, Matcher] = {}
+        self.compiled: OrderedDict[Constraint, Matcher] = OrderedDict()
 
     def matcher(self, constraint: Constraint) -> Matcher:
         """A matcher at the start of a request's output; ValueError naming the constraint's
@@ -38,6 +44,9 @@ class Constraints:
         template = self.compiled.get(constraint)
         if template is None:
             template = self.compiled[constraint] = self.grammars.matcher(constraint)
+            if len(self.compiled) > MAX_COMPILED:
+                self.compiled.popitem(last=False)
+        self.compiled.move_to_end(constraint)
         return template.copy()
 
 
