@@ -20,6 +20,7 @@ class Stats:
     target_forwards: target decode/verify forward passes (the prompt prefill not counted), so
         that new tokens / target_forwards is the mean accepted length of a single row.
     new_tokens: tokens returned, summed over rows.
+    cached_prompt_tokens: prompt tokens found cached (prefix caching) and not prefilled.
     time_*: seconds. prefill: the prompt passes of the target and the drafter; draft: the
         drafter's proposals; verify: target forward, probabilities and acceptance; other: the
         rest. Speculation changes decoding, not prefill: see ``decode_tokens_per_second``.
@@ -31,6 +32,7 @@ class Stats:
     drafted: list[int] = field(default_factory=list)
     target_forwards: int = 0
     new_tokens: int = 0
+    cached_prompt_tokens: int = 0
     time_prefill: float = 0.0
     time_draft: float = 0.0
     time_verify: float = 0.0

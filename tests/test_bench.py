@@ -131,15 +131,15 @@ def test_an_interrupted_bench_leaves_partial_results_and_the_rerun_resumes(
     argv = ["bench", "--methods", "ar,ngram@3", "--tasks", "code,math", "--prompts-per-task",
             "2", "--max-new-tokens", "4", "--out", str(tmp_path)]  # fmt: skip
     (tmp_path / "results.json").write_text('{"meta": {"old": true}, "results": {}}')
-    real_generate, calls = harness.generate, []
+    real_run, calls = harness.run_request, []
 
     def interrupted_after_three(*args, **kwargs):
         if len(calls) == 3:
             raise KeyboardInterrupt
         calls.append(1)
-        return real_generate(*args, **kwargs)
+        return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(harness, "generate", interrupted_after_three)
+    monkeypatch.setattr(harness, "run_request", interrupted_after_three)
     assert main(argv) == 130
     partial = json.loads((tmp_path / "results.json").read_text())
     assert partial["meta"]["partial"] is True and partial["meta"]["completed"] == "3/8"
@@ -150,9 +150,9 @@ def test_an_interrupted_bench_leaves_partial_results_and_the_rerun_resumes(
 
     def counted(*args, **kwargs):
         calls.append(1)
-        return real_generate(*args, **kwargs)
+        return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(harness, "generate", counted)
+    monkeypatch.setattr(harness, "run_request", counted)
     assert main(argv) == 0
     assert len(calls) == 5  # only the runs the first attempt did not finish
     done = json.loads((tmp_path / "results.json").read_text())
@@ -164,6 +164,16 @@ def test_an_interrupted_bench_leaves_partial_results_and_the_rerun_resumes(
     calls.clear()
     assert main(other) == 0
     assert len(calls) == 8  # nothing reused from a bench with other settings
+    real_generate = harness.generate
+
+    def fresh(*args, **kwargs):
+        calls.append(1)
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "generate", fresh)
+    calls.clear()
+    assert main([*other, "--no-prefix-caching"]) == 0
+    assert len(calls) == 8  # a fresh engine a request: through ``generate``
 
 
 def test_a_torn_last_line_keeps_the_runs_before_it(tmp_path):

@@ -1,5 +1,7 @@
 """Adaptive k: the goodput rule's choices, cut drafts, and token identity with plain decoding."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import tiny_runners
@@ -45,7 +47,7 @@ def test_the_rule_stops_drafting_for_requests_whose_drafts_fail_and_probes_later
     for _ in range(PROBE_EVERY):
         rule.update([0, 1], 0, [0, 0], 0.0, 0.03)
     assert rule.choose([0, 1]) == PROBE_K  # a short draft checks whether it pays again
-    rule.reset(1)  # a new request in slot 1 starts from the prior
+    rule.begin([1])  # a new request in slot 1 starts from the prior
     assert rule.alpha(1) == pytest.approx(0.5)
 
 
@@ -88,9 +90,9 @@ def test_adaptive_k_with_a_draft_model_is_token_identical(target):
 
 
 def test_drafters_that_cannot_cut_their_drafts_are_refused(target):
-    class Whole:  # a drafter without ``shortens``
+    class Whole:  # a drafter without ``Needs.shortens``
         vocab_size = target.vocab_size
-        needs = build_drafter(make_spec("ngram"), target).needs
+        needs = dataclasses.replace(build_drafter(make_spec("ngram"), target).needs, shortens=False)
         head_rows = 0
 
         def reserve(self, rows: int, capacity: int) -> None: ...

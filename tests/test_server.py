@@ -611,6 +611,30 @@ def test_suffix_decoding_exports_its_trie_and_hit_rate(target, tokenizer):
         assert lookups > 0 and 0 < hits <= lookups
 
 
+def test_a_sessions_next_turn_reports_its_cached_prompt_tokens(target, tokenizer):
+    engine = Engine(target, tokenizer=tokenizer, max_batch=2)
+    first = [{"role": "user", "content": "List three colours."}]
+    with serving(engine, tokenizer) as url:
+        api = client(url)
+        reply = api.chat.completions.create(
+            model=MODEL, messages=first, max_tokens=12, temperature=0
+        )
+        assert reply.usage.prompt_tokens_details.cached_tokens == 0
+        turn = [
+            *first,
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": "And three more."},
+        ]
+        extra = {"return_token_ids": True}
+        again = api.chat.completions.create(
+            model=MODEL, messages=turn, max_tokens=12, temperature=0, extra_body=extra
+        )
+    ids = tokenizer.apply_chat(turn)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert len(tokenizer.apply_chat(first)) <= cached < len(ids)
+    assert again.choices[0].model_extra["token_ids"] == offline(target, tokenizer, ids, 12, "ar")
+
+
 def test_structured_outputs_parse_and_match_plain_decoding(target, tokenizer):
     """response_format's JSON Schema and vLLM's guided_choice, served with speculation: the
     replies follow their constraint, and greedy replies equal the plain engine's."""

@@ -63,6 +63,14 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--seed", type=strict_int, default=0)
     bench.add_argument("--threads", type=_threads, default=None)
     bench.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="a fresh engine per request, every prompt prefilled whole (by default each "
+        "method keeps one engine, as a server does: a session's next turn finds the earlier "
+        "ones cached)",
+    )
+    bench.add_argument(
         "--no-chat",
         dest="chat",
         action="store_false",
@@ -108,6 +116,7 @@ def _bench(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         seed=args.seed,
         chat=args.chat,
+        prefix_caching=args.prefix_caching,
     )
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -129,6 +138,7 @@ def _bench(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "seed": args.seed,
         "chat": args.chat,
+        "prefix_caching": args.prefix_caching,
         "threads": torch.get_num_threads(),
         "machine": describe_machine(),
     }

@@ -85,6 +85,14 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
         help="longest prompt + max_tokens (default: the model's context, at most 4096)",
     )
     serve.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="prefill every prompt whole; by default a request takes the free KV row that "
+        "holds the most of its prompt's beginning (a conversation's next turn) and prefills "
+        "the rest (not with EAGLE or Medusa, which read every prompt position's features)",
+    )
+    serve.add_argument(
         "--prefill-chunk",
         type=_positive_int,
         default=DEFAULT_PREFILL_CHUNK,
@@ -247,6 +255,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         prefill_chunk=args.prefill_chunk,
         seed=args.seed,
+        prefix_caching=args.prefix_caching,
     )
     name = args.served_model_name or args.target
     drafter = engine.drafter

@@ -42,6 +42,8 @@ class Needs:
     hidden:      whether it reads the target's final hidden states (``StepResult.hidden``).
     taps:        target decoder layers whose outputs it reads (``StepResult.taps``).
     side_tokens: the most side-branch tokens (``SideBranch``) it sends a step.
+    shortens:    whether it honours ``Batch.limit`` (a draft of at most that many tokens),
+                 so the engine may choose each step's k (adaptive k).
     """
 
     tokens: int
@@ -49,6 +51,7 @@ class Needs:
     hidden: bool = False
     taps: tuple[int, ...] = ()
     side_tokens: int = 0
+    shortens: bool = False
 
     def __post_init__(self) -> None:
         if self.tokens < 0 or self.depth < 0 or self.depth > max(self.tokens, 0):
@@ -72,6 +75,8 @@ class Batch:
     generators: each row's own generator (a seeded request), or None: such rows share
                 ``generator``. ``sampling.sample_rows`` draws with them.
     generator:  the engine's generator for rows without their own.
+    limit:      draft at most this many tokens this step (None: the drafter's own k); only
+                drafters that declare ``Needs.shortens`` are handed one.
     """
 
     tokens: torch.Tensor
@@ -80,6 +85,7 @@ class Batch:
     sampling: tuple[SamplingParams, ...]
     generators: tuple[torch.Generator | None, ...]
     generator: torch.Generator
+    limit: int | None = None
 
     @staticmethod
     def from_rows(

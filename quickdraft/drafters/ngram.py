@@ -38,23 +38,21 @@ class NGramOptions(MethodOptions):
 
 
 class NGramDrafter(Stateless):
-    shortens = True  # the engine may set ``limit`` between steps (adaptive k)
-    limit: int | None = None
-
     def __init__(self, vocab_size: int, num_tokens: int, min_n: int = 1, max_n: int = 3):
         if num_tokens < 1:
             raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
         check_lookup_ngram(min_n, max_n)
         self.vocab_size = vocab_size
         self.num_tokens = num_tokens
-        self.needs = Needs(tokens=num_tokens, depth=num_tokens)
+        self.needs = Needs(tokens=num_tokens, depth=num_tokens, shortens=True)
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, batch: Batch) -> Draft:
         """The text itself is the model: the lookup runs on the host, over each row's text."""
         lengths = batch.lengths.tolist()  # a host sync, and the text's used part below
         texts = batch.tokens[:, : max(lengths)].cpu()
-        rows = [self._lookup(texts[b, : lengths[b]]) for b in range(batch.size)]
+        most = batch.limit or self.num_tokens
+        rows = [self._lookup(texts[b, : lengths[b]], most) for b in range(batch.size)]
         width = max(len(row) for row in rows)
         tokens = torch.zeros(batch.size, width, dtype=torch.long)
         for b, row in enumerate(rows):
@@ -64,7 +62,7 @@ class NGramDrafter(Stateless):
             tokens[b] = torch.tensor(row + [last] * (width - len(row)), dtype=torch.long)
         return Draft.chain(tokens)
 
-    def _lookup(self, sequence: torch.Tensor) -> list[int]:
+    def _lookup(self, sequence: torch.Tensor, most: int) -> list[int]:
         length = sequence.shape[0]
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
             pattern = sequence[length - n :]
@@ -72,7 +70,7 @@ class NGramDrafter(Stateless):
             starts = torch.nonzero((windows == pattern).all(dim=1)).flatten()
             if starts.numel():
                 start = int(starts[-1]) + n  # the most recent match
-                return sequence[start : start + (self.limit or self.num_tokens)].tolist()
+                return sequence[start : start + most].tolist()
         return []
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -37,12 +38,26 @@ def generate(
     sampling = sampling or SamplingParams()
     ids = token_ids(encode(prompt, tokenizer), target.vocab_size)
     engine = _engine(target, spec, draft, tokenizer, draft_tokenizer, [ids], sampling)
-    engine.add_request(ids, sampling)
+    return run_request(engine, ids, sampling, on_step)
+
+
+def run_request(
+    engine: Engine,
+    prompt_ids: Sequence[int],
+    sampling: SamplingParams,
+    on_step: Callable[[RequestOutput], None] | None = None,
+) -> Generation:
+    """One request through ``engine`` (an idle one: nothing else is queued or running), to
+    its end: what ``generate`` does with the engine it builds, for callers that keep an
+    engine between requests (its prefix cache and its drafter's memory carry over)."""
+    rid = engine.add_request(prompt_ids, sampling)
     last = None
     while engine.has_unfinished():
-        for last in engine.step():
-            if on_step is not None:
-                on_step(last)
+        for out in engine.step():
+            if out.request_id == rid:
+                last = out
+                if on_step is not None:
+                    on_step(out)
     assert last is not None and last.finish_reason is not None
     return Generation(last.token_ids, last.text, last.finish_reason, last.from_draft, last.stats)
 
@@ -105,12 +120,26 @@ def _engine(
     then the drafter's own); no spec means plain decoding, or draft-model speculation when a draft
     model is given."""
     sizing = {
-        "tokenizer": tokenizer,
         "max_batch": len(rows),
         "max_model_len": _length(target, rows, sampling),
         "prefill_chunk": max(len(r) for r in rows),
         "seed": sampling.seed,
     }
+    return build_engine(target, spec, draft, tokenizer, draft_tokenizer, **sizing)
+
+
+def build_engine(
+    target: Model,
+    spec: SpecConfig | None,
+    draft: Model | Drafter | None,
+    tokenizer: Tokenizer | None = None,
+    draft_tokenizer: Tokenizer | None = None,
+    **sizing: Any,
+) -> Engine:
+    """An engine for ``spec`` with ``draft`` (a draft model, or a built drafter used as it is,
+    with the spec's acceptance rule, batch policy and adaptive k); ``sizing``: the other
+    arguments of ``Engine`` (max_batch, max_model_len, prefill_chunk, seed, ...)."""
+    sizing["tokenizer"] = tokenizer
     if draft is not None and not isinstance(draft, Model):
         policy = SpecConfig() if spec is None else spec
         return Engine(

@@ -11,11 +11,9 @@ requests' outputs and stop checks, and, only for requests that ask for their ste
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,13 +30,21 @@ from quickdraft.config import (
     check_batch_policy,
     check_range,
 )
-from quickdraft.drafters.base import Batch, Draft, Drafter, Needs, StepResult
+from quickdraft.drafters.base import Batch, Draft, Drafter, Needs
 from quickdraft.engine import constrain
 from quickdraft.engine.constrain import Constraints
 from quickdraft.engine.goodput import GoodputRule
-from quickdraft.engine.requests import Request, RequestOutput, Status, record_details
+from quickdraft.engine.prompts import check_request
+from quickdraft.engine.requests import (
+    Request,
+    RequestOutput,
+    Status,
+    extend_outputs,
+    record_details,
+    record_times,
+)
 from quickdraft.engine.runner import ModelRunner
-from quickdraft.engine.scheduler import Rows, Scheduler
+from quickdraft.engine.scheduler import Rows, Scheduler, Usage
 from quickdraft.engine.verify import accept_rows, emitted_logprobs, emitted_tokens
 from quickdraft.models.base import FeatureModel, Model, Tokenizer
 from quickdraft.sampling import make_generator, probs_for_rows
@@ -48,21 +54,6 @@ from quickdraft.stats import Stats
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_MAX_BATCH = 8
 DEFAULT_PREFILL_CHUNK = 512
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """``Engine.usage()``: where the requests are and what they hold."""
-
-    waiting: int
-    prefilling: int
-    running: int
-    rows_in_use: int
-    rows: int
-    cached_tokens: int
-    # The drafter's own gauges, for drafters that keep some (``gauges()``: suffix decoding's
-    # trie size, lookups and hits).
-    drafter: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 class Engine:
@@ -84,7 +75,11 @@ class Engine:
         a broken rule is caught.
     adaptive_k: each step drafts the k (0 .. the drafter's) with the most expected goodput
         from the running requests' acceptance and the measured costs (``engine.goodput``);
-        for drafters whose drafts may be cut short between steps (``shortens``).
+        for drafters whose drafts may be cut short between steps (``Needs.shortens``).
+    prefix_caching: a request takes the free slot whose cache holds the most of its prompt's
+        beginning, left by the slot's last request, and prefills only the rest (a session's
+        next turn: its last prompt and reply, then the new message). Not with drafters that
+        read the prompt's hidden states (EAGLE, Medusa): those need the whole prefill.
     """
 
     def __init__(
@@ -101,6 +96,7 @@ class Engine:
         seed: int | None = None,
         rules: tuple[AcceptFn, TreeAcceptFn] | None = None,
         adaptive_k: bool = False,
+        prefix_caching: bool = True,
     ):
         acceptance = accept_rule(acceptance)
         check_batch_policy(disable_by_batch_size)
@@ -145,18 +141,14 @@ class Engine:
         self.rows = Rows(max_batch, capacity, self.device)
         if drafter is not None:
             drafter.reserve(max_batch, capacity)
-        self.goodput: GoodputRule | None = None
+        self.goodput = None
         if adaptive_k and drafter is not None:
-            if not getattr(drafter, "shortens", False):
-                raise ValueError(
-                    f"adaptive_k: {type(drafter).__name__} cannot cut its drafts short between "
-                    "steps; use it with draft_model, ngram or suffix"
-                )
-            self.goodput = GoodputRule(self.needs.depth, max_batch)
+            self.goodput = GoodputRule.for_drafter(drafter, max_batch)
+        self.prefix_caching = prefix_caching and not (self.needs.hidden or self.needs.taps)
         self.generator = make_generator(seed, self.device)
         keep = (self.needs.hidden, self.needs.taps)
         self.scheduler = Scheduler(self.rows, prefill_chunk, keep, self.generator)
-        self.runner = ModelRunner(target, self.cache, self.rows)
+        self.runner = ModelRunner(target, self.cache, self.rows, self.needs)
         self.requests: dict[str, Request] = {}
         self.constraints = Constraints(tokenizer, target.vocab_size)
         self.stats = Stats(k=self.needs.depth)  # every step of this engine's life
@@ -257,18 +249,8 @@ class Engine:
     def usage(self) -> Usage:
         """Requests waiting for a slot, prefilling and decoding; the slots (rows) and cached
         tokens they hold (what a server exports as gauges)."""
-        scheduler = self.scheduler
-        held = [r.slot for r in self.rows.requests if r is not None]
-        index = torch.tensor(held, dtype=torch.long, device=self.cache.lengths.device)
-        return Usage(
-            waiting=len(scheduler.waiting),
-            prefilling=scheduler.prefilling,
-            running=scheduler.running,
-            rows_in_use=len(held),
-            rows=scheduler.num_rows,
-            cached_tokens=int(self.cache.lengths[index].sum()) if held else 0,
-            drafter=gauges() if (gauges := getattr(self.drafter, "gauges", None)) else {},
-        )
+        gauges = getattr(self.drafter, "gauges", None)  # suffix decoding's trie, say
+        return self.scheduler.usage(self.cache.lengths, gauges() if gauges else {})
 
     # -- the step ---------------------------------------------------------------------------
 
@@ -277,10 +259,10 @@ class Engine:
         reports = [self._report(r) for r in self._aborted]
         self._aborted = []
         start = time.perf_counter()
-        # 1. Schedule: waiting requests take the lowest free slots and prefill a chunk of their
-        #    prompt; finished prompts start decoding in the slots they hold (their last token
-        #    stays pending, so the first verify reads [last prompt token, d_1 .. d_k] like
-        #    every later one). Nothing moves between slots.
+        # 1. Schedule: waiting requests take free slots (the one caching most of their prompt)
+        #    and prefill a chunk of the rest; finished prompts start decoding in the slots
+        #    they hold (their last token stays pending, so the first verify reads [last
+        #    prompt token, d_1 .. d_k] like every later one). Nothing moves between slots.
         running = self._schedule(start)
         if running is None:
             return reports
@@ -310,21 +292,22 @@ class Engine:
         constrain.advance(requests, chunk, num_accepted)
         tops = [r.sampling.logprobs for r in requests]
         logprobs = emitted_logprobs(out.logits, kept, chunk, tops)
-        emitted = self._append(batch, requests, chunk, num_accepted, draft.depth, logprobs)
+        self.rows.append(batch, chunk, num_accepted + 1)
+        emitted = extend_outputs(requests, chunk, num_accepted, draft.depth, logprobs, self.stats)
         record_details(requests, draft, path, num_accepted, next_token, emitted)
 
         # 6. Observe: the drafter reads what it declared, at the kept positions.
         if self.drafter is not None:
-            self.drafter.observe(self._result(batch, out, kept, num_accepted, nodes))
+            self.drafter.observe(self.runner.result(batch, draft, out, kept, num_accepted))
         done = time.perf_counter()
 
         if self.goodput is not None:
-            accepted = num_accepted.tolist()
-            self.goodput.update(batch.slots.host, draft.depth, accepted, tock - tick,
-                                verified - tock)  # fmt: skip
+            spent = (tock - tick, verified - tock)
+            self.goodput.update(batch.slots.host, draft.depth, num_accepted.tolist(), *spent)
 
         # 7. Record: every request's statistics; finished requests free their slots.
-        self._record(requests, tick - start, (done - verified) + (tock - tick), verified - tock)
+        spent = (tick - start, (done - verified) + (tock - tick), verified - tock)
+        record_times([self.stats] + [r.stats for r in requests], *spent)
         leaving = [r for r in requests if r.finish_reason is not None]
         if self.drafter is not None:
             for request in leaving:
@@ -340,9 +323,9 @@ class Engine:
         done (the drafter begins them). The running requests and their batch; None when no
         request runs (the step was all prefill)."""
         scheduler = self.scheduler
-        admitted = scheduler.admit()
+        admitted = scheduler.admit(self.cache.lengths if self.prefix_caching else None)
         if admitted is not None:
-            self.runner.reset(admitted)
+            self.runner.reset(*admitted)
         plan = scheduler.prefill()
         if plan is not None:
             scheduler.prefilled(plan, self.runner.prefill(plan))
@@ -350,8 +333,7 @@ class Engine:
         if joined is not None and self.drafter is not None:
             self.drafter.begin(joined)
             if self.goodput is not None:
-                for slot in joined.batch.slots.host:
-                    self.goodput.reset(slot)
+                self.goodput.begin(joined.batch.slots.host)
         prefill = time.perf_counter() - start
         for request in scheduler.held(Status.PREFILL):
             request.stats.time_prefill += prefill
@@ -371,52 +353,7 @@ class Engine:
             return forced
         if self.goodput is None:
             return self.drafter.propose(batch)
-        k = self.goodput.choose(batch.slots.host)
-        if k == 0:
-            return Draft.empty(batch.size, self.device)
-        self.drafter.limit = k  # type: ignore[attr-defined]  # a drafter that shortens
-        return self.drafter.propose(batch).cut(k)
-
-    def _append(
-        self,
-        batch: Batch,
-        requests: list[Request],
-        chunk: torch.Tensor,
-        num_accepted: torch.Tensor,
-        depth: int,
-        logprobs: list,
-    ) -> list[int]:
-        """Write each row's chunk after its length, in the batch and its slots of the tables;
-        the requests check their stops. Returns how many of its chunk's tokens each request
-        kept."""
-        self.rows.append(batch, chunk, num_accepted + 1)
-        # The one read of the step's tokens to the host: outputs and stop checks.
-        emitted = []
-        for request, row, accepted, row_logprobs in zip(
-            requests, chunk.tolist(), num_accepted.tolist(), logprobs, strict=True
-        ):
-            emitted.append(request.extend(row[: accepted + 1], accepted, row_logprobs))
-            request.stats.accepted_drafts.append(accepted)
-            request.stats.drafted.append(depth)
-        self.stats.accepted_drafts.extend(num_accepted.tolist())
-        self.stats.drafted.extend([depth] * len(requests))
-        return emitted
-
-    def _result(
-        self, batch: Batch, out, kept: torch.Tensor, num_accepted: torch.Tensor, nodes: int
-    ) -> StepResult:
-        rows = torch.arange(batch.size, device=self.device).unsqueeze(1)
-        hidden = out.hidden[rows, kept] if self.needs.hidden else None
-        taps = {layer: out.taps[layer][rows, kept] for layer in self.needs.taps}
-        side = out.logits[:, nodes:] if out.logits.shape[1] > nodes else None
-        return StepResult(batch, num_accepted + 1, hidden, taps, num_accepted, side)
-
-    def _record(self, requests: list[Request], prefill: float, draft: float, verify: float) -> None:
-        for stats in [self.stats] + [r.stats for r in requests]:
-            stats.target_forwards += 1
-            stats.time_prefill += prefill
-            stats.time_draft += draft
-            stats.time_verify += verify
+        return self.goodput.propose(self.drafter, batch)
 
     def _report(self, request: Request) -> RequestOutput:
         if request.status is Status.FINISHED:
@@ -428,16 +365,6 @@ class Engine:
     ) -> list[int]:
         """The prompt's token ids if this engine can take the request, else ValueError naming
         the field. Reads no state that steps change: a front end may call it from any thread."""
-        from quickdraft.engine.prompts import token_ids
-
-        prompt = token_ids(prompt_ids, self.target.vocab_size)
-        needed = len(prompt) + sampling.max_new_tokens
-        if needed > self.max_model_len:
-            raise ValueError(
-                f"prompt: {len(prompt)} prompt tokens + max_new_tokens "
-                f"{sampling.max_new_tokens} exceed the engine's max_model_len of "
-                f"{self.max_model_len}"
-            )
-        if sampling.stop and self.tokenizer is None:
-            raise ValueError("stop: stop strings need a tokenizer")
-        return prompt
+        return check_request(
+            prompt_ids, sampling, self.target.vocab_size, self.max_model_len, self.tokenizer
+        )

@@ -18,7 +18,10 @@ each request's ``Stats.drafted`` records the k its steps used.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+from quickdraft.drafters.base import Batch, Draft, Drafter
 
 DECAY = 0.9  # per step a request drafts: its older evidence weighs less
 COST_DECAY = 0.95  # per step: older cost measurements weigh less
@@ -71,6 +74,17 @@ class GoodputRule:
     """Chooses each step's k (0..max_k) for the requests in ``slots``; ``update`` after the
     step with what it drafted, accepted and cost."""
 
+    @classmethod
+    def for_drafter(cls, drafter: Drafter, rows: int) -> GoodputRule:
+        """The rule for ``drafter`` over ``rows`` slots; ValueError for a drafter whose drafts
+        cannot be cut short between steps (``Needs.shortens``)."""
+        if not drafter.needs.shortens:
+            raise ValueError(
+                f"adaptive_k: {type(drafter).__name__} cannot cut its drafts short between "
+                "steps; use it with draft_model, ngram or suffix"
+            )
+        return cls(drafter.needs.depth, rows)
+
     def __init__(self, max_k: int, rows: int):
         self.max_k = max_k
         self.accepted = [PRIOR] * rows
@@ -80,9 +94,17 @@ class GoodputRule:
         self.idle = 0  # steps in a row that drafted nothing
         self.drafted = self.plain = False  # a step of each kind seen
 
-    def reset(self, slot: int) -> None:
-        """A new request took ``slot``."""
-        self.accepted[slot] = self.rejected[slot] = PRIOR
+    def begin(self, slots: list[int]) -> None:
+        """New requests took these slots: they start from the prior."""
+        for slot in slots:
+            self.accepted[slot] = self.rejected[slot] = PRIOR
+
+    def propose(self, drafter: Drafter, batch: Batch) -> Draft:
+        """The drafter's draft at this step's k (``Batch.limit``); k = 0 drafts nothing."""
+        k = self.choose(batch.slots.host)
+        if k == 0:
+            return Draft.empty(batch.size, batch.tokens.device)
+        return drafter.propose(dataclasses.replace(batch, limit=k)).cut(k)
 
     def alpha(self, slot: int) -> float:
         accepted = self.accepted[slot]

@@ -7,6 +7,7 @@ from numbers import Integral
 
 import torch
 
+from quickdraft.config import SamplingParams
 from quickdraft.models.base import Tokenizer
 from quickdraft.models.tokenizer import valid_text
 
@@ -50,3 +51,24 @@ def token_ids(prompt: Sequence[int] | torch.Tensor, vocab_size: int) -> list[int
     if min(ids) < 0 or max(ids) >= vocab_size:
         raise ValueError(f"prompt: token ids must lie in [0, {vocab_size})")
     return ids
+
+
+def check_request(
+    prompt_ids: Sequence[int] | torch.Tensor,
+    sampling: SamplingParams,
+    vocab_size: int,
+    max_model_len: int,
+    tokenizer: Tokenizer | None,
+) -> list[int]:
+    """The prompt's token ids if an engine of ``max_model_len`` can take the request, else
+    ValueError naming the field."""
+    prompt = token_ids(prompt_ids, vocab_size)
+    needed = len(prompt) + sampling.max_new_tokens
+    if needed > max_model_len:
+        raise ValueError(
+            f"prompt: {len(prompt)} prompt tokens + max_new_tokens "
+            f"{sampling.max_new_tokens} exceed the engine's max_model_len of {max_model_len}"
+        )
+    if sampling.stop and tokenizer is None:
+        raise ValueError("stop: stop strings need a tokenizer")
+    return prompt

@@ -271,3 +271,37 @@ def record_details(
         steps = requests[i].steps
         assert steps is not None
         steps.append(detail)
+
+
+def extend_outputs(
+    requests: list[Request],
+    chunk: torch.Tensor,
+    num_accepted: torch.Tensor,
+    depth: int,
+    logprobs: list,
+    stats: Stats,
+) -> list[int]:
+    """Each request gains its row of the step's ``chunk`` [B, W] (its ``num_accepted`` [B]
+    drafts and the next token) and checks its stops; the step's draft ``depth`` and
+    acceptance go into its statistics and the engine's ``stats``. Returns how many of its
+    chunk's tokens each request kept. The one read of the step's tokens to the host."""
+    emitted = []
+    accepted_rows = num_accepted.tolist()
+    for request, row, accepted, row_logprobs in zip(
+        requests, chunk.tolist(), accepted_rows, logprobs, strict=True
+    ):
+        emitted.append(request.extend(row[: accepted + 1], accepted, row_logprobs))
+        request.stats.accepted_drafts.append(accepted)
+        request.stats.drafted.append(depth)
+    stats.accepted_drafts.extend(accepted_rows)
+    stats.drafted.extend([depth] * len(requests))
+    return emitted
+
+
+def record_times(records: list[Stats], prefill: float, draft: float, verify: float) -> None:
+    """One verify step's target forward and seconds, in each of these records."""
+    for stats in records:
+        stats.target_forwards += 1
+        stats.time_prefill += prefill
+        stats.time_draft += draft
+        stats.time_verify += verify

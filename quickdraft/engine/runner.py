@@ -7,22 +7,26 @@ from __future__ import annotations
 
 import torch
 
-from quickdraft.drafters.base import Batch, Draft
+from quickdraft.drafters.base import Batch, Draft, Needs, StepResult
 from quickdraft.engine.scheduler import Prefill, Rows
 from quickdraft.models.base import Cache, FeatureModel, Model, ModelOutput, Slots
 from quickdraft.tree import TreeShape
 
 
 class ModelRunner:
-    """Runs ``target`` over ``cache``, reading the prompts from the engine's tables ``rows``."""
+    """Runs ``target`` over ``cache``, reading the prompts from the engine's tables ``rows``;
+    ``needs``: what the drafter reads of each verify pass."""
 
-    def __init__(self, target: Model, cache: Cache, rows: Rows):
-        self.target, self.cache, self.rows = target, cache, rows
+    def __init__(self, target: Model, cache: Cache, rows: Rows, needs: Needs):
+        self.target, self.cache, self.rows, self.needs = target, cache, rows, needs
 
-    def reset(self, slots: Slots) -> None:
-        """New requests took these slots: their cache rows hold nothing (the pointers go to 0;
-        what the last requests left there is scratch)."""
-        self.cache.lengths[slots.index.to(self.cache.lengths.device)] = 0
+    def reset(self, slots: Slots, cached: torch.Tensor) -> None:
+        """New requests took these slots: their cache rows keep the first ``cached`` [B]
+        entries (a prefix the last request there left, the same tokens; 0 without prefix
+        caching); the pointers go there, and what lies past them is scratch."""
+        self.cache.lengths[slots.index.to(self.cache.lengths.device)] = cached.to(
+            self.cache.lengths.device
+        )
 
     def prefill(self, plan: Prefill) -> ModelOutput:
         """One chunk of every prompt in ``plan``, in one forward of the target (rows padded to
@@ -64,6 +68,23 @@ class ModelRunner:
         else:
             view.commit_path(kept, num_accepted + 1)
         return kept
+
+    def result(
+        self,
+        batch: Batch,
+        draft: Draft,
+        out: ModelOutput,
+        kept: torch.Tensor,
+        num_accepted: torch.Tensor,
+    ) -> StepResult:
+        """What the drafter observes of the verify pass ``out`` over ``draft``: the features it
+        declared at the kept positions (``commit``'s), and the side branch's logits."""
+        needs, rows = self.needs, torch.arange(batch.size, device=kept.device).unsqueeze(1)
+        hidden = out.hidden[rows, kept] if needs.hidden else None
+        taps = {layer: out.taps[layer][rows, kept] for layer in needs.taps}
+        nodes = draft.tokens.shape[1] + 1
+        side = out.logits[:, nodes:] if out.logits.shape[1] > nodes else None
+        return StepResult(batch, num_accepted + 1, hidden, taps, num_accepted, side)
 
 
 def verify_inputs(

@@ -16,6 +16,7 @@ runner (``engine.runner``) executes the target.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 
@@ -24,6 +25,22 @@ import torch
 from quickdraft.drafters.base import Batch, StepResult, pad_rows
 from quickdraft.engine.requests import Request, Status
 from quickdraft.models.base import ModelOutput, Slots
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """``Engine.usage()``: where the requests are and what they hold."""
+
+    waiting: int
+    prefilling: int
+    running: int
+    rows_in_use: int
+    rows: int
+    cached_tokens: int
+    # The drafter's own gauges, for drafters that keep some (``gauges()``: suffix decoding's
+    # trie size, lookups and hits).
+    drafter: dict[str, float] = dataclasses.field(default_factory=dict)
+
 
 # Prefill passes a short prompt may sit out so as not to be padded to a long one's width.
 MAX_PREFILL_WAITS = 2
@@ -124,22 +141,53 @@ class Scheduler:
     def prefilling(self) -> int:
         return len(self.held(Status.PREFILL))
 
+    def usage(self, cache_lengths: torch.Tensor, gauges: dict[str, float]) -> Usage:
+        """``Engine.usage``: ``cache_lengths`` [slots] the target cache's per slot."""
+        held = [r.slot for r in self.rows.requests if r is not None]
+        index = torch.tensor(held, dtype=torch.long, device=cache_lengths.device)
+        return Usage(
+            waiting=len(self.waiting),
+            prefilling=self.prefilling,
+            running=self.running,
+            rows_in_use=len(held),
+            rows=self.num_rows,
+            cached_tokens=int(cache_lengths[index].sum()) if held else 0,
+            drafter=gauges,
+        )
+
     # -- joining ----------------------------------------------------------------------------
 
-    def admit(self) -> Slots | None:
-        """Waiting requests take the lowest free slots, their prompts written there; their
-        slots (None when none was admitted)."""
+    def admit(self, cached: torch.Tensor | None = None) -> tuple[Slots, torch.Tensor] | None:
+        """Waiting requests take free slots, their prompts written there; their slots and the
+        prompt tokens each finds cached already (None when none was admitted).
+
+        cached: [slots] the target cache's entries per slot, for prefix caching: a freed slot
+            keeps the last request's entries until it is taken again, so a prompt that begins
+            with that request's text (a session's next turn: the last prompt and reply, then
+            more) takes the free slot holding the most of its prefix and prefills only the
+            rest. None: no prefix caching; a request takes the lowest free slot."""
         free = [slot for slot, r in enumerate(self.rows.requests) if r is None]
+        if not self.waiting or not free:
+            return None
+        valid = None
+        if cached is not None:  # a host read of both tables' lengths per admission
+            valid = torch.minimum(cached.cpu(), self.rows.lengths.cpu() - 1).tolist()
         admitted: list[Request] = []
-        while self.waiting and len(admitted) < len(free):
+        while self.waiting and free:
             request = self.waiting.popleft()
-            request.slot = free[len(admitted)]
+            slot, reused = free[0], 0
+            if valid is not None:
+                found = [(self._shared(request.prompt, s, valid[s]), -s) for s in free]
+                reused, slot = max(found)
+                slot = -slot
+            free.remove(slot)
+            request.slot, request.prefilled = slot, reused
+            request.stats.cached_prompt_tokens = reused
             request.status = Status.PREFILL
             self._passed_over.pop(request.slot, None)
             self.rows.requests[request.slot] = request
             admitted.append(request)
-        if not admitted:
-            return None
+        admitted.sort(key=lambda r: r.slot)
         width = max(len(r.prompt) for r in admitted)
         prompts = torch.zeros(len(admitted), width, dtype=torch.long)
         for i, request in enumerate(admitted):
@@ -148,7 +196,16 @@ class Scheduler:
         self.rows.tokens[slots.index, :width] = prompts.to(self.rows.device)
         lengths = torch.tensor([len(r.prompt) for r in admitted], device=self.rows.device)
         self.rows.lengths[slots.index] = lengths
-        return slots
+        return slots, torch.tensor([r.prefilled for r in admitted], device=self.rows.device)
+
+    def _shared(self, prompt: list[int], slot: int, valid: int) -> int:
+        """How many of the prompt's tokens, all but its last (which is verified, not
+        prefilled), ``slot`` holds cached from its last request: their common prefix."""
+        n = min(valid, len(prompt) - 1)
+        if n <= 0:
+            return 0
+        same = self.rows.tokens[slot, :n].cpu() == torch.tensor(prompt[:n])
+        return n if bool(same.all()) else int(same.to(torch.uint8).argmin())
 
     def prefill(self) -> Prefill | None:
         """The next chunk of the prompts still to prefill whose chunks are at least half the

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from quickdraft.engine.core import Usage
+from quickdraft.engine.scheduler import Usage
 from quickdraft.stats import Stats
 
 # The drafter's gauges (``Usage.drafter``) by name, exported as quickdraft_<name>.

@@ -151,17 +151,22 @@ class Choice:
         }
 
 
-def usage(choices: list[Choice]) -> dict[str, int]:
-    """OpenAI's usage: each distinct prompt counted once, every choice's tokens."""
+def usage(choices: list[Choice]) -> dict[str, Any]:
+    """OpenAI's usage: each distinct prompt counted once, every choice's tokens; of the
+    prompt tokens, those found cached (prefix caching: a distinct prompt's most)."""
     prompts: dict[int, int] = {}
+    cached: dict[int, int] = {}
     for choice in choices:
         prompts.setdefault(id(choice.prompt), len(choice.prompt))
+        found = 0 if choice.stats is None else choice.stats.cached_prompt_tokens
+        cached[id(choice.prompt)] = max(cached.get(id(choice.prompt), 0), found)
     prompt_tokens = sum(prompts.values())
     completion = sum(len(c.token_ids) for c in choices)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(cached.values())},
     }
 
 

@@ -38,9 +38,6 @@ class DraftModelDrafter:
     model (the native runner) for its separate body and head rows.
     """
 
-    shortens = True  # the engine may set ``limit`` between steps (adaptive k)
-    limit: int | None = None  # draft at most this many tokens (None: num_tokens)
-
     def __init__(
         self,
         model: Model,
@@ -56,7 +53,7 @@ class DraftModelDrafter:
         # different sizes (Qwen); the draft's logits are cut or padded with -inf to match.
         self.vocab_size = vocab_size or model.vocab_size
         self.num_tokens = num_tokens
-        self.needs = Needs(tokens=num_tokens, depth=num_tokens)
+        self.needs = Needs(tokens=num_tokens, depth=num_tokens, shortens=True)
         self.temperature = temperature
         # A feature model's body and head run separately: the head only on the last row.
         self._features: FeatureModel | None = model if isinstance(model, FeatureModel) else None
@@ -135,7 +132,7 @@ class DraftModelDrafter:
     def propose(self, batch: Batch) -> Draft:
         assert self._cache is not None, "reserve() first"
         self._drafted = True
-        steps = min(self.num_tokens, self.limit or self.num_tokens)
+        steps = min(self.num_tokens, batch.limit or self.num_tokens)
         cache = self._cache.select(batch.slots)
         params = [self._params(p) for p in batch.sampling]
         lengths, valid = batch.lengths, batch.slots.take(self._valid)

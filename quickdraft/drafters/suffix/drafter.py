@@ -19,8 +19,6 @@ class SuffixDrafter:
     text they have read."""
 
     head_rows = 0  # no head: counts of earlier text
-    shortens = True  # the engine may set ``limit`` between steps (adaptive k)
-    limit: int | None = None
 
     def __init__(self, vocab_size: int, num_tokens: int, options: SuffixOptions | None = None):
         options = options or SuffixOptions()
@@ -28,7 +26,7 @@ class SuffixDrafter:
         self.vocab_size = vocab_size
         self.num_tokens = num_tokens
         self.options = options
-        self.needs = Needs(tokens=num_tokens, depth=num_tokens)
+        self.needs = Needs(tokens=num_tokens, depth=num_tokens, shortens=True)
         self.shared = SuffixTrie(options.suffix_max_depth)
         self.retired: deque[list[int]] = deque()  # outputs of requests that left, oldest first
         self.own: list[SuffixTrie | None] = []
@@ -111,13 +109,15 @@ class SuffixDrafter:
     def cached_tokens(self) -> int:
         return self.shared.tokens
 
-    def proposal(self, slot: int, text: list[int], tree: bool = True) -> Proposal:
+    def proposal(
+        self, slot: int, text: list[int], tree: bool = True, limit: int | None = None
+    ) -> Proposal:
         """The better of the request's and the shared trie's drafts for a row's text: a
-        tree, or (``tree=False``) the most probable chain."""
+        tree, or (``tree=False``) the most probable chain; of at most ``limit`` tokens."""
         options = self.options
         best = Proposal()
         trie = self.own[slot]
-        most = min(self.num_tokens, self.limit or self.num_tokens)
+        most = min(self.num_tokens, limit or self.num_tokens)
         room = min(most, options.suffix_max_depth - 1)
         for source in (trie, self.shared):
             if source is None:
@@ -145,6 +145,7 @@ class SuffixDrafter:
                 slot,
                 texts[b, max(0, lengths[b] - depth - lo) : lengths[b] - lo].tolist(),
                 tree=batch.size == 1,
+                limit=batch.limit,
             )
             for b, slot in enumerate(batch.slots.host)
         ]

@@ -1,0 +1,120 @@
+"""Prefix caching: a freed slot keeps its last request's cache, and a prompt that begins with
+that request's text (a session's next turn) takes the slot and prefills only the rest; the
+tokens stay those of a fresh engine, greedy and seeded."""
+
+import pytest
+from conftest import tiny_hf_model
+from test_eagle import random_net
+
+from quickdraft import Engine, SamplingParams, generate
+from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
+from quickdraft.drafters.eagle.drafter import EagleDrafter
+from quickdraft.drafters.eagle.tree import DynamicTree
+from quickdraft.drafters.lookahead import LookaheadConfig, LookaheadDrafter
+from quickdraft.drafters.ngram import NGramDrafter
+from quickdraft.drafters.suffix.drafter import SuffixDrafter
+from quickdraft.models.llama import LlamaRunner
+
+ALWAYS = {"disable_by_batch_size": None}
+FIRST = [5, 17, 3, 99, 42, 5, 17, 3]
+GREEDY = SamplingParams(temperature=0, max_new_tokens=14)
+
+
+@pytest.fixture(scope="module")
+def target() -> LlamaRunner:
+    hf = tiny_hf_model("llama-untied", layers=3)
+    return LlamaRunner.from_state_dict(hf.config.to_dict(), hf.state_dict())
+
+
+def drafter(target: LlamaRunner, method: str):
+    return {
+        "ar": lambda: None,
+        "draft_model": lambda: DraftModelDrafter(target.truncated(2), 3),
+        "ngram": lambda: NGramDrafter(target.vocab_size, 4),
+        "suffix": lambda: SuffixDrafter(target.vocab_size, 4),
+        "lookahead": lambda: LookaheadDrafter(target.vocab_size, LookaheadConfig(2, 3, 2)),
+    }[method]()
+
+
+def run(engine: Engine, prompt: list[int], sampling: SamplingParams = GREEDY):
+    rid = engine.add_request(prompt, sampling)
+    last = None
+    while engine.has_unfinished():
+        last = next((o for o in engine.step() if o.request_id == rid), last)
+    assert last is not None and last.finished
+    return last
+
+
+@pytest.mark.parametrize("method", ["ar", "draft_model", "ngram", "suffix", "lookahead"])
+def test_a_sessions_next_turn_prefills_only_what_it_adds(target, method):
+    engine = Engine(target, drafter(target, method), **ALWAYS, max_batch=2)
+    first = run(engine, FIRST)
+    assert first.stats.cached_prompt_tokens == 0
+    turn = FIRST + first.token_ids + [7, 8, 9]
+    second = run(engine, turn)
+    # Everything the slot cached of them: the first prompt and reply, but for the reply's last
+    # token when it was pending (a step that ran past max_new_tokens cached it too).
+    done = len(FIRST) + len(first.token_ids)
+    assert done - 1 <= second.stats.cached_prompt_tokens <= done
+    assert second.token_ids == generate(target, turn, sampling=GREEDY).token_ids
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=14, seed=7)
+    third = turn + second.token_ids + [11]
+    sampled = run(engine, third, seeded)
+    assert sampled.stats.cached_prompt_tokens >= len(turn) + len(second.token_ids) - 1
+    fresh = run(Engine(target, drafter(target, method), **ALWAYS), third, seeded)
+    assert sampled.token_ids == fresh.token_ids
+
+
+def test_a_request_takes_the_free_slot_holding_most_of_its_prompt(target):
+    engine = Engine(target, max_batch=3)
+    a, b = [1, 2, 3, 4, 5, 6], [40, 41, 42, 43, 44, 45, 46]
+    ids = [engine.add_request(p, GREEDY) for p in (a, b)]
+    outs = {}
+    while engine.has_unfinished():
+        outs.update((o.request_id, o) for o in engine.step() if o.finished)
+    # b ran in slot 1; its next turn goes there although slot 0 is free and lower.
+    follow = b + outs[ids[1]].token_ids + [9]
+    other = [70, 71, 72]  # shares nothing: the lowest slot left
+    engine.add_request(follow, GREEDY, request_id="follow")
+    engine.add_request(other, GREEDY, request_id="other")
+    engine.step()
+    assert engine.requests["follow"].slot == 1
+    assert engine.requests["other"].slot == 0
+    assert engine.requests["follow"].stats.cached_prompt_tokens >= len(follow) - 2
+
+
+def test_a_prompt_sharing_part_of_a_slots_text_reuses_that_part(target):
+    engine = Engine(target, max_batch=1)
+    first = run(engine, FIRST)
+    branch = [*FIRST[:5], 60, 61, 62]  # diverges at position 5
+    out = run(engine, branch)
+    assert out.stats.cached_prompt_tokens == 5
+    assert out.token_ids == generate(target, branch, sampling=GREEDY).token_ids
+    again = run(engine, FIRST)  # the slot now holds ``branch``: FIRST shares 5 tokens of it
+    assert again.stats.cached_prompt_tokens == 5 and again.token_ids == first.token_ids
+
+
+def test_an_aborted_prefill_leaves_only_what_it_cached(target):
+    engine = Engine(target, max_batch=1, prefill_chunk=4)
+    long = list(range(30, 51))
+    engine.add_request(long, GREEDY, request_id="x")
+    engine.step()  # one chunk of 4 prompt tokens cached
+    engine.abort("x")
+    engine.step()
+    out = run(engine, long)
+    assert out.stats.cached_prompt_tokens == 4
+    assert out.token_ids == generate(target, long, sampling=GREEDY).token_ids
+
+
+def test_off_by_choice_and_for_drafters_that_read_the_prompts_features(target):
+    engine = Engine(target, max_batch=1, prefix_caching=False)
+    first = run(engine, FIRST)
+    assert run(engine, FIRST + first.token_ids).stats.cached_prompt_tokens == 0
+    eagle = EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 2, 5))
+    engine = Engine(target, eagle, **ALWAYS, max_batch=1)
+    assert not engine.prefix_caching  # its begin reads every prompt position's taps
+    first = run(engine, FIRST)
+    turn = FIRST + first.token_ids + [3]
+    second = run(engine, turn)
+    assert second.stats.cached_prompt_tokens == 0
+    assert second.token_ids == generate(target, turn, sampling=GREEDY).token_ids
