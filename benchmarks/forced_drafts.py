@@ -49,21 +49,6 @@ TEXTS = (
 )
 
 
-def forced_share(grammars: Grammars, sampling: SamplingParams, ids: list[int]) -> int:
-    """Tokens of ``ids`` the grammar forced (the only continuation where they came)."""
-    assert sampling.constraint is not None
-    matcher, index, forced = grammars.matcher(sampling.constraint), 0, 0
-    while index < len(ids):
-        run = matcher.forced()
-        n = 0
-        while n < len(run) and index + n < len(ids) and ids[index + n] == run[n]:
-            n += 1
-        step = max(n, 1)
-        matcher.advance(ids[index : index + step])
-        forced, index = forced + n, index + step
-    return forced
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -89,7 +74,7 @@ def main() -> None:
         plain = generate(target, prompt_ids, sampling=sampling, tokenizer=tokenizer)
         rates.setdefault("plain", []).append(len(plain.token_ids) / (time.perf_counter() - start))
         json.loads(plain.text)
-        forced += forced_share(grammars, sampling, plain.token_ids)
+        forced += grammars.matcher(sampling.constraint).count_forced(plain.token_ids)
         total += len(plain.token_ids)
         for label in labels:
             for on in (False, True):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import random
 import time
 from dataclasses import dataclass
@@ -64,6 +65,14 @@ LOOKAHEAD_ROWS = ("lookahead:2,4,2",)
 # regex that allows 3 of them first and 6 after: the target's logits are masked at every
 # verify position, and the exact joint is the masked target's.
 CONSTRAINED_REGEX = "[abc][a-f]{3,}"
+# And under a small JSON Schema (an object of integers, compact), the toys' tokens read as
+# JSON's characters: ``{`` is forced first (drafted for free), then ``}`` or a key's quote,
+# then the key's characters (any of the 8, the last one the end token llguidance knows).
+JSON_ALPHABET = '{}":ab1.'
+CONSTRAINED_SCHEMA = (
+    '{"type": "object", "additionalProperties": {"type": "integer"}, '
+    '"x-guidance": {"whitespace_flexible": false}}'
+)
 # Suffix decoding rows: chains of up to 3 tokens from the tries of each row's text and of
 # every row's output so far (50,000 rows share the global one, so a draft depends on what
 # the other rows sampled); any match drafts (factor 4, no probability floor).
@@ -91,7 +100,20 @@ class Case:
     # must sample the quantized target's own distribution, which is the exact one here.
     target: str = "float"
     adaptive: bool = False  # k chosen per step by goodput (``SpecConfig.adaptive_k``)
-    regex: str = ""  # a constraint on the output (the engine then has the toy tokenizer)
+    # A constraint on the output, a regex or a JSON Schema's text (the engine then has the
+    # toy tokenizer: letters for a regex, ``JSON_ALPHABET`` for a schema).
+    regex: str = ""
+    schema: str = ""
+
+    @property
+    def constrained(self) -> bool:
+        return bool(self.regex or self.schema)
+
+    @property
+    def tokenizer(self) -> ToyTokenizer | None:
+        if not self.constrained:
+            return None
+        return ToyTokenizer(TOY_VOCAB, JSON_ALPHABET if self.schema else None)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -101,6 +123,7 @@ class Case:
             top_p=self.top_p,
             max_new_tokens=self.k + 1,
             regex=self.regex or None,
+            json_schema=json.loads(self.schema) if self.schema else None,
         )
 
 
@@ -176,22 +199,28 @@ def full_cases() -> list[Case]:
     constrained = ["", *TREE_ROWS, SUFFIX_ROWS[0], LOOKAHEAD_ROWS[0], EAGLE_ROWS[0]]
     for rule, tree in itertools.product(LOSSLESS_RULES, constrained):
         cases.append(Case(rule, 0.8, 0, 0.9, 3, tree=tree, regex=CONSTRAINED_REGEX))
+        cases.append(Case(rule, 0.8, 0, 0.9, 3, tree=tree, schema=CONSTRAINED_SCHEMA))
     return cases
 
 
 def exact_distribution(
-    model: Model, prompt: tuple[int, ...], params: SamplingParams, length: int
+    model: Model,
+    prompt: tuple[int, ...],
+    params: SamplingParams,
+    length: int,
+    tokenizer: ToyTokenizer | None = None,
 ) -> torch.Tensor:
     """P(first ``length`` tokens) for every sequence: [V^length], index base V, first token
     most significant. Computed with the same ``probs_from_logits`` the engine samples with;
     under a constraint, after the logits are masked to what the grammar allows after each
-    sequence (the toy tokenizer's letters)."""
+    sequence (``tokenizer``'s characters; the toy letters by default)."""
     vocab = model.vocab_size
     sequences = torch.tensor([prompt], dtype=torch.long)
     joint = torch.ones(1, dtype=torch.float64)
     matcher = None
     if params.constraint is not None:
-        matcher = Grammars(ToyTokenizer(TOY_VOCAB), vocab).matcher(params.constraint)
+        reader = tokenizer or ToyTokenizer(TOY_VOCAB)
+        matcher = Grammars(reader, vocab).matcher(params.constraint)
     for _ in range(length):
         rows, width = sequences.shape
         cache = model.new_cache(rows, width)
@@ -297,7 +326,7 @@ def run_case(
             **ALWAYS_DRAFT,
             rules=rules,
             adaptive_k=case.adaptive,
-            tokenizer=ToyTokenizer(TOY_VOCAB) if case.regex else None,
+            tokenizer=case.tokenizer,
             max_batch=samples,
             max_model_len=16,
             seed=seed,
@@ -313,7 +342,7 @@ def run_case(
         sequences = torch.tensor(rows, dtype=torch.long)  # [samples, k+1]
         index = (sequences * TOY_VOCAB ** torch.arange(case.k, -1, -1)).sum(1)
         observed = torch.bincount(index, minlength=TOY_VOCAB ** (case.k + 1))
-        probs = exact_distribution(target, PROMPT, sampling, case.k + 1)
+        probs = exact_distribution(target, PROMPT, sampling, case.k + 1, case.tokenizer)
         tests.append(chi_square(observed, probs))
     # Several groups: the smallest p-value, Bonferroni-corrected; the largest distance.
     p_value = min(1.0, min(t[0] for t in tests) * len(tests))
@@ -354,7 +383,7 @@ def _serve(
         **ALWAYS_DRAFT,
         rules=rules,
         adaptive_k=case.adaptive,
-        tokenizer=ToyTokenizer(TOY_VOCAB) if case.regex else None,
+        tokenizer=case.tokenizer,
         max_batch=SERVING_ROWS,
         max_model_len=16,
         seed=seed,

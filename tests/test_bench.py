@@ -51,6 +51,24 @@ def test_a_session_turn_carries_the_models_own_earlier_replies(smollm2):
     again = generate(target, expected, sampling=SamplingParams(temperature=0.0, max_new_tokens=4))
     assert again.token_ids == second_ar.token_ids
     assert len(seen) == 4 and all(r.token_ids == second_ar.token_ids for r in bench.records[2:])
+    # Each method kept one engine: the second turn found the first one's text cached.
+    assert all(r.stats.cached_prompt_tokens > len(first_ar.token_ids) for r in bench.records[2:])
+
+
+def test_structured_items_reply_valid_json_and_count_the_forced_tokens(smollm2, tmp_path):
+    items = load_tasks(("structured",))["structured"]
+    assert [item.id.split("-")[1] for item in items[:3]] == ["signature", "class", "tool"]
+    assert all(item.schema and item.schema["additionalProperties"] is False for item in items)
+    argv = ["bench", "--methods", "ar,suffix@4", "--tasks", "structured", "--prompts-per-task",
+            "2", "--max-new-tokens", "160", "--out", str(tmp_path)]  # fmt: skip
+    code = main(argv)
+    assert code == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    for method in ("ar", "suffix k=4"):
+        row = data["results"]["structured"][method]
+        assert row["invalid"] == 0 and 0.1 < row["forced_share"] < 1
+    assert data["results"]["structured"]["suffix k=4"]["identical_to_ar"] is True
+    assert "## Structured outputs" in (tmp_path / "report.md").read_text()
 
 
 def test_task_and_method_parsing():

@@ -36,16 +36,18 @@ CASES = full_cases()
 
 
 def test_grid_covers_both_rules_and_every_setting():
-    assert len(CASES) == 108
+    assert len(CASES) == 120
     assert {case.rule for case in CASES} == set(LOSSLESS_RULES)
     shortlisted = {case.shortlist for case in CASES} - {"full"}
     kinds = {s.split(":")[0] for s in shortlisted}
     assert kinds == {"fr", "fr-pa", "dyna", "dyna-pa", "dyna-hybrid-pa"}
-    trees = [case for case in CASES if case.tree.startswith(("sample", "top")) and not case.regex]
+    trees = [
+        case for case in CASES if case.tree.startswith(("sample", "top")) and not case.constrained
+    ]
     assert {case.tree.split(":")[0] for case in trees} == {"sample", "top"}
     assert {case.rule for case in trees} == set(LOSSLESS_RULES)
     assert all(toy_tree(case.tree).max_depth == case.k == 3 for case in trees)
-    eagle = [case for case in CASES if case.tree.startswith("eagle") and not case.regex]
+    eagle = [case for case in CASES if case.tree.startswith("eagle") and not case.constrained]
     assert {case.rule for case in eagle} == set(LOSSLESS_RULES)
     assert {case.temperature for case in eagle} == {1.0, 0.6}
     assert all(case.k == 3 for case in eagle)
@@ -53,10 +55,12 @@ def test_grid_covers_both_rules_and_every_setting():
     eagle_shortlists = {case.shortlist.split(":")[0] for case in eagle} - {"full"}
     assert eagle_shortlists == {"fr", "fr-pa", "dyna", "dyna-pa"}
     assert {case.rule for case in eagle if case.target == "int8"} == set(LOSSLESS_RULES)
-    lookahead = [case for case in CASES if case.tree.startswith("lookahead") and not case.regex]
+    lookahead = [
+        case for case in CASES if case.tree.startswith("lookahead") and not case.constrained
+    ]
     assert {case.rule for case in lookahead} == set(LOSSLESS_RULES)
     assert {case.temperature for case in lookahead} == {1.0, 0.6}
-    suffix = [case for case in CASES if case.tree.startswith("suffix") and not case.regex]
+    suffix = [case for case in CASES if case.tree.startswith("suffix") and not case.constrained]
     assert {case.rule for case in suffix} == set(LOSSLESS_RULES)
     assert {case.temperature for case in suffix} == {1.0, 0.6}
     serving = [case for case in CASES if case.serving]
@@ -67,10 +71,11 @@ def test_grid_covers_both_rules_and_every_setting():
         (rule, tree) for rule in LOSSLESS_RULES for tree in ("", "suffix")
     }
     assert any(case.adaptive for case in quick_cases())
-    constrained = [case for case in CASES if case.regex]
-    assert {case.rule for case in constrained} == set(LOSSLESS_RULES)
-    kinds = {case.tree.split(":")[0] for case in constrained}
-    assert kinds == {"", "sample", "top", "suffix", "lookahead", "eagle"}
+    for field in ("regex", "schema"):
+        constrained = [case for case in CASES if getattr(case, field)]
+        assert {case.rule for case in constrained} == set(LOSSLESS_RULES)
+        kinds = {case.tree.split(":")[0] for case in constrained}
+        assert kinds == {"", "sample", "top", "suffix", "lookahead", "eagle"}
 
 
 def _marked(case: Case):
@@ -84,7 +89,7 @@ def _marked(case: Case):
     plain sampling (its Python tries walk 50,000 rows a step); the shaped ones run. The
     constrained rows (25-55 s each: a grammar mask per row and node, 50,000 rows a step) run
     there too; ``tests/test_constraints.py`` runs a constrained chain on fewer samples."""
-    slow = (case.tree.startswith(("eagle", "suffix")) or case.regex) and case not in QUICK
+    slow = (case.tree.startswith(("eagle", "suffix")) or case.constrained) and case not in QUICK
     return pytest.param(case, marks=pytest.mark.slow) if slow else case
 
 
@@ -100,6 +105,7 @@ QUICK = set(quick_cases())
         + ("-serving" if c.serving else "")
         + ("-adaptive" if c.adaptive else "")
         + ("-regex" if c.regex else "")
+        + ("-schema" if c.schema else "")
         + ("" if c.target == "float" else f"-{c.target}")
     ),
 )

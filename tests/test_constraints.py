@@ -120,6 +120,19 @@ def test_a_constrained_sampling_chain_keeps_the_masked_distribution():
     assert result.mean_accepted_length > 1.3
 
 
+def test_a_sampling_tree_under_a_json_schema_keeps_the_masked_distribution():
+    """The same under a small JSON Schema over the toys' tokens read as JSON characters: a
+    sampled tree, the forced ``{`` drafted for free."""
+    from quickdraft.config import AcceptRule
+    from quickdraft.conformance import CONSTRAINED_SCHEMA, TREE_ROWS, Case, run_case
+
+    case = Case(AcceptRule.REJECTION_SAMPLING, 0.8, 0, 0.9, 3, tree=TREE_ROWS[0],
+                schema=CONSTRAINED_SCHEMA)  # fmt: skip
+    result = run_case(case, samples=8_000, seed=1)
+    assert result.p_value >= 1e-3, result
+    assert result.mean_accepted_length > 1.3
+
+
 def test_an_engine_keeps_its_most_recent_compiled_constraints(monkeypatch):
     from quickdraft.engine import constrain
     from quickdraft.models.toy import ToyTokenizer

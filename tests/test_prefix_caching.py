@@ -74,12 +74,14 @@ def test_a_request_takes_the_free_slot_holding_most_of_its_prompt(target):
         outs.update((o.request_id, o) for o in engine.step() if o.finished)
     # b ran in slot 1; its next turn goes there although slot 0 is free and lower.
     follow = b + outs[ids[1]].token_ids + [9]
-    other = [70, 71, 72]  # shares nothing: the lowest slot left
-    engine.add_request(follow, GREEDY, request_id="follow")
-    engine.add_request(other, GREEDY, request_id="other")
+    other = [70, 71, 72]  # shares nothing: the free slot caching nothing, not a's
+    last = [80, 81]  # no such slot left: the lowest of those caching something
+    for rid, prompt in (("follow", follow), ("other", other), ("last", last)):
+        engine.add_request(prompt, GREEDY, request_id=rid)
     engine.step()
     assert engine.requests["follow"].slot == 1
-    assert engine.requests["other"].slot == 0
+    assert engine.requests["other"].slot == 2
+    assert engine.requests["last"].slot == 0
     assert engine.requests["follow"].stats.cached_prompt_tokens >= len(follow) - 2
 
 

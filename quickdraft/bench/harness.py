@@ -60,6 +60,9 @@ class BenchSettings:
     # finds its earlier turns cached (``Engine(prefix_caching=...)``). False: a fresh engine
     # per request, every prompt prefilled whole.
     prefix_caching: bool = True
+    # Items with a schema (``structured``) ask for replies valid against it; False runs them
+    # unconstrained (their replies are still checked).
+    constrained: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.repeats, int) or self.repeats < 1:
@@ -82,6 +85,10 @@ class RunRecord:
     # without a shortlist).
     shortlist_size: float | None = None
     shortlist_by_position: list[float] | None = None
+    # Items with a schema: whether the reply is JSON valid against it, and how many of its
+    # tokens the grammar forced (None for other items).
+    valid: bool | None = None
+    forced_tokens: int | None = None
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -193,6 +200,7 @@ def run_bench(
             )  # fmt: skip
     index = 0
     sessions = _Sessions(tokenizer, settings.chat)
+    schemas = _Schemas(tokenizer, target.vocab_size, settings.constrained)
     for kind, items in tasks.items():
         for item in items:
             for repeat in range(settings.repeats):
@@ -209,15 +217,16 @@ def run_bench(
                     shortlist = getattr(drafter, "shortlist", None)
                     if shortlist is not None:
                         shortlist.reset_stats()
+                    asked = schemas.sampling(item, sampling)
                     start = time.perf_counter()
                     if run.label in engines:
-                        out = run_request(engines[run.label], prompt, sampling)
+                        out = run_request(engines[run.label], prompt, asked)
                         engines[run.label].take_stats()  # the run's are the request's
                     else:
                         out = generate(
                             target,
                             prompt,
-                            sampling=sampling,
+                            sampling=asked,
                             spec=run.spec,
                             draft=drafter,
                             tokenizer=tokenizer,
@@ -231,6 +240,7 @@ def run_bench(
                         time.perf_counter() - start,
                         out.stats,
                     )
+                    record.valid, record.forced_tokens = schemas.check(item, out.token_ids)
                     if shortlist is not None:
                         record.shortlist_size = shortlist.mean_size()
                         record.shortlist_by_position = shortlist.mean_size_by_position()
@@ -269,3 +279,37 @@ class _Sessions:
         history = self.messages.setdefault(key, [])
         history += [*item.messages, {"role": "assistant", "content": reply}]
         self.text[key] = self.text.get(key, "") + item.prompt + " " + reply + "\n\n"
+
+
+class _Schemas:
+    """Items with a JSON schema: the sampling that asks for it (``constrained``), and each
+    reply's check: valid JSON against the schema (``jsonschema``, not the grammar that made
+    it), and the tokens the grammar forced along it."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, constrained: bool):
+        self.tokenizer, self.vocab_size, self.constrained = tokenizer, vocab_size, constrained
+        self._grammars: Any = None
+
+    def sampling(self, item: TaskItem, sampling: SamplingParams) -> SamplingParams:
+        if item.schema is None or not self.constrained:
+            return sampling
+        return dataclasses.replace(sampling, json_schema=item.schema)
+
+    def check(self, item: TaskItem, token_ids: list[int]) -> tuple[bool | None, int | None]:
+        if item.schema is None:
+            return None, None
+        import json
+
+        import jsonschema
+
+        from quickdraft.constraints import Constraint, Grammars
+
+        try:
+            jsonschema.validate(json.loads(self.tokenizer.decode(token_ids)), item.schema)
+            valid = True
+        except (ValueError, jsonschema.ValidationError):
+            valid = False
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.vocab_size)
+        matcher = self._grammars.matcher(Constraint("json_schema", item.schema))
+        return valid, matcher.count_forced(token_ids)

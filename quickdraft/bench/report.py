@@ -102,6 +102,18 @@ def markdown(summary: dict[str, Any], meta: dict[str, Any]) -> str:
             f"{split['prefill']:.2f} / {split['draft']:.2f} / {split['verify']:.2f} / "
             f"{split['other']:.2f} | {_fmt(row['drafter_vocab_size'], '{:,}')} | {identical} |"
         )
+    checked = [m for m in methods if summary["all"][m].get("invalid") is not None]
+    if checked:
+        lines += [
+            "",
+            "## Structured outputs (items with a JSON schema)",
+            "",
+            "| method | invalid replies | tokens the grammar forced |",
+            "|---|---|---|",
+        ]
+        for method in checked:
+            row = summary["all"][method]
+            lines.append(f"| {method} | {row['invalid']} | {_fmt(row['forced_share'], '{:.0%}')} |")
     lines += [
         "",
         "![speedup by task](speedup_by_task.png)",

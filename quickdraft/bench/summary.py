@@ -40,6 +40,7 @@ def _summary(records: list[RunRecord], label: str, bench: BenchRun) -> dict[str,
         identical = all(r.token_ids == reference[(r.task, r.item)] for r in compared)
     count = max(len(mine), 1)
     tokens = sum(len(r.token_ids) for r in mine)
+    checked = [r for r in mine if r.valid is not None]  # items with a schema
     return {
         "runs": len(mine),
         "new_tokens": tokens,
@@ -66,6 +67,13 @@ def _summary(records: list[RunRecord], label: str, bench: BenchRun) -> dict[str,
         "shortlist_size_mean": _finite(_mean_shortlist(mine)),
         "shortlist_size_by_position": _shortlist_by_position(mine),
         "identical_to_ar": identical,
+        "invalid": sum(not r.valid for r in checked) if checked else None,
+        "forced_share": _finite(
+            sum(r.forced_tokens or 0 for r in checked)
+            / max(1, sum(len(r.token_ids) for r in checked))
+        )
+        if checked
+        else None,
     }
 
 

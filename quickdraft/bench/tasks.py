@@ -4,8 +4,10 @@ Each item has a plain ``prompt`` and the same request as chat ``messages``, with
 and ``license``. ``tools/build_task_sets.py`` rebuilds the seven classic kinds from their
 offline sources. ``agentic`` (``benchmarks/data/build_agentic.py``) is a set of sessions: its
 items are turns, each holding only what the user adds at that turn; the bench builds a turn's
-request from the session so far and the model's own replies. It runs when named
-(``--tasks agentic``), not in ``all``.
+request from the session so far and the model's own replies. ``structured``
+(``benchmarks/data/build_structured.py``) carries a JSON ``schema`` per item: the bench asks
+for replies valid against it (``SamplingParams.json_schema``) and checks each. Both run when
+named (``--tasks agentic,structured``), not in ``all``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 TASK_KINDS = ("translation", "conversation", "rag", "math", "qa", "summarization", "code")
 SESSION_KINDS = ("agentic",)
+SCHEMA_KINDS = ("structured",)
 TASK_DIR = Path(__file__).parent / "tasks"
 
 
@@ -29,6 +32,7 @@ class TaskItem:
     license: str
     session: str | None = None  # turns of one session share it, in order
     turn: int = 0
+    schema: dict | None = None  # the reply must be JSON valid against it
 
 
 def parse_tasks(text: str) -> tuple[str, ...]:
@@ -36,7 +40,7 @@ def parse_tasks(text: str) -> tuple[str, ...]:
     if text.strip() == "all":
         return TASK_KINDS
     kinds = tuple(kind.strip() for kind in text.split(",") if kind.strip())
-    known = (*TASK_KINDS, *SESSION_KINDS)
+    known = (*TASK_KINDS, *SESSION_KINDS, *SCHEMA_KINDS)
     unknown = [kind for kind in kinds if kind not in known]
     if unknown or not kinds:
         raise ValueError(
@@ -74,4 +78,5 @@ def _item(data: dict) -> TaskItem:
         data["license"],
         data.get("session"),
         data.get("turn", 0),
+        data.get("schema"),
     )

@@ -54,7 +54,8 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         "--tasks",
         default="all",
         help="all (the seven classic kinds), or a comma-separated list; agentic: multi-turn "
-        "agent sessions (--prompts-per-task counts sessions)",
+        "agent sessions (--prompts-per-task counts sessions); structured: replies in a JSON "
+        "schema",
     )
     bench.add_argument("--prompts-per-task", type=_positive_int, default=3)
     bench.add_argument("--max-new-tokens", type=_positive_int, default=64)
@@ -69,6 +70,13 @@ def _add_bench(commands: argparse._SubParsersAction) -> None:
         help="a fresh engine per request, every prompt prefilled whole (by default each "
         "method keeps one engine, as a server does: a session's next turn finds the earlier "
         "ones cached)",
+    )
+    bench.add_argument(
+        "--unconstrained",
+        dest="constrained",
+        action="store_false",
+        help="run the structured task set's items without their JSON schemas (their replies "
+        "are still checked against them)",
     )
     bench.add_argument(
         "--no-chat",
@@ -117,6 +125,7 @@ def _bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         chat=args.chat,
         prefix_caching=args.prefix_caching,
+        constrained=args.constrained,
     )
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -139,6 +148,7 @@ def _bench(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "chat": args.chat,
         "prefix_caching": args.prefix_caching,
+        "constrained": args.constrained,
         "threads": torch.get_num_threads(),
         "machine": describe_machine(),
     }

@@ -79,6 +79,21 @@ class Matcher:
         a draft for free."""
         return list(self.inner.compute_ff_tokens())
 
+    def count_forced(self, tokens: list[int]) -> int:
+        """Advance along ``tokens`` (a reply), counting those the grammar forced (each the only
+        continuation where it came): what forced drafting can give a reply."""
+        index = forced = 0
+        while index < len(tokens):
+            run = self.forced()
+            n = 0
+            while n < len(run) and index + n < len(tokens) and tokens[index + n] == run[n]:
+                n += 1
+            step = max(n, 1)
+            if self.advance(tokens[index : index + step]) < step:
+                break  # past the grammar (a stop token): nothing more is forced
+            forced, index = forced + n, index + step
+        return forced
+
     def path_masks(self, tokens: list[int]) -> torch.Tensor:
         """[len(tokens) + 1, V] bool: the allowed tokens before each token of a draft path and
         after its last. Past a token the grammar refuses, nothing is allowed (the verify

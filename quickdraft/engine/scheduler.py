@@ -165,22 +165,30 @@ class Scheduler:
             keeps the last request's entries until it is taken again, so a prompt that begins
             with that request's text (a session's next turn: the last prompt and reply, then
             more) takes the free slot holding the most of its prefix and prefills only the
-            rest. None: no prefix caching; a request takes the lowest free slot."""
+            rest; a prompt that shares nothing takes the lowest free slot holding no reusable
+            cache, so caches live as long as there is room. None: no prefix caching; a
+            request takes the lowest free slot."""
         free = [slot for slot, r in enumerate(self.rows.requests) if r is None]
         if not self.waiting or not free:
             return None
-        valid = None
+        valid: list[int] = []
         if cached is not None:  # a host read of both tables' lengths per admission
             valid = torch.minimum(cached.cpu(), self.rows.lengths.cpu() - 1).tolist()
+        reusable = [slot for slot in free if valid and valid[slot] > 0]
+        holding = set(reusable)
+        plain = iter([slot for slot in free if slot not in holding] + reusable)
+        taken: set[int] = set()
         admitted: list[Request] = []
-        while self.waiting and free:
+        while self.waiting and len(admitted) < len(free):
             request = self.waiting.popleft()
-            slot, reused = free[0], 0
-            if valid is not None:
-                found = [(self._shared(request.prompt, s, valid[s]), -s) for s in free]
-                reused, slot = max(found)
-                slot = -slot
-            free.remove(slot)
+            slot, reused = self._best_slot(request.prompt, reusable, valid)
+            if reused:
+                reusable.remove(slot)
+            else:
+                slot = next(s for s in plain if s not in taken)
+                if slot in reusable:
+                    reusable.remove(slot)
+            taken.add(slot)
             request.slot, request.prefilled = slot, reused
             request.stats.cached_prompt_tokens = reused
             request.status = Status.PREFILL
@@ -198,14 +206,21 @@ class Scheduler:
         self.rows.lengths[slots.index] = lengths
         return slots, torch.tensor([r.prefilled for r in admitted], device=self.rows.device)
 
-    def _shared(self, prompt: list[int], slot: int, valid: int) -> int:
-        """How many of the prompt's tokens, all but its last (which is verified, not
-        prefilled), ``slot`` holds cached from its last request: their common prefix."""
-        n = min(valid, len(prompt) - 1)
+    def _best_slot(self, prompt: list[int], slots: list[int], valid: list[int]) -> tuple[int, int]:
+        """Of these free slots, the one whose cache holds the longest beginning of ``prompt``
+        (all but its last token, which is verified, not prefilled; the lowest slot of a tie)
+        and that length; (-1, 0) when none holds any."""
+        n = min(max((valid[s] for s in slots), default=0), len(prompt) - 1)
         if n <= 0:
-            return 0
-        same = self.rows.tokens[slot, :n].cpu() == torch.tensor(prompt[:n])
-        return n if bool(same.all()) else int(same.to(torch.uint8).argmin())
+            return -1, 0
+        index = torch.tensor(slots, device=self.rows.device)
+        same = self.rows.tokens[index, :n] == torch.tensor(prompt[:n], device=index.device)
+        same &= torch.arange(n, device=index.device) < torch.tensor(
+            [valid[s] for s in slots], device=index.device
+        ).unsqueeze(1)
+        shared = same.long().cumprod(1).sum(1)  # [C] each slot's common prefix
+        best = int(shared.argmax())  # the first of the longest: slots are ascending
+        return slots[best], int(shared[best])
 
     def prefill(self) -> Prefill | None:
         """The next chunk of the prompts still to prefill whose chunks are at least half the

@@ -165,12 +165,18 @@ class NGramLM:
 
 
 class ToyTokenizer:
-    """Maps token i to the i-th character of a fixed alphabet, so toy runs have readable text."""
+    """Maps token i to the i-th character of an alphabet (letters, then digits, by default),
+    so toy runs have readable text; another alphabet (JSON's punctuation, say) lets a toy run
+    under a grammar over those characters."""
 
     alphabet = string.ascii_lowercase + string.ascii_uppercase + string.digits
     eos_token_ids: tuple[int, ...] = ()  # toy text has no end-of-sequence token
 
-    def __init__(self, vocab_size: int):
+    def __init__(self, vocab_size: int, alphabet: str | None = None):
+        if alphabet is not None:
+            if len(set(alphabet)) != len(alphabet) or not alphabet.isascii():
+                raise ValueError(f"alphabet: distinct ASCII characters, got {alphabet!r}")
+            self.alphabet = alphabet
         if not 1 <= vocab_size <= len(self.alphabet):
             raise ValueError(f"vocab_size must be in 1..{len(self.alphabet)}, got {vocab_size}")
         self.vocab_size = vocab_size
@@ -202,8 +208,9 @@ class ToyTokenizer:
                 self.tokens = [c.encode() for c in alphabet]
                 self.special_token_ids: list[int] = []
 
-            def __call__(self, text: bytes) -> list[int]:
-                return [alphabet.index(chr(b)) for b in text]
+            def __call__(self, text: bytes | str) -> list[int]:
+                chars = text if isinstance(text, str) else text.decode("latin-1")
+                return [alphabet.index(c) for c in chars if c in alphabet]
 
         return llguidance.LLTokenizer(llguidance.TokenizerWrapper(Source()))
 
