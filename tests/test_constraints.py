@@ -108,6 +108,46 @@ def test_constrained_speculation_is_token_identical_and_valid(smollm2):
         SamplingParams(regex="a", choice=["a"])
 
 
+def test_no_draft_node_the_grammar_forbids_reaches_the_verify(smollm2):
+    """Point-mass drafts lose their forbidden nodes before the verify; a draft model samples
+    from its distribution masked along its chain. Checked on every step's draft."""
+    from quickdraft import Engine, SamplingParams
+    from quickdraft.bench.labels import parse_label
+    from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
+    from quickdraft.drafters.registry import build_drafter
+    from quickdraft.engine.constrain import reachable
+
+    target, tokenizer = smollm2
+    prompt = tokenizer.apply_chat("Extract the person as JSON: Ken Sato is 51, from Osaka.")
+    sampling = SamplingParams(
+        temperature=0.7, seed=3, max_new_tokens=40, json_schema=PERSON, draft_steps=True
+    )
+    grammars = Grammars(tokenizer, target.vocab_size)
+    drafters = [
+        build_drafter(parse_label(label)[1], target, target_name="smollm2-135m")
+        for label in ("eagle", "suffix")
+    ]
+    drafters.append(DraftModelDrafter(target.truncated(2), 4))
+    for drafter in drafters:
+        engine = Engine(target, drafter, tokenizer=tokenizer, disable_by_batch_size=None)
+        engine.add_request(prompt, sampling)
+        steps = []
+        while engine.has_unfinished():
+            for out in engine.step():
+                steps += out.new_steps or []
+        matcher, drafted = grammars.matcher(sampling.constraint), 0
+        for step in steps:
+            # What follows an end token is never used (the request stops): not checked.
+            ends = [i for i, t in enumerate(step.draft) if t in tokenizer.eos_token_ids]
+            cut = ends[0] + 1 if ends else None
+            nodes = reachable(matcher, list(step.draft), list(step.parents))
+            assert all(nodes[:cut]), step
+            drafted += len(step.draft)
+            emitted = [step.draft[i] for i in step.accepted] + [step.token]
+            matcher.advance(emitted[: step.emitted])
+        assert drafted > 0 and matcher.done, type(drafter).__name__
+
+
 def test_a_constrained_sampling_chain_keeps_the_masked_distribution():
     """A conformance row under a regex on fewer samples (``make test-slow`` runs every method
     at 50,000): drafts sampled from an unmasked draft model, the masked target's joint."""

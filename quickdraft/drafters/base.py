@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -77,6 +77,11 @@ class Batch:
     generator:  the engine's generator for rows without their own.
     limit:      draft at most this many tokens this step (None: the drafter's own k); only
                 drafters that declare ``Needs.shortens`` are handed one.
+    matchers:   each row's grammar matcher (``constraints.Matcher``) when a request asks for
+                structured output, else None (empty: no row does). A drafter that samples may
+                draw from its own distribution masked to ``allowed()`` along its draft
+                (advancing the matcher, and rolling it back before it returns); the engine
+                masks the target at every node either way.
     """
 
     tokens: torch.Tensor
@@ -86,6 +91,7 @@ class Batch:
     generators: tuple[torch.Generator | None, ...]
     generator: torch.Generator
     limit: int | None = None
+    matchers: tuple[Any, ...] = ()
 
     @staticmethod
     def from_rows(
@@ -201,6 +207,29 @@ class Draft:
     def depth(self) -> int:
         """Draft positions a verify of this draft can accept."""
         return self.tokens.shape[1] if self.tree is None else self.tree.max_depth
+
+    def keep(self, nodes: torch.Tensor) -> Draft:
+        """The draft with only the nodes ``nodes`` [N] bool marks (a kept node's parent is
+        kept too) and its side branch. Exact for point-mass drafts, whose verify judges each
+        node alone; a sampled tree's siblings are judged together, so it is not for them."""
+        if bool(nodes.all()):
+            return self
+        if not bool(nodes.any()):  # a side branch needs a draft beside it: it stays whole
+            return (
+                self
+                if self.side is not None
+                else Draft.empty(self.tokens.shape[0], self.tokens.device)
+            )
+        index = nodes.nonzero().flatten()
+        probs = None if self.probs is None else self.probs[:, index.to(self.tokens.device)]
+        if self.tree is None:  # a chain keeps a prefix
+            return Draft(self.tokens[:, : index.numel()], probs, None, self.side)
+        new_index = torch.full((self.tree.num_nodes,), -1, dtype=torch.long)
+        new_index[index] = torch.arange(index.numel())
+        old_parents = self.tree.parents[index]
+        parents = torch.where(old_parents < 0, -1, new_index[old_parents.clamp_min(0)])
+        tokens = self.tokens[:, index.to(self.tokens.device)]
+        return Draft.from_parents(tokens, parents, probs, self.side)
 
     def cut(self, depth: int) -> Draft:
         """The draft without its nodes deeper than ``depth`` (a chain's first ``depth``

@@ -65,6 +65,41 @@ def forced_draft(requests: list[Request], room: int, device: torch.device | str)
     return Draft.chain(torch.tensor(rows, dtype=torch.long, device=device))
 
 
+def prune(draft: Draft, requests: list[Request]) -> Draft:
+    """A point-mass draft without the nodes whose path the grammar forbids in every row (rows
+    share the draft's shape; an unconstrained row keeps every node): no verify position is
+    spent on a token that cannot be accepted. A sampled draft is left whole: dropping a node
+    because of the token drawn there would change which distribution the rule samples."""
+    if draft.probs is not None or draft.tokens.shape[1] == 0:
+        return draft
+    if any(request.matcher is None for request in requests):
+        return draft
+    parents, tokens = draft.parents.tolist(), draft.tokens.tolist()
+    kept = torch.zeros(len(parents), dtype=torch.bool)
+    for b, request in enumerate(requests):
+        assert request.matcher is not None
+        kept |= torch.tensor(reachable(request.matcher, tokens[b], parents), dtype=torch.bool)
+    return draft.keep(kept)
+
+
+def reachable(matcher: Matcher, tokens: list[int], parents: list[int]) -> list[bool]:
+    """For each draft node, whether the grammar allows the tokens along its path from the
+    root. The matcher ends where it began."""
+    allowed = []
+    for node in range(len(tokens)):
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        walk = [tokens[i] for i in reversed(path)]
+        taken = matcher.advance(walk)
+        # A token the matcher does not consume may still be allowed: the end token where the
+        # output may end (the request stops there, so only as the path's last token).
+        ends = taken == len(walk) - 1 and bool(matcher.allowed()[walk[-1]])
+        allowed.append(taken == len(walk) or ends)
+        matcher.rollback(taken)
+    return allowed
+
+
 def mask_logits(logits: torch.Tensor, requests: list[Request], draft: Draft) -> torch.Tensor:
     """logits [B, N + 1, V] of the verify pass's pending token and draft nodes, with every
     constrained row's disallowed tokens at -inf (a copy; unconstrained rows unchanged)."""

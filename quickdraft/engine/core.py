@@ -11,6 +11,7 @@ requests' outputs and stop checks, and, only for requests that ask for their ste
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
@@ -351,9 +352,13 @@ class Engine:
         forced = constrain.forced_draft(requests, room, self.device)
         if forced is not None:  # the drafter follows the step as one it left undrafted
             return forced
+        if any(r.matcher is not None for r in requests):
+            batch = dataclasses.replace(batch, matchers=tuple(r.matcher for r in requests))
         if self.goodput is None:
-            return self.drafter.propose(batch)
-        return self.goodput.propose(self.drafter, batch)
+            draft = self.drafter.propose(batch)
+        else:
+            draft = self.goodput.propose(self.drafter, batch)
+        return constrain.prune(draft, requests)
 
     def _report(self, request: Request) -> RequestOutput:
         if request.status is Status.FINISHED:

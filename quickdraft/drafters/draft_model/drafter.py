@@ -151,15 +151,18 @@ class DraftModelDrafter:
             )
         logits = self._logits(inputs, positions, cache, pending)
         cache.commit(pending + 1)
+        grammar = _Grammar(batch.matchers)
         tokens, probs = [], []
         for i in range(steps):
-            token, prob = self._choose(logits, params, batch)
+            token, prob = self._choose(grammar.mask(logits), params, batch)
+            grammar.advance(token)
             tokens.append(token)
             probs.append(prob)
             if i + 1 < steps:
                 position = (batch.lengths + i).unsqueeze(1)
                 logits = self._logits(token.unsqueeze(1), position, cache)
                 cache.commit(1)
+        grammar.rollback()
         return Draft.chain(torch.stack(tokens, dim=1), torch.stack(probs, dim=1))
 
     def _propose_shortlisted(
@@ -289,3 +292,43 @@ def build(spec: SpecConfig, context: BuildContext) -> DraftModelDrafter:
 
         return suffix_first(drafter)  # type: ignore[return-value]
     return drafter
+
+
+class _Grammar:
+    """Structured outputs in the draft loop: the draft samples from its own distribution
+    masked to what each constrained row's grammar allows after the draft so far (``q`` is
+    that masked distribution, so the rule stays exact), which keeps drafts the target would
+    reject for certain out of the chain. Rows past a refused token, or whose grammar allows
+    nothing, draw unmasked: the verify rejects them anyway."""
+
+    def __init__(self, matchers: tuple):
+        self.rows = [(b, m) for b, m in enumerate(matchers) if m is not None]
+        self.taken = [0] * len(self.rows)
+        self.live = [True] * len(self.rows)
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [B, V] with each live constrained row's forbidden tokens at -inf."""
+        if not any(self.live):
+            return logits
+        logits = logits.clone()
+        for i, (b, matcher) in enumerate(self.rows):
+            if self.live[i]:
+                allowed = matcher.allowed()[: logits.shape[-1]].to(logits.device)
+                if bool(allowed.any()):
+                    logits[b].masked_fill_(~allowed, float("-inf"))
+        return logits
+
+    def advance(self, token: torch.Tensor) -> None:
+        """The rows' matchers take the token [B] each drew (one host read, constrained only)."""
+        if not any(self.live):
+            return
+        drawn = token.tolist()
+        for i, (b, matcher) in enumerate(self.rows):
+            if self.live[i]:
+                took = matcher.advance([drawn[b]])
+                self.taken[i] += took
+                self.live[i] = took == 1 and not matcher.done
+
+    def rollback(self) -> None:
+        for (_, matcher), taken in zip(self.rows, self.taken, strict=True):
+            matcher.rollback(taken)
