@@ -62,7 +62,8 @@ class NGramDrafter(Stateless):
             tokens[b] = torch.tensor(row + [last] * (width - len(row)), dtype=torch.long)
         return Draft.chain(tokens)
 
-    def _lookup(self, sequence: torch.Tensor, most: int) -> list[int]:
+    def _lookup(self, sequence: torch.Tensor, most: int | None = None) -> list[int]:
+        most = most or self.num_tokens
         length = sequence.shape[0]
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
             pattern = sequence[length - n :]

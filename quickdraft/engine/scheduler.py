@@ -17,6 +17,7 @@ runner (``engine.runner``) executes the target.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -177,17 +178,23 @@ class Scheduler:
         reusable = [slot for slot in free if valid and valid[slot] > 0]
         holding = set(reusable)
         plain = iter([slot for slot in free if slot not in holding] + reusable)
+        coming = list(itertools.islice(self.waiting, len(free)))
+        shared = self._shared(coming, reusable, valid)  # [requests, reusable slots]
         taken: set[int] = set()
         admitted: list[Request] = []
-        while self.waiting and len(admitted) < len(free):
-            request = self.waiting.popleft()
-            slot, reused = self._best_slot(request.prompt, reusable, valid)
-            if reused:
-                reusable.remove(slot)
-            else:
+        for row, request in enumerate(coming):
+            self.waiting.popleft()
+            slot, reused = -1, 0
+            if shared is not None:
+                best = int(shared[row].argmax())  # the first of the longest: slots ascend
+                reused = int(shared[row, best])
+                if reused > 0:
+                    slot = reusable[best]
+                    shared[:, best] = -1  # taken
+            if slot < 0:
                 slot = next(s for s in plain if s not in taken)
-                if slot in reusable:
-                    reusable.remove(slot)
+                if shared is not None and slot in holding:
+                    shared[:, reusable.index(slot)] = -1
             taken.add(slot)
             request.slot, request.prefilled = slot, reused
             request.stats.cached_prompt_tokens = reused
@@ -206,21 +213,27 @@ class Scheduler:
         self.rows.lengths[slots.index] = lengths
         return slots, torch.tensor([r.prefilled for r in admitted], device=self.rows.device)
 
-    def _best_slot(self, prompt: list[int], slots: list[int], valid: list[int]) -> tuple[int, int]:
-        """Of these free slots, the one whose cache holds the longest beginning of ``prompt``
-        (all but its last token, which is verified, not prefilled; the lowest slot of a tie)
-        and that length; (-1, 0) when none holds any."""
-        n = min(max((valid[s] for s in slots), default=0), len(prompt) - 1)
+    def _shared(
+        self, requests: list[Request], slots: list[int], valid: list[int]
+    ) -> torch.Tensor | None:
+        """[R, C] how many of each request's prompt tokens, all but its last (which is
+        verified, not prefilled), each of these free slots holds cached from its last
+        request: their common prefix. None when no slot holds any."""
+        if not slots:
+            return None
+        n = min(max(valid[s] for s in slots), max(len(r.prompt) for r in requests) - 1)
         if n <= 0:
-            return -1, 0
-        index = torch.tensor(slots, device=self.rows.device)
-        same = self.rows.tokens[index, :n] == torch.tensor(prompt[:n], device=index.device)
-        same &= torch.arange(n, device=index.device) < torch.tensor(
-            [valid[s] for s in slots], device=index.device
-        ).unsqueeze(1)
-        shared = same.long().cumprod(1).sum(1)  # [C] each slot's common prefix
-        best = int(shared.argmax())  # the first of the longest: slots are ascending
-        return slots[best], int(shared[best])
+            return None
+        device = self.rows.device
+        prompts = torch.full((len(requests), n), -1, dtype=torch.long)  # -1 matches no token
+        for i, request in enumerate(requests):
+            head = request.prompt[: min(n, len(request.prompt) - 1)]
+            prompts[i, : len(head)] = torch.tensor(head, dtype=torch.long)
+        index = torch.tensor(slots, device=device)
+        cached = torch.tensor([valid[s] for s in slots], device=device)
+        same = prompts.to(device).unsqueeze(1) == self.rows.tokens[index, :n].unsqueeze(0)
+        same &= torch.arange(n, device=device) < cached.unsqueeze(1)  # [R, C, n]
+        return same.to(torch.uint8).cumprod(2).sum(2)  # [R, C]
 
     def prefill(self) -> Prefill | None:
         """The next chunk of the prompts still to prefill whose chunks are at least half the
