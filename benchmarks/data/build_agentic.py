@@ -106,18 +106,28 @@ def item(session: str, turn: int, messages: list[dict], sources: list[str]) -> d
     }
 
 
-def tools_sessions(lib: Path, avoid: set[str], rng: random.Random) -> list[dict]:
-    packages = [
+def packages(lib: Path, rng: random.Random) -> list[Path]:
+    """The standard library's packages (tests, IDLE and site-packages left out), shuffled."""
+    found = [
         p for p in sorted(lib.iterdir())
         if (p / "__init__.py").is_file() and p.name not in {"test", "idlelib", "site-packages"}
     ]  # fmt: skip
-    rng.shuffle(packages)
+    rng.shuffle(found)
+    return found
+
+
+def package_modules(package: Path, lib: Path, avoid: set[str]) -> list[Path]:
+    """A package's modules but its ``__init__`` and those in ``avoid``, in sorted order."""
+    return [
+        m for m in sorted(package.glob("*.py"))
+        if m.relative_to(lib).as_posix() not in avoid and m.name != "__init__.py"
+    ]  # fmt: skip
+
+
+def tools_sessions(lib: Path, avoid: set[str], rng: random.Random) -> list[dict]:
     items: list[dict] = []
-    for package in packages:
-        modules = [
-            m for m in sorted(package.glob("*.py"))
-            if m.relative_to(lib).as_posix() not in avoid and m.name != "__init__.py"
-        ]  # fmt: skip
+    for package in packages(lib, rng):
+        modules = package_modules(package, lib, avoid)
         found = [(m, f) for m in modules for f in functions(m) if not f.name.startswith("_")]
         if len(modules) < 3 or not found:
             continue

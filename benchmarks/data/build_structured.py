@@ -31,7 +31,14 @@ import sysconfig
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from build_agentic import LICENSE, ROOT, functions, quoted_by_training_data
+from build_agentic import (
+    LICENSE,
+    ROOT,
+    functions,
+    package_modules,
+    packages,
+    quoted_by_training_data,
+)
 
 OUT = ROOT / "quickdraft" / "bench" / "tasks" / "structured.jsonl"
 PER_KIND = 8
@@ -162,17 +169,9 @@ def _methods(cls: ast.ClassDef) -> list[str]:
 
 
 def tool_items(lib: Path, avoid: set[str], rng: random.Random) -> list[dict]:
-    packages = [
-        p for p in sorted(lib.iterdir())
-        if (p / "__init__.py").is_file() and p.name not in {"test", "idlelib", "site-packages"}
-    ]  # fmt: skip
-    rng.shuffle(packages)
     items: list[dict] = []
-    for package in packages:
-        files = [
-            m for m in sorted(package.glob("*.py"))
-            if m.relative_to(lib).as_posix() not in avoid and m.name != "__init__.py"
-        ]  # fmt: skip
+    for package in packages(lib, rng):
+        files = package_modules(package, lib, avoid)
         defined = [f for m in files for f in functions(m)]
         if not files or not defined:
             continue
