@@ -2,7 +2,8 @@
 projections of Qwen2.5-Coder-1.5B, at the row counts a decode step (1) and a verify pass
 (6, 16) feed.
 
-Candidates: quickdraft's 4-bit kernel (``kernels.q4``) on each compiled path this CPU runs;
+Candidates: quickdraft's superblock kernel (``kernels.superblock``) with 4-bit and 8-bit codes
+on each compiled path this CPU runs;
 float32 ``F.linear``; float32 prepacked for oneDNN (the native runner's default);
 quickdraft's int8 (``models.int8``: fbgemm's dynamic int8 product with per-row activation
 scales, anchor channels and no outlier columns here); PyTorch's weight-only int8
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 
 from quickdraft import kernels
 from quickdraft.bench.machine import describe_machine
-from quickdraft.kernels import q4
+from quickdraft.kernels import superblock
 from quickdraft.models.ops import Linear
 
 RESULTS = Path(__file__).parent / "results"
@@ -71,14 +72,15 @@ def candidates(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch
     int4_f, pairs_f = int4_weights(weight, torch.float32)
     int4_b, pairs_b = int4_weights(weight, torch.bfloat16)
     scale8_b = scale8.bfloat16()
-    codes = q4.quantize(weight)
     paths = [path for path in kernels.runnable_paths() if path != kernels.REFERENCE]
-    fours = {path: q4.Q4Weights.build(codes, None, path) for path in paths}
+    layers = {}
+    for bits in (4, 8):
+        codes = superblock.quantize(weight, bits)
+        for path in paths:
+            name = f"quickdraft {'q4' if bits == 4 else '8-bit'} ({path})"
+            layers[name] = superblock.SuperWeights.build(codes, None, path)
     return {
-        **{
-            f"quickdraft q4 ({path})": partial(q4.linear, weights=layer)
-            for path, layer in fours.items()
-        },
+        **{name: partial(superblock.linear, weights=layer) for name, layer in layers.items()},
         "float32 F.linear": lambda x: F.linear(x, weight),
         "float32 prepacked": lambda x: packed(x),
         "quickdraft int8": lambda x: int8(x),

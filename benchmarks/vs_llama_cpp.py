@@ -57,6 +57,7 @@ import torch
 from quickdraft import SamplingParams, SpecConfig, generate
 from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.tasks import TASK_DIR, load_tasks
+from quickdraft.drafters.eagle.io import ARTIFACTS as EAGLE_ARTIFACTS
 from quickdraft.drafters.registry import build_drafter, make_spec
 from quickdraft.models.loading import load_model, packaged_gguf
 from quickdraft.train.sources import code_prompts
@@ -164,7 +165,7 @@ def quickdraft_rows(args) -> tuple[list[Row], object, int]:
             run = _quickdraft_run(target, None, None, tokenizer, args)
             rows.append(Row("quickdraft float32 plain", "quickdraft", quant, run, weight_bytes))
             continue
-        for k in (3, 5) if draft is not None else ():
+        for k in (3, 5) if draft is not None and "draft" in args.methods.split(",") else ():
             spec = SpecConfig(method="draft_model", num_speculative_tokens=k)
             configs.append((f"draft model k={k}", spec, draft))
         if quant == "int8" and draft is not None:  # the draft's 151,936-row head: a quarter
@@ -172,8 +173,22 @@ def quickdraft_rows(args) -> tuple[list[Row], object, int]:
                 method="draft_model", num_speculative_tokens=4, draft_shortlist="fr:32768"
             )
             configs.append(("draft model k=4, FR-Spec 32k head", spec, draft))
-        lookup = SpecConfig(method="ngram", num_speculative_tokens=5)
-        configs.append(("prompt lookup k=5", lookup, None))
+        methods = set(args.methods.split(","))
+        if "ngram" in methods:
+            configs.append(
+                ("prompt lookup k=5", SpecConfig(method="ngram", num_speculative_tokens=5), None)
+            )
+        if "eagle" in methods and (EAGLE_ARTIFACTS / args.target).is_dir():
+            configs.append(("EAGLE", SpecConfig(method="eagle"), None))
+            configs.append(
+                ("EAGLE, network alone", make_spec(method="eagle", eagle_lookup=0), None)
+            )
+        if "suffix" in methods:
+            configs.append(
+                ("suffix k=8", SpecConfig(method="suffix", num_speculative_tokens=8), None)
+            )
+        if "lookahead" in methods:
+            configs.append(("lookahead", SpecConfig(method="lookahead"), None))
         for name, spec, model in configs:
             drafter = None
             if spec is not None:
@@ -214,7 +229,7 @@ def _weight_bytes(model) -> float:
     for layer in model.layers:
         linears += [layer.qkv, layer.o, layer.gate_up, layer.down]
     if getattr(model, "quant", None) is not None:
-        return float(sum(linear._q4.nbytes for linear in linears))
+        return float(sum(linear.quantized_weights.nbytes for linear in linears))
     if not model.int8:
         return 4.0 * projection_params(model)
     total = 0.0
@@ -277,6 +292,13 @@ def main() -> None:
     parser.add_argument("--chat", type=int, default=6, help="chat prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--llama-k", type=int, default=4, help="llama.cpp's draft length")
+    parser.add_argument(
+        "--methods",
+        default="draft,ngram,eagle,suffix,lookahead",
+        help="quickdraft's speculative rows: draft (the draft model at k = 3 and 5), ngram, "
+        "eagle (with and without its prompt-lookup graft, where a drafter ships for the "
+        "target), suffix, lookahead",
+    )
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--out", type=Path, default=RESULTS / "vs_llama_cpp.json")
     args = parser.parse_args()

@@ -6,8 +6,9 @@ int8, more than any cache) goes through each kernel in turn, at 1, 6 and 16 rows
 step, a chain verify, a tree verify; ``--rows`` sets them); medians of 9 passes, the kernels
 in turn within each:
 
-- quickdraft's 4-bit kernel (``kernels.q4``: 4-bit weights in groups of 32 with float16 scale
-  and minimum, int8 activations per group), on each compiled path this CPU runs;
+- quickdraft's 4-bit kernel (``kernels.superblock``: 4-bit weights in superblocks of 256 with
+  integer sub-scales and minimums, int8 activations per superblock), on each compiled path
+  this CPU runs;
 - quickdraft's int8 product (``models.int8``, on fbgemm's ``quantized.linear_dynamic``);
 - oneDNN's int8 product (``onednn.qlinear_pointwise``, u8 activations, float32 out);
 - PyTorch's int4 weight-only product with bf16 activations (``_weight_int4pack_mm_for_cpu``,
@@ -34,7 +35,7 @@ import torch
 
 from quickdraft import kernels as compiled
 from quickdraft.bench.machine import describe_machine
-from quickdraft.kernels import q4
+from quickdraft.kernels import superblock
 from quickdraft.models import int8
 
 RESULTS = Path(__file__).parent / "results"
@@ -72,12 +73,12 @@ def onednn(weights: list[torch.Tensor]):
     return run
 
 
-def quickdraft_q4(codes: list[q4.Q4Codes], path: str):
-    """quickdraft's 4-bit kernel on one compiled path."""
-    layers = [q4.Q4Weights.build(c, None, path) for c in codes]
+def quickdraft_q4(codes: list[superblock.SuperCodes], path: str):
+    """quickdraft's 4-bit superblock kernel on one compiled path."""
+    layers = [superblock.SuperWeights.build(c, None, path) for c in codes]
 
     def run(x: torch.Tensor) -> list[torch.Tensor]:
-        return [q4.linear(x, layer) for layer in layers]
+        return [superblock.linear(x, layer) for layer in layers]
 
     return run
 
@@ -116,9 +117,10 @@ def main() -> None:
     warnings.simplefilter("ignore")  # quantized tensor constructors warn of future removal
     torch.manual_seed(0)
     weights = [torch.randn(N, K) * 0.02 for _ in range(args.layers)]
-    q4_bytes = q4.RECORD / (q4.LANES * q4.GROUP)  # 5 bits a weight
+    q4_bytes = 4.75 / 8  # codes, 8-bit sub-scales and minimums, two floats per 256
     compiled_paths = [path for path in compiled.runnable_paths() if path != compiled.REFERENCE]
-    codes = [q4.quantize(w) for w in weights] if compiled_paths else []  # once, for every path
+    # Quantized once, for every path.
+    codes = [superblock.quantize(w) for w in weights] if compiled_paths else []
     kernels = {
         **{
             f"quickdraft q4 ({path})": (quickdraft_q4(codes, path), q4_bytes)

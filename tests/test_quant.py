@@ -26,7 +26,7 @@ PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7, 7, 7]]
 def quantized_target(family: str, quant: str = "int8") -> LlamaRunner:
     """A tiny batch-invariant model with quantized weights: "int8", fbgemm's int8 with its
     outlier channels calibrated (``models.int8``); "q4" and "q8", 4-bit and 8-bit codes on
-    quickdraft's kernel (``kernels.q4``), what load_model(quant="q4" or "int8") builds."""
+    quickdraft's kernel (``kernels.superblock``), what load_model(quant="q4" or "int8") builds."""
     model = tiny_hf_model(family, layers=3)
     return LlamaRunner.from_state_dict(
         model.config.to_dict(), model.state_dict(), int8=quant == "int8",

@@ -1,13 +1,14 @@
 """Compiled CPU kernels, built from the sources beside this file at first use.
 
-``q4.cpp``: the 4-bit linear layer (``kernels.q4``). ``attention.cpp``: attention one query at
-a time over exactly its own keys (``models.ops.attend_each``), the same bits whatever else a
-pass holds. ``native()`` compiles them once per source and torch version into the user's cache
-(``$QUICKDRAFT_CACHE``, else ``~/.cache/quickdraft``) with the compiler and ninja the machine
-has, and loads them as ``torch.ops.quickdraft_kernels``. ``make demo`` builds them while
-installing, so the first generation does not wait. A host that cannot build them (no
-compiler, no ninja) gets one warning and PyTorch paths: the 4-bit reference (the same bits,
-slower) and batched attention.
+``superblock.cpp``: the 4-bit (and 8-bit) linear layer (``kernels.superblock``).
+``groups.cpp``: the per-group weight quantizer it starts from (``kernels.groups``).
+``attention.cpp``: attention one query at a time over exactly its own keys
+(``models.ops.attend_each``), the same bits whatever else a pass holds. ``native()`` compiles
+them once per source and torch version into the user's cache (``$QUICKDRAFT_CACHE``, else
+``~/.cache/quickdraft``) with the compiler and ninja the machine has, and loads them as
+``torch.ops.quickdraft_kernels``. ``make demo`` builds them while installing, so the first
+generation does not wait. A host that cannot build them (no compiler, no ninja) gets one
+warning and PyTorch paths: the 4-bit reference (the same bits, slower) and batched attention.
 
     python -m quickdraft.kernels    # build now; print the path this CPU runs
 """
@@ -24,9 +25,11 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("q4.cpp", "attention.cpp")]
+SOURCES = [
+    Path(__file__).with_name(name) for name in ("groups.cpp", "superblock.cpp", "attention.cpp")
+]
 # Which code path runs the 4-bit product: the compiled kernel's instruction sets, best first,
-# then the PyTorch reference (``kernels.q4.reference``), which every CPU runs.
+# then the PyTorch reference (``kernels.superblock.reference``), which every CPU runs.
 PATHS = {"avx512-vnni": 1, "avx2": 2}
 REFERENCE = "pytorch"
 STALE_SECONDS = 24 * 3600
@@ -42,7 +45,7 @@ def cache_dir() -> Path:
 @functools.cache
 def native() -> bool:
     """Whether the compiled kernels are loaded (building them first if need be)."""
-    if hasattr(torch.ops.quickdraft_kernels, "q4_linear"):
+    if hasattr(torch.ops.quickdraft_kernels, "superblock_linear"):
         return True
     try:
         from torch.utils import cpp_extension

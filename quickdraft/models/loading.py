@@ -32,7 +32,7 @@ from quickdraft.artifacts import (
     read_safetensors,
     remove_stale_partials,
 )
-from quickdraft.models import gguf
+from quickdraft.models import gguf, quantized
 from quickdraft.models import int8 as int8_ops
 from quickdraft.models.base import Model
 from quickdraft.models.llama import SUPPORTED_MODEL_TYPES, LlamaConfig, LlamaRunner
@@ -97,13 +97,13 @@ def load_model(
     fewer than 95% of top-1 tokens, ``int8_fallback`` loads float weights instead with a
     one-line warning (a draft), else raises ValueError (a model that must not drift).
     quant: keeps a model's weights quantized whatever its role, a target included: "q4"
-    (4-bit weights with int8 activations, ``kernels.q4``: the compiled kernel this CPU runs,
+    (4-bit weights with int8 activations, ``kernels.superblock``: the compiled kernel this CPU runs,
     else PyTorch) or "int8" (8-bit weights on the same kernel), checked like int8 drafts. A failed
     check raises. Speculation is then exact with respect to the quantized model (its own
     plain decoding), as it is for any target: every token gets the same logits in a verify
     pass as in a one-token step.
     """
-    # A quantized target runs on quickdraft's own kernel (``kernels.q4``): 4-bit codes, or
+    # A quantized target runs on quickdraft's own kernel (``kernels.superblock``): 4-bit codes, or
     # 8-bit ones for int8. Both give a token the same bits in any pass on every host; the
     # fbgemm int8 layers (``int8=True``) stay for drafts, where that does not matter.
     q4 = quant is not None
@@ -155,6 +155,7 @@ def load_model(
     except (KeyError, TypeError) as error:
         raise ArtifactError(folder / "config.json", f"lacks {error}", remedy) from None
     calibration = probe = None
+    exact = (folder / "source.json").is_file()  # converted from a GGUF file
     if int8 or q4:
         calibration = torch.tensor(tokenizer.encode(int8_ops.CALIBRATION_TEXT))
         probe = torch.tensor(tokenizer.encode(int8_ops.PROBE_TEXT))
@@ -170,8 +171,9 @@ def load_model(
             probe=probe,
             invariant=quant is not None,
             q4=q4,
-            q4_exact=(folder / "source.json").is_file(),  # converted from a GGUF file
+            q4_exact=exact,
             q4_bits=8 if quant == "int8" else 4,
+            quantized_cache=None if quant is None else quantized.cache_path(weights, quant, exact),
         )
     except KeyError as error:
         raise ArtifactError(folder, f"lacks the weight {error}", remedy) from None

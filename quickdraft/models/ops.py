@@ -13,13 +13,16 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft import kernels
-from quickdraft.kernels import q4 as q4_ops
+from quickdraft.kernels import groups, superblock
 from quickdraft.models import int8 as int8_ops
 
 # A layer's weights are "already 4-bit" when 4-bit codes reproduce them to this relative
 # error: a GGUF's Q4_1 blocks come back exactly, its Q4_K blocks to float16 rounding of their
 # scales (about 1e-4), while 4 bits lose about 0.03 of a Q6_K tensor and 0.08 of float ones.
 EXACT_ERROR = 0.005
+# The quantized layers' layouts (``Linear.quantize_q4``), the fast one first.
+LAYOUTS = ("superblock", "groups")
+QuantWeights = superblock.SuperWeights | groups.GroupWeights
 
 
 class Linear:
@@ -46,7 +49,8 @@ class Linear:
         self._observing = False
         self._packed: Any = None
         self._int8: int8_ops.Int8Weights | None = None
-        self._q4: q4_ops.Q4Weights | None = None
+        self._quant: QuantWeights | None = None  # quantize_q4's
+        self._dense: torch.Tensor | None = None  # the float weight it came from, until released
         if not prepack:
             return
         if int8:
@@ -79,27 +83,49 @@ class Linear:
             return
         self.weight = None
 
-    def quantize_q4(self, bits: int = 4, exact_only: bool = False) -> None:
-        """To 4-bit (or 8-bit) weights in place (``kernels.q4``): batch-invariant by
-        construction, and needing no calibration (activations are quantized per group of 32,
-        so an outlier channel costs only its own group). ``exact_only``: weights that came
-        from a quantized file keep 8 bits unless 4 bits reproduce them (within
-        ``EXACT_ERROR``), so a GGUF's 6- and 8-bit tensors are not rounded again to 4. CPU
-        float32 layers only (others stay as they are); a width that is not a multiple of 32
-        raises ValueError."""
-        if self.weight is None:
+    def quantize_q4(
+        self, bits: int = 4, exact_only: bool = False, layout: str = "superblock"
+    ) -> None:
+        """To 4-bit (or 8-bit) weights in place: batch-invariant by construction, and needing
+        no calibration. ``layout``: "superblock" (``kernels.superblock``: activations quantized
+        per row and 256 inputs, integer sub-scales; the fast one) or "groups"
+        (``kernels.groups``: activations per 32 inputs, for models with outlier channels).
+        ``exact_only``: weights that came from a quantized file keep 8 bits unless 4 bits
+        reproduce them (within ``EXACT_ERROR``), so a GGUF's 6- and 8-bit tensors are not
+        rounded again to 4. It may run again with another layout until ``release_dense``.
+        CPU float32 layers only (others stay as they are); a width that is not a multiple of
+        32 raises ValueError."""
+        weight = self.weight if self.weight is not None else self._dense
+        if weight is None:
             raise ValueError("quantize_q4() needs the dense weight: build with prepack=False")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
         self._observing = False
-        weight = self.weight
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return
-        codes = q4_ops.quantize(weight, bits)
+        module = superblock if layout == "superblock" else groups
+        codes = module.quantize(weight, bits)
         if exact_only and bits == 4:
             error = (codes.dequantize() - weight).norm() / weight.norm().clamp_min(1e-30)
             if error > EXACT_ERROR:
-                codes = q4_ops.quantize(weight, 8)
-        self._q4 = q4_ops.Q4Weights.build(codes, self.bias)
-        self.weight = None
+                codes = module.quantize(weight, 8)
+        if layout == "superblock":
+            self._quant = superblock.SuperWeights.build(codes, self.bias)
+        else:
+            self._quant = groups.GroupWeights.build(codes, self.bias)
+        self._dense, self.weight = weight, None
+
+    def release_dense(self) -> None:
+        """Drop the float weight ``quantize_q4`` kept for another try."""
+        self._dense = None
+
+    @property
+    def quantized_weights(self) -> QuantWeights | None:
+        return self._quant
+
+    def use_quantized(self, weights: QuantWeights) -> None:
+        """Take weights ``quantize_q4`` made earlier (``models.quantized``), in place."""
+        self._quant, self.weight, self._dense = weights, None, None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._observing:
@@ -110,8 +136,10 @@ class Linear:
         flat = x.reshape(-1, x.shape[-1])
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        if self._q4 is not None:
-            out = q4_ops.linear(flat, self._q4)
+        if isinstance(self._quant, superblock.SuperWeights):
+            out = superblock.linear(flat, self._quant)
+        elif self._quant is not None:
+            out = groups.linear(flat, self._quant)
         elif self._int8 is not None:
             out = int8_ops.linear(flat, self._int8)
         else:

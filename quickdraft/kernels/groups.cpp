@@ -1,4 +1,6 @@
-// A batch-invariant 4-bit (or 8-bit) linear layer for x86 CPUs: y = x W^T + b, W in groups.
+// Weights in groups of 32, for x86 CPUs: the per-group quantizer every quantized layer starts
+// from, and a batch-invariant linear layer on the groups themselves, y = x W^T + b, for layers
+// whose activations need a scale per 32 inputs (superblock.cpp shares one per 256).
 //
 // Weights: per output channel o and group g of 32 input channels, w = s[o,g] * q + m[o,g],
 // q in 0..15 (or 0..255), s and m in float16. Activations: per row r and group g,
@@ -11,7 +13,7 @@
 // in the batch, the thread count or the instruction set: each output element is computed by
 // one thread, in one fixed sequence of IEEE operations (built with -ffp-contract=off, so no
 // multiply-add is fused behind our back). The AVX-512 VNNI path, the AVX2 path and the
-// PyTorch reference (quickdraft/kernels/q4.py) give the same bits.
+// PyTorch reference (quickdraft/kernels/groups.py) give the same bits.
 //
 // Packed layout (uint8), a record per (block of 16 outputs, group), blocks outer. 4 bits: 4
 // chunks of 64 bytes, chunk c holding input channels 8c..8c+7 of the group, byte 4 * lane + t:
@@ -39,6 +41,7 @@
 namespace {
 
 constexpr int64_t kGroup = 32;
+
 constexpr int64_t kLanes = 16;
 
 // Row activations, quantized per group of 32: codes, their scale and scale * sum of codes.
@@ -304,32 +307,25 @@ bool supported(int64_t path) {
   }
 }
 
-// The fastest path this CPU runs (0: none, use the PyTorch reference).
-int64_t best_path() {
-  if (supported(kAvx512Vnni)) return kAvx512Vnni;
-  if (supported(kAvx2)) return kAvx2;
-  return kAuto;
-}
 
-at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
+at::Tensor group_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                      const std::optional<at::Tensor>& bias, int64_t path, int64_t bits) {
-  TORCH_CHECK(bits == 4 || bits == 8, "q4_linear: bits must be 4 or 8");
+  TORCH_CHECK(bits == 4 || bits == 8, "group_linear: bits must be 4 or 8");
   const int64_t record = bits == 4 ? record_bytes<4>() : record_bytes<8>();
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "q4_linear: x must be [rows, ", k, "]");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "group_linear: x must be [rows, ", k, "]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
-              "q4_linear: x must be contiguous float32 on CPU");
-  TORCH_CHECK(k % kGroup == 0, "q4_linear: in_features must be a multiple of 32");
+              "group_linear: x must be contiguous float32 on CPU");
+  TORCH_CHECK(k % kGroup == 0, "group_linear: in_features must be a multiple of 32");
   const int64_t blocks = (n + kLanes - 1) / kLanes;
   const int64_t groups = k / kGroup;
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   packed.numel() == blocks * groups * record,
-              "q4_linear: packed weights do not match ", n, " x ", k);
-  if (path == kAuto) path = best_path();
-  TORCH_CHECK(supported(path), "q4_linear: this CPU cannot run kernel path ", path);
+              "group_linear: packed weights do not match ", n, " x ", k);
+  TORCH_CHECK(path != kAuto && supported(path), "group_linear: this CPU cannot run path ", path);
   const float* b = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
-                "q4_linear: bias must be [", n, "] float32");
+                "group_linear: bias must be [", n, "] float32");
     b = bias->data_ptr<float>();
   }
   const int64_t rows = x.size(0);
@@ -364,9 +360,9 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, i
   return out;
 }
 
-bool path_supported(int64_t path) { return supported(path); }
 
-// The quantizer of kernels/q4.py (``_quantize_block``), one group of 32 weights: candidate
+
+// The quantizer of kernels/groups.py (``_quantize_block``), one group of 32 weights: candidate
 // grids (the whole range with 0..3 top codes unused, then narrower ranges), each refitted by
 // least squares, its scale and minimum rounded to float16, the least squared error kept. An
 // exact fit ends the search.
@@ -421,12 +417,12 @@ void quantize_weight_group(const float* w, int levels, uint8_t* q, c10::Half* sc
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_quantize(const at::Tensor& weight,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_quantize(const at::Tensor& weight,
                                                            int64_t bits) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
-              "q4_quantize: weight must be contiguous float32 [out, in]");
-  TORCH_CHECK(weight.size(1) % kGroup == 0, "q4_quantize: in_features must be a multiple of 32");
-  TORCH_CHECK(bits == 4 || bits == 8, "q4_quantize: bits must be 4 or 8");
+              "group_quantize: weight must be contiguous float32 [out, in]");
+  TORCH_CHECK(weight.size(1) % kGroup == 0, "group_quantize: in_features must be a multiple of 32");
+  TORCH_CHECK(bits == 4 || bits == 8, "group_quantize: bits must be 4 or 8");
   const int64_t out = weight.size(0), groups = weight.size(1) / kGroup;
   at::Tensor q = at::empty({out, groups * kGroup}, weight.options().dtype(at::kByte));
   at::Tensor scale = at::empty({out, groups}, weight.options().dtype(at::kHalf));
@@ -447,14 +443,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> q4_quantize(const at::Tensor& wei
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(quickdraft_kernels, m) {
-  m.def("q4_linear(Tensor x, Tensor packed, int n, int k, Tensor? bias, int path, int bits) "
+  m.def("group_linear(Tensor x, Tensor packed, int n, int k, Tensor? bias, int path, int bits) "
         "-> Tensor");
-  m.def("supported(int path) -> bool", &path_supported);
-  m.def("best_path() -> int", &best_path);
-  m.def("q4_quantize(Tensor weight, int bits) -> (Tensor, Tensor, Tensor)");
+  m.def("group_quantize(Tensor weight, int bits) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft_kernels, CPU, m) {
-  m.impl("q4_linear", &q4_linear);
-  m.impl("q4_quantize", &q4_quantize);
+  m.impl("group_linear", &group_linear);
+  m.impl("group_quantize", &group_quantize);
 }

@@ -1,6 +1,7 @@
-"""The 4-bit kernel: its layout, its quantizer, and the same bits for a row alone or in any
-batch, on every path this host runs (the compiled AVX-512 VNNI and AVX2 paths, and the
-PyTorch reference every host runs)."""
+"""Weights in groups of 32: the quantizer every layer starts from (its compiled search against
+the PyTorch one, a GGUF's grid coming back exactly), the groups' own linear layer (its layout,
+the same bits for a row alone or in any batch on every path this host runs), and the kernels'
+build: the paths a host names, the reference path with one warning where nothing compiles."""
 
 from __future__ import annotations
 
@@ -12,31 +13,20 @@ import pytest
 import torch
 
 from quickdraft import kernels
-from quickdraft.kernels import q4
+from quickdraft.kernels import groups
 
 PATHS = kernels.runnable_paths()
 
 
-def random_codes(out: int, inner: int, seed: int = 0, bits: int = 4) -> q4.Q4Codes:
+def random_codes(out: int, inner: int, seed: int = 0, bits: int = 4) -> groups.GroupCodes:
     generator = torch.Generator().manual_seed(seed)
-    groups = inner // q4.GROUP
-    return q4.Q4Codes(
+    count = inner // groups.GROUP
+    return groups.GroupCodes(
         torch.randint(0, 2**bits, (out, inner), generator=generator, dtype=torch.uint8),
-        (torch.rand(out, groups, generator=generator) * 0.01 / 2 ** (bits - 4) + 1e-5).half(),
-        (torch.randn(out, groups, generator=generator) * 0.05).half(),
+        (torch.rand(out, count, generator=generator) * 0.01 / 2 ** (bits - 4) + 1e-5).half(),
+        (torch.randn(out, count, generator=generator) * 0.05).half(),
         bits,
     )
-
-
-@pytest.mark.parametrize("bits", q4.BITS)
-def test_pack_round_trips_with_padding(bits):
-    codes = random_codes(37, 96, bits=bits)
-    packed = q4.pack(codes)
-    assert packed.numel() == 3 * 3 * q4.record_bytes(bits)  # 37 outputs pad to 3 blocks of 16
-    back = q4.unpack(packed, 37, 96, bits)
-    assert back.bits == codes.bits
-    for name in ("q", "scale", "minimum"):
-        assert torch.equal(getattr(back, name), getattr(codes, name)), name
 
 
 @pytest.mark.parametrize(("bits", "bound"), [(4, 0.09), (8, 0.005)])
@@ -45,7 +35,7 @@ def test_quantize_is_close_and_in_range(bits, bound):
     weight = torch.randn(48, 256) * 0.02
     weight[3] = 0.0  # a zero row
     weight[5, :32] = 0.7  # a constant group
-    codes = q4.quantize(weight, bits)
+    codes = groups.quantize(weight, bits)
     assert codes.q.dtype == torch.uint8 and int(codes.q.max()) <= 2**bits - 1
     assert codes.scale.shape == codes.minimum.shape == (48, 8) and codes.bits == bits
     restored = codes.dequantize()
@@ -62,11 +52,11 @@ def test_weights_already_on_a_4_bit_grid_come_back_exactly():
     q = codes.q.view(64, 4, 32)
     q[..., 0] = 0  # every group's least weight at code 0, as GGUF's blocks have it
     q[::2] = q[::2].clamp_max(13)  # half the groups leave their top codes unused
-    again = q4.quantize(codes.dequantize())
+    again = groups.quantize(codes.dequantize())
     assert torch.equal(again.dequantize(), codes.dequantize())
 
 
-@pytest.mark.parametrize("bits", q4.BITS)
+@pytest.mark.parametrize("bits", groups.BITS)
 def test_the_compiled_quantizer_runs_the_reference_search(bits):
     """Its sums round in another order than PyTorch's: the codes may differ in a rare group,
     never by more than the rounding of a tie."""
@@ -74,7 +64,7 @@ def test_the_compiled_quantizer_runs_the_reference_search(bits):
         pytest.skip("no compiled kernels on this host")
     torch.manual_seed(3)
     weight = torch.randn(64, 512) * 0.02
-    native, reference = q4.quantize(weight, bits), q4.quantize_reference(weight, bits)
+    native, reference = groups.quantize(weight, bits), groups.quantize_reference(weight, bits)
     same = (native.scale == reference.scale) & (native.minimum == reference.minimum)
     assert same.float().mean() > 0.99
     error = (native.dequantize() - reference.dequantize()).norm() / weight.norm()
@@ -83,56 +73,70 @@ def test_the_compiled_quantizer_runs_the_reference_search(bits):
 
 def test_quantize_refuses_a_width_not_in_groups():
     with pytest.raises(ValueError, match="q4: in_features 40"):
-        q4.quantize(torch.randn(4, 40))
+        groups.quantize(torch.randn(4, 40))
 
 
-@pytest.mark.parametrize("bits", q4.BITS)
+@pytest.mark.parametrize("bits", groups.BITS)
+def test_pack_round_trips_with_padding(bits):
+    codes = random_codes(37, 96, bits=bits)
+    packed = groups.pack(codes)
+    assert packed.numel() == 3 * 3 * groups.record_bytes(bits)  # 37 outputs pad to 3 blocks of 16
+    back = groups.unpack(packed, 37, 96, bits)
+    assert back.bits == codes.bits
+    for name in ("q", "scale", "minimum"):
+        assert torch.equal(getattr(back, name), getattr(codes, name)), name
+
+
+@pytest.mark.parametrize("bits", groups.BITS)
 @pytest.mark.parametrize("path", PATHS)
 def test_every_path_gives_the_reference_bits(path, bits):
     torch.manual_seed(1)
     codes = random_codes(40, 160, seed=1, bits=bits)
     bias = torch.randn(40)
-    layer = q4.Q4Weights.build(codes, bias, path=path)
+    layer = groups.GroupWeights.build(codes, bias, path=path)
     x = torch.randn(9, 160) * 3
     x[2, 32:64] = 0.0  # a zero group: scale 0
     x[4, 7] = 400.0  # an outlier spoils only its own group
-    expected = q4.reference(x, codes, bias)
-    assert torch.equal(q4.linear(x, layer), expected)
+    expected = groups.reference(x, codes, bias)
+    assert torch.equal(groups.linear(x, layer), expected)
     float_result = x @ codes.dequantize().T + bias
     relative = (expected - float_result).norm() / float_result.norm()
     assert relative < 0.02, float(relative)
 
 
-@pytest.mark.parametrize("bits", q4.BITS)
+@pytest.mark.parametrize("bits", groups.BITS)
 @pytest.mark.parametrize("path", PATHS)
 def test_a_row_is_the_same_alone_or_in_any_batch(path, bits):
     generator = torch.Generator().manual_seed(2)
     codes = random_codes(50, 128, seed=2, bits=bits)
-    layer = q4.Q4Weights.build(codes, torch.randn(50, generator=generator), path=path)
+    layer = groups.GroupWeights.build(codes, torch.randn(50, generator=generator), path=path)
     x = torch.randn(64, 128, generator=generator)
-    whole = q4.linear(x, layer)
+    whole = groups.linear(x, layer)
     for rows in (1, 2, 3, 5, 8, 13, 16, 31, 32, 47, 64):
         chosen = torch.randperm(64, generator=generator)[:rows]
-        assert torch.equal(q4.linear(x[chosen].contiguous(), layer), whole[chosen]), rows
+        assert torch.equal(groups.linear(x[chosen].contiguous(), layer), whole[chosen]), rows
 
 
 def test_thread_count_changes_nothing():
     codes = random_codes(96, 192, seed=3)
-    layer = q4.Q4Weights.build(codes)
+    layer = groups.GroupWeights.build(codes)
     x = torch.randn(6, 192)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = q4.linear(x, layer)
+        one = groups.linear(x, layer)
         torch.set_num_threads(max(2, threads))
-        assert torch.equal(q4.linear(x, layer), one)
+        assert torch.equal(groups.linear(x, layer), one)
     finally:
         torch.set_num_threads(threads)
 
 
-def test_empty_batch_and_paths_named():
-    layer = q4.Q4Weights.build(random_codes(16, 32))
-    assert q4.linear(torch.empty(0, 32), layer).shape == (0, 16)
+def test_empty_batch():
+    layer = groups.GroupWeights.build(random_codes(16, 32))
+    assert groups.linear(torch.empty(0, 32), layer).shape == (0, 16)
+
+
+def test_paths_named():
     assert kernels.check_path("auto") == kernels.best_path() == PATHS[0]
     with pytest.raises(ValueError, match="q4 path: 'sse2' is not one of"):
         kernels.check_path("sse2")

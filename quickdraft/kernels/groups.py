@@ -1,18 +1,18 @@
-"""4-bit weights with int8 activations, the same bits for a row alone or in any batch.
+"""Weights in groups of 32: each group gets a float16 scale and minimum and codes in 0..15 (or
+0..255), ``w = scale * q + minimum``, chosen by a small search: candidate grids (the whole
+range with its top codes unused, then narrower ranges), each refitted by least squares, the
+least squared error kept. A GGUF's 4-bit blocks come back exactly.
 
-A weight is ``s * q + m`` with ``q`` in 0..15 and a float16 scale ``s`` and minimum ``m`` per
-output channel and group of 32 input channels (5 bits a weight). The same layer with 8-bit
-codes (``q`` in 0..255, 9 bits a weight) serves what 4 bits would spoil: the output head, and
-weights a GGUF file stores in more than 4 bits. Each activation row is
-quantized to int8 per group of 32 by its own absolute maximum, so the rows beside it change
-nothing, and outlier channels spoil only their own group. Products are exact int32 dot
-products per group, combined in float in one fixed order per output element (``q4.cpp``
-states it). Three paths compute it: the compiled kernel with AVX-512 VNNI, with AVX2, and
-``reference`` in PyTorch for any other CPU; all three give identical bits (tested), so a
-target's verify pass reproduces its decoding on every host.
+Every quantized layer starts here: the superblock kernel (``kernels.superblock``) turns the
+groups' scales and minimums into integer sub-scales. The groups also have a linear layer of
+their own, for models whose activations need a scale per 32 inputs rather than per 256 (5 bits
+a weight; activations quantized to int8 per row and group, so an outlier channel spoils only
+its own group): exact int32 dot products per group, combined in float in one fixed order per
+output element (``groups.cpp`` states it). Three paths compute it, the compiled kernel with
+AVX-512 VNNI, with AVX2, and ``reference`` in PyTorch, all with the same bits.
 
-    codes = quantize(weight)            # [out, in] float -> Q4Codes
-    layer = Q4Weights.build(codes, bias)
+    codes = quantize(weight)            # [out, in] float -> GroupCodes
+    layer = GroupWeights.build(codes, bias)
     y = linear(x, layer)                # x [rows, in] float32, contiguous
 """
 
@@ -34,7 +34,6 @@ def record_bytes(bits: int) -> int:
     return LANES * GROUP * bits // 8 + 2 * LANES * 2
 
 
-RECORD = record_bytes(4)
 # Candidate ranges per group, as fractions of (max - min) kept: each is refitted by least
 # squares and the one with the least squared error wins.
 RANGE_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8)
@@ -43,7 +42,7 @@ QUANTIZE_BLOCK_ROWS = 2048
 
 
 @dataclass(frozen=True, slots=True)
-class Q4Codes:
+class GroupCodes:
     """q: [out, in] uint8 in 0..2^bits - 1; scale, minimum: [out, in / 32] float16."""
 
     q: torch.Tensor
@@ -58,10 +57,10 @@ class Q4Codes:
         return weight.view(out, inner)
 
 
-def quantize(weight: torch.Tensor, bits: int = 4) -> Q4Codes:
+def quantize(weight: torch.Tensor, bits: int = 4) -> GroupCodes:
     """[out, in] float weights (in a multiple of 32) to 4-bit (or 8-bit) codes: per group,
     candidate grids refitted by least squares, the least squared error kept. The compiled
-    kernels' quantizer (``q4_quantize`` in ``q4.cpp``, about 100x faster) runs the same search;
+    quantizer (``group_quantize`` in ``groups.cpp``, about 100x faster) runs the same search;
     its sums round in another order, so a rare group may get other codes than this one's."""
     inner = weight.shape[1]
     if inner % GROUP:
@@ -69,19 +68,19 @@ def quantize(weight: torch.Tensor, bits: int = 4) -> Q4Codes:
     if bits not in BITS:
         raise ValueError(f"q4: bits must be one of {BITS}, got {bits}")
     if weight.device.type == "cpu" and kernels.native():
-        q, scale, minimum = torch.ops.quickdraft_kernels.q4_quantize(
+        q, scale, minimum = torch.ops.quickdraft_kernels.group_quantize(
             weight.float().contiguous(), bits
         )
-        return Q4Codes(q, scale, minimum, bits)
+        return GroupCodes(q, scale, minimum, bits)
     return quantize_reference(weight, bits)
 
 
-def quantize_reference(weight: torch.Tensor, bits: int = 4) -> Q4Codes:
+def quantize_reference(weight: torch.Tensor, bits: int = 4) -> GroupCodes:
     """``quantize`` in PyTorch operations, for hosts without the compiled kernels."""
     levels = 2**bits - 1
     blocks = weight.float().split(QUANTIZE_BLOCK_ROWS)
     parts = [_quantize_block(block, levels) for block in blocks]
-    return Q4Codes(*(torch.cat(column) for column in zip(*parts, strict=True)), bits=bits)
+    return GroupCodes(*(torch.cat(column) for column in zip(*parts, strict=True)), bits=bits)
 
 
 def _quantize_block(
@@ -135,8 +134,8 @@ def _refit(w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, levels: 
     return scale, minimum
 
 
-def pack(codes: Q4Codes) -> torch.Tensor:
-    """The kernel's layout (``q4.cpp``): a record of ``record_bytes(bits)`` bytes per block of
+def pack(codes: GroupCodes) -> torch.Tensor:
+    """The kernel's layout (``groups.cpp``): a record of ``record_bytes(bits)`` bytes per block of
     16 outputs and group, outputs padded to a multiple of 16 with zero weights."""
     q, scale, minimum = codes.q, codes.scale, codes.minimum
     out, inner = q.shape
@@ -162,7 +161,7 @@ def pack(codes: Q4Codes) -> torch.Tensor:
     return records.contiguous().view(-1)
 
 
-def unpack(packed: torch.Tensor, out: int, inner: int, bits: int = 4) -> Q4Codes:
+def unpack(packed: torch.Tensor, out: int, inner: int, bits: int = 4) -> GroupCodes:
     """``pack``'s inverse."""
     blocks, groups = -(-out // LANES), inner // GROUP
     size = record_bytes(bits)
@@ -182,26 +181,28 @@ def unpack(packed: torch.Tensor, out: int, inner: int, bits: int = 4) -> Q4Codes
 
     scale = per_output(size - 4 * LANES)
     minimum = per_output(size - 2 * LANES)
-    return Q4Codes(q[:out].contiguous(), scale[:out].contiguous(), minimum[:out].contiguous(), bits)
+    return GroupCodes(
+        q[:out].contiguous(), scale[:out].contiguous(), minimum[:out].contiguous(), bits
+    )
 
 
 @dataclass(frozen=True, slots=True)
-class Q4Weights:
-    """A 4-bit linear layer: ``packed`` for a compiled path, or ``codes`` for the PyTorch
+class GroupWeights:
+    """A linear layer in groups: ``packed`` for a compiled path, or ``codes`` for the PyTorch
     reference; ``path`` names which (``kernels.PATHS`` or ``kernels.REFERENCE``)."""
 
     out_features: int
     in_features: int
     path: str
     packed: torch.Tensor | None
-    codes: Q4Codes | None
+    codes: GroupCodes | None
     bias: torch.Tensor | None
     bits: int = 4
 
     @classmethod
     def build(
-        cls, codes: Q4Codes, bias: torch.Tensor | None = None, path: str = "auto"
-    ) -> Q4Weights:
+        cls, codes: GroupCodes, bias: torch.Tensor | None = None, path: str = "auto"
+    ) -> GroupWeights:
         path = kernels.check_path(path)
         out, inner = codes.q.shape
         bias = None if bias is None else bias.float().contiguous()
@@ -217,21 +218,21 @@ class Q4Weights:
         return codes.q.numel() * codes.bits // 8 + 2 * (codes.scale.numel() + codes.minimum.numel())
 
 
-def linear(x: torch.Tensor, weights: Q4Weights) -> torch.Tensor:
+def linear(x: torch.Tensor, weights: GroupWeights) -> torch.Tensor:
     """x: [rows, in] float32, contiguous -> [rows, out]. A row's result does not depend on the
     other rows, bit for bit."""
     if weights.codes is not None:
         return reference(x, weights.codes, weights.bias)
     code = kernels.PATHS[weights.path]
     bits = weights.bits
-    return torch.ops.quickdraft_kernels.q4_linear(
+    return torch.ops.quickdraft_kernels.group_linear(
         x, weights.packed, weights.out_features, weights.in_features, weights.bias, code, bits
     )
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [rows, in] -> codes [rows, groups, 32] (float, integers in -127..127), scale and
-    scale * sum of codes [rows, groups]: ``quantize_rows`` of ``q4.cpp``, bit for bit."""
+    scale * sum of codes [rows, groups]: ``quantize_rows`` of ``groups.cpp``, bit for bit."""
     rows, inner = x.shape
     grouped = x.view(rows, inner // GROUP, GROUP)
     amax = grouped.abs().amax(-1)
@@ -244,7 +245,7 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return codes, scale, scale * codes.sum(-1)
 
 
-def reference(x: torch.Tensor, codes: Q4Codes, bias: torch.Tensor | None = None) -> torch.Tensor:
+def reference(x: torch.Tensor, codes: GroupCodes, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's result in PyTorch operations, in its order: slow, and the same bits."""
     p, a_scale, a_offset = quantize_activations(x.float())
     out, inner = codes.q.shape

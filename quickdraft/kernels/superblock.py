@@ -1,0 +1,266 @@
+"""4-bit weights in superblocks with integer sub-scales: the target's fast kernel for a verify.
+
+A weight is ``d * sc * q + dmin * mn`` with ``q`` in 0..15, per output channel and group of 32
+inputs an integer sub-scale ``sc`` (0..255) and minimum ``mn`` (-127..127), and per superblock
+of 8 groups two float32 factors ``d`` and ``dmin``: a GGUF's Q4_K structure, which it holds
+exactly (4.75 bits a weight). Activations are quantized to int8 per row and superblock. The
+groups of a superblock combine in exact int32 arithmetic (``superblock.cpp`` states the
+order), so a group costs two integer operations a row where float scales per group cost
+six: several rows (a verify pass) run nearer the VNNI peak, and a row's result is the same bits
+alone or in any batch. Three paths compute it: the compiled kernel with AVX-512 VNNI, with
+AVX2, and ``reference`` in PyTorch; all three give identical bits (tested).
+
+    codes = quantize(weight)            # [out, in] float -> SuperCodes
+    layer = SuperWeights.build(codes, bias)
+    y = linear(x, layer)                # x [rows, in] float32, contiguous
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft import kernels
+from quickdraft.kernels.groups import BITS
+from quickdraft.kernels.groups import quantize as quantize_groups
+
+GROUP = 32
+SUPER = 8  # groups a superblock
+LANES = 16
+META_BYTES = SUPER * LANES * 2 + 2 * LANES * 4
+# Sub-scale grids tried per superblock: 255 steps (the finest), and 63 (a GGUF's Q4_K, whose
+# scales come back exactly on it); the minimums' grids likewise.
+SCALE_STEPS = (255, 63)
+MIN_STEPS = (127, 63)
+
+
+@dataclass(frozen=True, slots=True)
+class SuperCodes:
+    """q: [out, in] uint8 0..15; sc: [out, groups] uint8; mn: [out, groups] int8;
+    d, dmin: [out, supers] float32."""
+
+    q: torch.Tensor
+    sc: torch.Tensor
+    mn: torch.Tensor
+    d: torch.Tensor
+    dmin: torch.Tensor
+    bits: int = 4
+
+    def dequantize(self) -> torch.Tensor:
+        out, inner = self.q.shape
+        groups = inner // GROUP
+        d = self.d.repeat_interleave(SUPER, dim=1)[:, :groups]
+        dmin = self.dmin.repeat_interleave(SUPER, dim=1)[:, :groups]
+        scale = (d * self.sc.float()).unsqueeze(-1)
+        minimum = (dmin * self.mn.float()).unsqueeze(-1)
+        return (self.q.view(out, groups, GROUP).float() * scale + minimum).view(out, inner)
+
+
+def supers_of(groups: int) -> int:
+    return -(-groups // SUPER)
+
+
+def quantize(weight: torch.Tensor, bits: int = 4, block_rows: int = 1024) -> SuperCodes:
+    """[out, in] float weights (in a multiple of 32) to superblock codes: each group's scale and
+    minimum from ``kernels.groups.quantize``'s search, then per superblock the sub-scale grids of
+    ``SCALE_STEPS`` and ``MIN_STEPS``, each with its codes recomputed and (d, dmin) refitted by
+    least squares; the one with the least squared error is kept."""
+    inner = weight.shape[1]
+    if inner % GROUP:
+        raise ValueError(f"q4: in_features {inner} is not a multiple of {GROUP}")
+    if bits not in BITS:
+        raise ValueError(f"q4: bits must be one of {BITS}, got {bits}")
+    parts = [_quantize_rows(rows.float(), bits) for rows in weight.split(block_rows)]
+    return SuperCodes(*(torch.cat(column) for column in zip(*parts, strict=True)), bits=bits)
+
+
+def _quantize_rows(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, ...]:
+    out, inner = weight.shape
+    groups = inner // GROUP
+    supers = supers_of(groups)
+    pad = supers * SUPER - groups
+    found = quantize_groups(weight, bits)
+    # [out, supers, 8] per group; padded groups have zero weights, scale and minimum.
+    w = torch.nn.functional.pad(weight.view(out, groups, GROUP), (0, 0, 0, pad))
+    w = w.view(out, supers, SUPER, GROUP)
+    s = torch.nn.functional.pad(found.scale.float(), (0, pad)).view(out, supers, SUPER)
+    m = torch.nn.functional.pad(found.minimum.float(), (0, pad)).view(out, supers, SUPER)
+    best: list[torch.Tensor] | None = None
+    for scale_steps, min_steps in zip(SCALE_STEPS, MIN_STEPS, strict=True):
+        candidate = _fit(w, s, m, scale_steps, min_steps, 2**bits - 1)
+        if best is None:
+            best = candidate
+            continue
+        better = candidate[-1] < best[-1]
+        best = [
+            torch.where(better.view(*better.shape, *([1] * (new.dim() - 2))), new, old)
+            for new, old in zip(candidate, best, strict=True)
+        ]
+    assert best is not None
+    q, sc, mn, d, dmin, _ = best
+    q = q.view(out, supers * SUPER * GROUP)[:, :inner].contiguous()
+    sc = sc.view(out, supers * SUPER)[:, :groups].contiguous()
+    mn = mn.view(out, supers * SUPER)[:, :groups].contiguous()
+    return q, sc, mn, d.squeeze(-1), dmin.squeeze(-1)
+
+
+def _fit(
+    w: torch.Tensor, s: torch.Tensor, m: torch.Tensor, scale_steps: int, min_steps: int, levels: int
+):
+    """One grid: integer sub-scales and minimums, codes, least-squares (d, dmin), the error."""
+    d = (s.amax(-1, keepdim=True) / scale_steps).clamp_min(1e-30)
+    dmin = (m.abs().amax(-1, keepdim=True) / min_steps).clamp_min(1e-30)
+    sc = (s / d).round_().clamp_(0, scale_steps)
+    mn = (m / dmin).round_().clamp_(-min_steps, min_steps)
+    for _ in range(2):
+        step = (d * sc).unsqueeze(-1)
+        q = ((w - (dmin * mn).unsqueeze(-1)) / torch.where(step > 0, step, 1.0)).round_()
+        q = torch.where(step > 0, q.clamp_(0, levels), 0.0)
+        # w ~ d * (sc q) + dmin * mn over the superblock's 256 weights: two unknowns.
+        a = (sc.unsqueeze(-1) * q).flatten(-2)
+        b = mn.unsqueeze(-1).expand_as(q).flatten(-2)
+        y = w.flatten(-2)
+        aa, bb, ab = (a * a).sum(-1), (b * b).sum(-1), (a * b).sum(-1)
+        ay, by = (a * y).sum(-1), (b * y).sum(-1)
+        det = aa * bb - ab * ab
+        ok = det.abs() > 1e-12 * (aa * bb).clamp_min(1e-30)
+        new_d = torch.where(ok, (ay * bb - by * ab) / torch.where(ok, det, 1.0), d.squeeze(-1))
+        new_dmin = torch.where(
+            ok, (by * aa - ay * ab) / torch.where(ok, det, 1.0), dmin.squeeze(-1)
+        )
+        d = torch.where(new_d > 0, new_d, d.squeeze(-1)).unsqueeze(-1)
+        dmin = torch.where(new_dmin > 0, new_dmin, dmin.squeeze(-1)).unsqueeze(-1)
+    restored = q * (d * sc).unsqueeze(-1) + (dmin * mn).unsqueeze(-1)
+    error = (restored - w).pow_(2).sum((-1, -2))
+    return [q.to(torch.uint8), sc.to(torch.uint8), mn.to(torch.int8), d, dmin, error]
+
+
+def pack(codes: SuperCodes) -> torch.Tensor:
+    """The kernel's layout (``superblock.cpp``): per block of 16 outputs, its superblocks'
+    records in order; outputs padded to a multiple of 16 with zero weights."""
+    q, sc, mn, d, dmin = codes.q, codes.sc, codes.mn, codes.d, codes.dmin
+    out, inner = q.shape
+    groups = inner // GROUP
+    supers = supers_of(groups)
+    pad = -out % LANES
+    if pad:
+        q, sc, mn, d, dmin = (
+            torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (q, sc, mn, d, dmin)
+        )
+    blocks = (out + pad) // LANES
+    if codes.bits == 4:
+        # k within a group = 8 * chunk + 4 * half + t; a byte holds half 0 low, half 1 high.
+        nib = q.view(blocks, LANES, groups, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)
+        data = (nib[..., 0, :] | (nib[..., 1, :] << 4)).reshape(blocks, groups, -1)
+    else:  # k = 4 * chunk + t
+        data = (
+            q.view(blocks, LANES, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(blocks, groups, -1)
+        )
+    extra = supers * SUPER - groups
+    sc = torch.nn.functional.pad(sc, (0, extra)).view(blocks, LANES, supers, SUPER)
+    mn = torch.nn.functional.pad(mn, (0, extra)).view(blocks, LANES, supers, SUPER // 2, 2)
+    records = []
+    for s in range(supers):
+        n = min(SUPER, groups - s * SUPER)
+        meta = [
+            sc[:, :, s].transpose(1, 2).reshape(blocks, -1),  # [8][16]
+            mn[:, :, s].permute(0, 2, 1, 3).reshape(blocks, -1).view(torch.uint8),  # [4][16][2]
+            d.view(blocks, LANES, supers)[:, :, s].contiguous().view(torch.uint8),
+            dmin.view(blocks, LANES, supers)[:, :, s].contiguous().view(torch.uint8),
+        ]
+        records.append(data[:, s * SUPER : s * SUPER + n].reshape(blocks, -1))
+        records += [part.reshape(blocks, -1) for part in meta]
+    return torch.cat(records, dim=1).contiguous().view(-1)
+
+
+@dataclass(frozen=True, slots=True)
+class SuperWeights:
+    """A superblock 4-bit layer: ``packed`` for a compiled path, or ``codes`` for the PyTorch
+    reference; ``path`` names which (``kernels.PATHS`` or ``kernels.REFERENCE``)."""
+
+    out_features: int
+    in_features: int
+    path: str
+    packed: torch.Tensor | None
+    codes: SuperCodes | None
+    bias: torch.Tensor | None
+    bits: int = 4
+
+    @classmethod
+    def build(
+        cls, codes: SuperCodes, bias: torch.Tensor | None = None, path: str = "auto"
+    ) -> SuperWeights:
+        path = kernels.check_path(path)
+        out, inner = codes.q.shape
+        bias = None if bias is None else bias.float().contiguous()
+        if path == kernels.REFERENCE:
+            return cls(out, inner, path, None, codes, bias)
+        return cls(out, inner, path, pack(codes), None, bias, codes.bits)
+
+    @property
+    def nbytes(self) -> int:
+        if self.packed is not None:
+            return self.packed.numel()
+        c = self.codes
+        codes = c.q.numel() * c.bits // 8
+        return codes + c.sc.numel() + c.mn.numel() + 4 * (c.d.numel() + c.dmin.numel())
+
+
+def linear(x: torch.Tensor, weights: SuperWeights) -> torch.Tensor:
+    """x: [rows, in] float32, contiguous -> [rows, out]. A row's result does not depend on the
+    other rows, bit for bit."""
+    if weights.codes is not None:
+        return reference(x, weights.codes, weights.bias)
+    return torch.ops.quickdraft_kernels.superblock_linear(
+        x,
+        weights.packed,
+        weights.out_features,
+        weights.in_features,
+        weights.bias,
+        kernels.PATHS[weights.path],
+        weights.bits,
+    )
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [rows, in] -> codes [rows, supers, 256] (float, integers in -127..127, zero past the
+    end), scale [rows, supers] and the sums of codes per group [rows, supers, 8]: the
+    kernel's ``quantize_rows``, bit for bit."""
+    rows, inner = x.shape
+    groups = inner // GROUP
+    supers = supers_of(groups)
+    padded = torch.nn.functional.pad(x, (0, supers * SUPER * GROUP - inner))
+    blocks = padded.view(rows, supers, SUPER * GROUP)
+    amax = blocks.abs().amax(-1)
+    nonzero = amax > 0
+    # Tensor by tensor: a true division (``127.0 / t`` would multiply by a reciprocal).
+    inverse = torch.full_like(amax, 127.0) / torch.where(nonzero, amax, 1.0)
+    codes = (blocks * inverse.unsqueeze(-1)).round_().clamp_(-127, 127)
+    codes = torch.where(nonzero.unsqueeze(-1), codes, 0.0)
+    scale = torch.where(nonzero, amax / torch.full_like(amax, 127.0), 0.0)
+    return codes, scale, codes.view(rows, supers, SUPER, GROUP).sum(-1)
+
+
+def reference(x: torch.Tensor, codes: SuperCodes, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The kernel's result in PyTorch operations, in its order: slow, and the same bits. The
+    integer sums run in float64 (exact below 2^53) and round once to float32, as the
+    kernel's int32 -> float32 conversion does."""
+    p, a_scale, sums = quantize_activations(x.float())
+    out, inner = codes.q.shape
+    groups = inner // GROUP
+    supers = supers_of(groups)
+    pad = supers * SUPER - groups
+    rows = x.shape[0]
+    q = torch.nn.functional.pad(codes.q.view(out, groups, GROUP), (0, 0, 0, pad)).double()
+    sc = torch.nn.functional.pad(codes.sc, (0, pad)).double().view(out, supers, SUPER)
+    mn = torch.nn.functional.pad(codes.mn, (0, pad)).double().view(out, supers, SUPER)
+    p = p.double().view(rows, supers * SUPER, GROUP)
+    dots = torch.einsum("rgk,ogk->gro", p, q).reshape(supers, SUPER, rows, out)
+    S = torch.einsum("sjro,osj->sro", dots, sc).float()
+    M = torch.einsum("rsj,osj->sro", sums.double(), mn).float()
+    acc = x.new_zeros(rows, out)
+    for s in range(supers):
+        t = codes.d[:, s] * S[s] + codes.dmin[:, s] * M[s]
+        acc = acc + t * a_scale[:, s : s + 1]
+    return acc if bias is None else acc + bias

@@ -1,0 +1,127 @@
+"""Quantized weights kept on disk, so a model quantizes once per machine instead of at every
+load (the 1.5B's 113 projections take minutes to fit, its packed weights seconds to read).
+
+An entry is one safetensors file in the user's cache (``$QUICKDRAFT_CACHE``, else
+``~/.cache/quickdraft``), ``quantized/<key>.safetensors``: each projection's packed weights and
+its bias, and in the metadata its layout, shape and code width and the load check's figures.
+The key hashes what the result depends on: the weight files (path, size, modification time),
+the quantization asked for, and the sources of the quantizer and kernel layouts. A changed
+model or a changed quantizer gets a new entry; a damaged entry is deleted and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from quickdraft import kernels
+from quickdraft.kernels import groups, superblock
+from quickdraft.models import int8 as int8_ops
+from quickdraft.models.ops import LAYOUTS, Linear, QuantWeights
+
+LAYOUT_TYPES = (superblock.SuperWeights, groups.GroupWeights)  # LAYOUTS' weight classes
+
+# What the packed bytes depend on besides the weights: the quantizers, the layouts, the policy.
+SOURCES = [
+    Path(superblock.__file__),
+    Path(groups.__file__),
+    Path(kernels.__file__).with_name("groups.cpp"),
+    Path(kernels.__file__).with_name("superblock.cpp"),
+    Path(__file__).with_name("ops.py"),  # which codes a layer gets
+    Path(__file__).with_name("llama.py"),  # the head's bits, the layouts tried
+]
+
+
+def cache_path(weight_files: Sequence[Path], quant: str, exact_only: bool) -> Path:
+    digest = hashlib.sha256()
+    for path in sorted(weight_files):
+        stat = path.stat()
+        digest.update(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    digest.update(f"{quant}|{exact_only}\n".encode())
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    root = os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft"
+    return Path(root) / "quantized" / f"{digest.hexdigest()[:24]}.safetensors"
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """An entry read back: the load check's figures as they were (None: there was no probe)."""
+
+    check: int8_ops.QuantCheck | None
+
+
+def load(path: Path, linears: Sequence[Linear]) -> Stored | None:
+    """Give each of ``linears`` its stored weights, or None where there is no usable entry
+    (the layers are then untouched)."""
+    from safetensors import SafetensorError, safe_open
+
+    path_name = kernels.best_path()
+    if not path.is_file() or path_name == kernels.REFERENCE:
+        return None
+    try:
+        with safe_open(str(path), "pt") as handle:
+            meta = json.loads(handle.metadata()["quickdraft"])
+            keys = set(handle.keys())
+            built: list[QuantWeights] = []
+            for i, (linear, (layout, out, inner, bits)) in enumerate(
+                zip(linears, meta["layers"], strict=True)
+            ):
+                if linear.weight is None or tuple(linear.weight.shape) != (out, inner):
+                    raise ValueError(f"layer {i} shape")
+                packed = _fresh(handle.get_tensor(f"{i}.packed"))
+                bias = handle.get_tensor(f"{i}.bias") if f"{i}.bias" in keys else None
+                kind = LAYOUT_TYPES[LAYOUTS.index(layout)]
+                built.append(kind(out, inner, path_name, packed, None, bias, bits))
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError):
+        path.unlink(missing_ok=True)  # damaged or from another layout: quantize again
+        return None
+    for linear, weights in zip(linears, built, strict=True):
+        linear.use_quantized(weights)
+    check = meta.get("check")
+    return Stored(None if check is None else int8_ops.QuantCheck(**check))
+
+
+def _fresh(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy in memory of torch's own: aligned, and in huge pages where the system gives them
+    (a file's mapped pages made a 1.5B decode step half as slow again: TLB misses)."""
+    copy = torch.empty_like(tensor)
+    copy.copy_(tensor)
+    return copy
+
+
+def save(path: Path, linears: Sequence[Linear], check: int8_ops.QuantCheck | None) -> None:
+    """Store ``linears``' packed weights (written to a temporary name, then renamed, so a
+    reader never sees half a file). Layers without packed superblock weights store nothing."""
+    from safetensors.torch import save_file
+
+    layers, tensors = [], {}
+    for i, linear in enumerate(linears):
+        weights = linear.quantized_weights
+        if weights is None or weights.packed is None:
+            return
+        layout = LAYOUTS[LAYOUT_TYPES.index(type(weights))]
+        layers.append((layout, weights.out_features, weights.in_features, weights.bits))
+        tensors[f"{i}.packed"] = weights.packed
+        if weights.bias is not None:
+            tensors[f"{i}.bias"] = weights.bias
+    meta = {"layers": layers, "check": None}
+    if check is not None:
+        meta["check"] = {
+            "relative_error": check.relative_error,
+            "top1_agreement": check.top1_agreement,
+            "positions": check.positions,
+        }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    try:
+        save_file(tensors, str(partial), metadata={"quickdraft": json.dumps(meta)})
+        partial.replace(path)
+    except OSError:  # a full or read-only cache: the next load quantizes again
+        partial.unlink(missing_ok=True)

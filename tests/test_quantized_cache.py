@@ -1,0 +1,49 @@
+"""Quantized weights stored on disk (``models.quantized``): a second load reads what the first
+quantized, gives the same logits and check, and a damaged entry is quantized again."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import prompt_logits, tiny_hf_model
+
+from quickdraft import kernels
+from quickdraft.models.llama import LlamaRunner
+from quickdraft.models.ops import LAYOUTS
+
+
+def build(hf, path):
+    probe = torch.arange(48) % hf.config.vocab_size
+    return LlamaRunner.from_state_dict(
+        hf.config.to_dict(), hf.state_dict(), q4=True, invariant=True, probe=probe,
+        quantized_cache=path,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not kernels.native(), reason="the store holds compiled paths' weights")
+def test_a_second_load_reads_what_the_first_quantized(tmp_path, monkeypatch):
+    hf = tiny_hf_model("llama-tied")
+    path = tmp_path / "entry.safetensors"
+    first = build(hf, path)
+    assert path.is_file() and first.quant_check is not None
+    calls = []
+    monkeypatch.setattr("quickdraft.models.ops.Linear.quantize_q4", lambda *a, **k: calls.append(a))
+    second = build(hf, path)
+    assert calls == []  # nothing quantized: every layer came from the file
+    assert second.quant_check == first.quant_check
+    prompt = [3, 14, 15, 92, 65, 35]
+    assert torch.equal(prompt_logits(second, prompt), prompt_logits(first, prompt))
+    layouts = {type(layer.quantized_weights).__name__ for layer in second._projections()}
+    assert len(layouts) == 1 and len(LAYOUTS) == 2
+
+
+@pytest.mark.skipif(not kernels.native(), reason="the store holds compiled paths' weights")
+def test_a_damaged_entry_is_quantized_again(tmp_path):
+    hf = tiny_hf_model("llama-tied")
+    path = tmp_path / "entry.safetensors"
+    path.write_bytes(b"not a safetensors file")
+    runner = build(hf, path)
+    assert runner.quant_check is not None and runner.quant_check.passed
+    again = build(hf, path)  # the rewritten entry reads back
+    prompt = [7, 1, 8, 2, 8]
+    assert torch.equal(prompt_logits(again, prompt), prompt_logits(runner, prompt))

@@ -1,0 +1,154 @@
+"""The superblock kernel (4- and 8-bit weights, integer sub-scales): its quantizer, its layout,
+and the same bits for a row alone or in any batch, on every path this host runs (the
+compiled AVX-512 VNNI and AVX2 paths, and the PyTorch reference every host runs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quickdraft import kernels
+from quickdraft.kernels import groups
+from quickdraft.kernels import superblock as sb
+
+PATHS = kernels.runnable_paths()
+BITS = (4, 8)
+
+
+def random_codes(out: int, inner: int, seed: int = 0, bits: int = 4) -> sb.SuperCodes:
+    generator = torch.Generator().manual_seed(seed)
+    groups, supers = inner // sb.GROUP, sb.supers_of(inner // sb.GROUP)
+    return sb.SuperCodes(
+        torch.randint(0, 2**bits, (out, inner), generator=generator, dtype=torch.uint8),
+        torch.randint(0, 256, (out, groups), generator=generator, dtype=torch.uint8),
+        torch.randint(-127, 128, (out, groups), generator=generator, dtype=torch.int8),
+        torch.rand(out, supers, generator=generator) * 1e-4 / 2 ** (bits - 4),
+        torch.rand(out, supers, generator=generator) * 1e-3,
+        bits,
+    )
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("inner", [96, 576, 896, 1536])  # short last superblocks and whole ones
+def test_quantize_is_as_close_as_groups_of_32(bits, inner):
+    """Integer sub-scales cost nothing measurable against float ones per group (the fit
+    refits each superblock's two factors by least squares)."""
+    torch.manual_seed(0)
+    weight = torch.randn(48, inner) * 0.02
+    weight[3] = 0.0  # a zero row
+    weight[5, :32] = 0.7  # a constant group
+    codes = sb.quantize(weight, bits)
+    assert codes.q.dtype == torch.uint8 and int(codes.q.max()) <= 2**bits - 1
+    assert codes.sc.shape == codes.mn.shape == (48, inner // 32)
+    assert codes.d.shape == codes.dmin.shape == (48, sb.supers_of(inner // 32))
+    restored = codes.dequantize()
+    assert torch.equal(restored[3], weight[3])
+    error = float((restored - weight).norm() / weight.norm())
+    grouped = groups.quantize(weight, bits).dequantize()
+    reference = float((grouped - weight).norm() / weight.norm())
+    assert error < reference * (1.01 if bits == 4 else 1.3), (error, reference)
+
+
+def test_a_gguf_q4_k_block_comes_back_exactly():
+    """Q4_K: w = d * sc * q - dmin * m with 6-bit sc and m per group and float16 d, dmin per
+    256 weights. What a GGUF reader dequantizes from it quantizes back to the same weights, so
+    loading a Q4_K_M file rounds nothing twice (``Linear.quantize_q4(exact_only=True)``)."""
+    generator = torch.Generator().manual_seed(4)
+    out, inner = 32, 512
+    q = torch.randint(0, 16, (out, inner // 32, 32), generator=generator).float()
+    q[..., 0], q[..., 1] = 0, 15  # llama.cpp's fit spans each group's range
+    sc = torch.randint(1, 64, (out, inner // 32), generator=generator).float()
+    sc[:, ::8] = 63  # each superblock's largest scale is 63
+    m = torch.randint(0, 64, (out, inner // 32), generator=generator).float()
+    m[:, 1::8] = 63
+    d = (torch.rand(out, inner // 256, generator=generator) * 1e-3).half().float()
+    dmin = (torch.rand(out, inner // 256, generator=generator) * 1e-3).half().float()
+    scale = d.repeat_interleave(8, 1) * sc
+    minimum = dmin.repeat_interleave(8, 1) * m
+    weight = (q * scale.unsqueeze(-1) - minimum.unsqueeze(-1)).view(out, inner)
+    again = sb.quantize(weight).dequantize()
+    error = float((again - weight).norm() / weight.norm())
+    assert error < 1e-5, error
+
+
+def test_quantize_refuses_a_width_not_in_groups():
+    with pytest.raises(ValueError, match="q4: in_features 40"):
+        sb.quantize(torch.randn(4, 40))
+    with pytest.raises(ValueError, match="q4: bits must be one of"):
+        sb.quantize(torch.randn(4, 64), bits=3)
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_gives_the_reference_bits(path, bits):
+    codes = random_codes(40, 352, seed=1, bits=bits)  # 11 groups: a superblock and 3 more
+    bias = torch.randn(40)
+    layer = sb.SuperWeights.build(codes, bias, path=path)
+    x = torch.randn(9, 352) * 3
+    x[2, :256] = 0.0  # a zero superblock: scale 0
+    x[4, 7] = 400.0  # an outlier coarsens only its own superblock
+    expected = sb.reference(x, codes, bias)
+    assert torch.equal(sb.linear(x, layer), expected)
+    float_result = x @ codes.dequantize().T + bias
+    relative = (expected - float_result).norm() / float_result.norm()
+    assert relative < 0.05, float(relative)
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("path", PATHS)
+def test_the_integer_sums_do_not_overflow_at_the_extremes(path, bits):
+    """Every code at its top, every sub-scale and minimum at its bound, activations at +-127:
+    the largest sums the layout allows (8 * 255 * 32 * 255 * 127 < 2^31 for 8 bits)."""
+    out, inner = 16, 512
+    groups = inner // 32
+    codes = sb.SuperCodes(
+        torch.full((out, inner), 2**bits - 1, dtype=torch.uint8),
+        torch.full((out, groups), 255, dtype=torch.uint8),
+        torch.full((out, groups), -127, dtype=torch.int8),
+        torch.full((out, 2), 1e-6),
+        torch.full((out, 2), 1e-6),
+        bits,
+    )
+    layer = sb.SuperWeights.build(codes, path=path)
+    x = torch.ones(2, inner)
+    x[1] = -1.0
+    y = sb.linear(x, layer)
+    assert torch.equal(y, sb.reference(x, codes))
+    expected = x @ codes.dequantize().T
+    assert torch.allclose(y, expected, rtol=1e-4), (y[:, 0], expected[:, 0])
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("path", PATHS)
+def test_a_row_is_the_same_alone_or_in_any_batch(path, bits):
+    """Tiles of 8 rows and every remainder: a row's bits never depend on its neighbours."""
+    generator = torch.Generator().manual_seed(2)
+    codes = random_codes(50, 288, seed=2, bits=bits)
+    layer = sb.SuperWeights.build(codes, torch.randn(50, generator=generator), path=path)
+    x = torch.randn(64, 288, generator=generator)
+    whole = sb.linear(x, layer)
+    for rows in (1, 2, 3, 5, 7, 8, 9, 13, 16, 31, 32, 47, 64):
+        chosen = torch.randperm(64, generator=generator)[:rows]
+        assert torch.equal(sb.linear(x[chosen].contiguous(), layer), whole[chosen]), rows
+
+
+def test_thread_count_changes_nothing():
+    codes = random_codes(96, 512, seed=3)
+    layer = sb.SuperWeights.build(codes)
+    x = torch.randn(12, 512)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = sb.linear(x, layer)
+        torch.set_num_threads(max(2, threads))
+        assert torch.equal(sb.linear(x, layer), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_empty_batch_and_sizes():
+    codes = random_codes(16, 288)
+    layer = sb.SuperWeights.build(codes)
+    assert sb.linear(torch.empty(0, 288), layer).shape == (0, 16)
+    # 4.75 bits a weight for whole superblocks: codes, 8 sub-scales, 8 minimums, two floats
+    assert sb.SuperWeights.build(random_codes(16, 256)).nbytes == 16 * 256 * 4.75 / 8
