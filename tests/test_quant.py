@@ -213,6 +213,12 @@ def test_quant_is_int8_on_cpu_and_named_otherwise(tmp_path, smollm2, capsys):
             load_model(folder, quant=bad)
     model, _ = load_model(folder, quant="q4")
     assert model.quant == "q4" and model.quant_check is not None and model.quant_check.passed
+    from quickdraft.kernels import describe_weights
+    from quickdraft.models.loading import quant_layout
+
+    layout = quant_layout(model)
+    assert layout in ("superblock", "groups") and quant_layout(smollm2[0]) is None
+    assert describe_weights("q4", layout).startswith(f"q4 {layout} (")
     with pytest.raises(ValueError, match="quant: int8 weights run on CPU"):
         load_model(folder, quant="int8", device="cuda")
     with pytest.raises(ValueError, match="quant"):

@@ -107,7 +107,7 @@ def _bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.tasks import load_tasks, parse_tasks
     from quickdraft.config import Method
     from quickdraft.drafters import registry
-    from quickdraft.models.loading import load_model
+    from quickdraft.models.loading import load_model, quant_layout
 
     methods = parse_methods(args.methods, args.num_speculative_tokens)
     if not args.draft_int8:  # the trained drafters' weights follow the draft model's flag
@@ -136,7 +136,7 @@ def _bench(args: argparse.Namespace) -> int:
     trained = args.draft or any(m.spec.method in (Method.MEDUSA, Method.EAGLE) for m in methods)
     meta = {
         "target": args.target,
-        "target_weights": kernels.describe_weights(args.quant),
+        "target_weights": kernels.describe_weights(args.quant, quant_layout(target)),
         "draft": args.draft,
         "draft_weights": "int8" if args.draft_int8 and trained else "as loaded",
         "methods": [m.label for m in methods],

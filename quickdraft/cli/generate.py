@@ -205,6 +205,7 @@ def _generate(args: argparse.Namespace) -> int:
     from quickdraft.drafters import registry
     from quickdraft.engine import generate
     from quickdraft.kernels import describe_weights
+    from quickdraft.models.loading import quant_layout
     from quickdraft.models.tokenizer import same_vocabulary
 
     if args.threads is not None:
@@ -296,7 +297,8 @@ def _generate(args: argparse.Namespace) -> int:
     head = getattr(draft, "shortlist", None)
     vocab = "" if head is None else f", {head.name} mean {head.mean_size():.0f} tokens"
     shape = "no drafts" if draft is None else draft.describe()
-    weights = "" if args.quant is None else f", target {describe_weights(args.quant)}"
+    layout = quant_layout(target)
+    weights = "" if args.quant is None else f", target {describe_weights(args.quant, layout)}"
     console.print(
         f"[dim]{entry.name}, {shape}{vocab}{weights}: {out.stats.summary()}; "
         f"finish: {out.finish_reason}[/dim]"

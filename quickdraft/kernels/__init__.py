@@ -122,7 +122,9 @@ def attention_path() -> int:
     return {"avx512-vnni": 1, "avx2": 2}.get(best_path(), 0)
 
 
-def describe_weights(quant: str | None) -> str:
+def describe_weights(quant: str | None, layout: str | None = None) -> str:
     """How a target's weights are stored and which kernel multiplies them, for reports:
-    "float", "q4 (avx512-vnni)", "int8 (avx2)"."""
-    return "float" if quant is None else f"{quant} ({best_path()})"
+    "float", "q4 (avx512-vnni)", "q4 superblock (avx512-vnni)", "int8 groups (avx2)"."""
+    if quant is None:
+        return "float"
+    return f"{quant}{'' if layout is None else ' ' + layout} ({best_path()})"

@@ -35,6 +35,7 @@ from quickdraft.models.ops import (
     Linear,
     attend,
     attend_each,
+    layout_of,
     prefix_tree_mask,
     rms_norm,
     rotate,
@@ -165,6 +166,11 @@ class LlamaRunner:
                 linear_layer.release_dense()
             if q4 and quantized_cache is not None:
                 quantized.save(quantized_cache, self._projections(), self.quant_check)
+
+    @property
+    def quant_layout(self) -> str | None:
+        """The layout its quantized layers use (``ops.LAYOUTS``), None in float or int8."""
+        return layout_of(self.head.quantized_weights)
 
     def _quantize_q4(self, bits: int, exact_only: bool, layout: str) -> None:
         # The head keeps 8 bits (as llama.cpp's Q4_K_M keeps 6): 4 would cost more agreement

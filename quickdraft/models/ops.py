@@ -25,6 +25,13 @@ LAYOUTS = ("superblock", "groups")
 QuantWeights = superblock.SuperWeights | groups.GroupWeights
 
 
+def layout_of(weights: QuantWeights | None) -> str | None:
+    """The ``LAYOUTS`` name of a layer's quantized weights (None: not quantized)."""
+    if weights is None:
+        return None
+    return LAYOUTS[0] if isinstance(weights, superblock.SuperWeights) else LAYOUTS[1]
+
+
 class Linear:
     """y = x W^T + b. On CPU in float32 the weight is prepacked for oneDNN (exact up to float
     rounding); with ``int8`` it is quantized per output channel and run per-row by the int8

@@ -23,9 +23,10 @@ import torch
 from quickdraft import kernels
 from quickdraft.kernels import groups, superblock
 from quickdraft.models import int8 as int8_ops
-from quickdraft.models.ops import LAYOUTS, Linear, QuantWeights
+from quickdraft.models.ops import Linear, QuantWeights, layout_of
 
-LAYOUT_TYPES = (superblock.SuperWeights, groups.GroupWeights)  # LAYOUTS' weight classes
+# Each layout's weights (``ops.LAYOUTS``), by the name an entry stores.
+WEIGHTS = {"superblock": superblock.SuperWeights, "groups": groups.GroupWeights}
 
 # What the packed bytes depend on besides the weights: the quantizers, the layouts, the policy.
 SOURCES = [
@@ -77,8 +78,7 @@ def load(path: Path, linears: Sequence[Linear]) -> Stored | None:
                     raise ValueError(f"layer {i} shape")
                 packed = _fresh(handle.get_tensor(f"{i}.packed"))
                 bias = handle.get_tensor(f"{i}.bias") if f"{i}.bias" in keys else None
-                kind = LAYOUT_TYPES[LAYOUTS.index(layout)]
-                built.append(kind(out, inner, path_name, packed, None, bias, bits))
+                built.append(WEIGHTS[layout](out, inner, path_name, packed, None, bias, bits))
     except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError):
         path.unlink(missing_ok=True)  # damaged or from another layout: quantize again
         return None
@@ -106,8 +106,7 @@ def save(path: Path, linears: Sequence[Linear], check: int8_ops.QuantCheck | Non
         weights = linear.quantized_weights
         if weights is None or weights.packed is None:
             return
-        layout = LAYOUTS[LAYOUT_TYPES.index(type(weights))]
-        layers.append((layout, weights.out_features, weights.in_features, weights.bits))
+        layers.append((layout_of(weights), weights.out_features, weights.in_features, weights.bits))
         tensors[f"{i}.packed"] = weights.packed
         if weights.bias is not None:
             tensors[f"{i}.bias"] = weights.bias
