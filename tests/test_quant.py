@@ -214,7 +214,7 @@ def test_quant_is_int8_on_cpu_and_named_otherwise(tmp_path, smollm2, capsys):
     model, _ = load_model(folder, quant="q4")
     assert model.quant == "q4" and model.quant_check is not None and model.quant_check.passed
     from quickdraft.kernels import describe_weights
-    from quickdraft.models.loading import quant_layout
+    from quickdraft.models.llama import quant_layout
 
     layout = quant_layout(model)
     assert layout in ("superblock", "groups") and quant_layout(smollm2[0]) is None

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import NoReturn
 
 from quickdraft.artifacts import check_output
-from quickdraft.cli.bench import _add_bench, _add_pick, _bench, _pick
+from quickdraft.cli.bench import _add_bench, _bench
 from quickdraft.cli.checks import _conformance, _demo, _theory
 from quickdraft.cli.common import _positive_int, finite_float, strict_int
 from quickdraft.cli.data import _add_data, _data
 from quickdraft.cli.export import _add_export, _export
 from quickdraft.cli.generate import _add_generate, _generate
+from quickdraft.cli.pick import _add_pick, _pick
 from quickdraft.cli.serve import _add_serve, _serve
 from quickdraft.cli.train import _add_train, _train
 

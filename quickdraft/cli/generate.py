@@ -205,7 +205,7 @@ def _generate(args: argparse.Namespace) -> int:
     from quickdraft.drafters import registry
     from quickdraft.engine import generate
     from quickdraft.kernels import describe_weights
-    from quickdraft.models.loading import quant_layout
+    from quickdraft.models.llama import quant_layout
     from quickdraft.models.tokenizer import same_vocabulary
 
     if args.threads is not None:

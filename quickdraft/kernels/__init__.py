@@ -28,6 +28,7 @@ import torch
 SOURCES = [
     Path(__file__).with_name(name) for name in ("groups.cpp", "superblock.cpp", "attention.cpp")
 ]
+HEADERS = [Path(__file__).with_name("simd.h")]  # included by both linear layers
 # Which code path runs the 4-bit product: the compiled kernel's instruction sets, best first,
 # then the PyTorch reference (``kernels.superblock.reference``), which every CPU runs.
 PATHS = {"avx512-vnni": 1, "avx2": 2}
@@ -37,7 +38,8 @@ STALE_SECONDS = 24 * 3600
 
 def cache_dir() -> Path:
     root = os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft"
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES)).hexdigest()[:12]
+    files = [*SOURCES, *HEADERS]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()[:12]
     version = torch.__version__.replace("+", "-")
     return Path(root) / "kernels" / f"{version}-{digest}"
 

@@ -31,6 +31,8 @@
 
 #include <immintrin.h>
 
+#include "simd.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -40,9 +42,7 @@
 
 namespace {
 
-constexpr int64_t kGroup = 32;
-
-constexpr int64_t kLanes = 16;
+using namespace quickdraft_simd;
 
 // Row activations, quantized per group of 32: codes, their scale and scale * sum of codes.
 struct Activations {
@@ -50,50 +50,6 @@ struct Activations {
   std::vector<float> scale;   // [rows, groups]
   std::vector<float> offset;  // [rows, groups]
 };
-
-// One group of 32 activations to codes, with its scale and scale * sum of codes: the codes
-// are nearbyint(x * (127 / amax)) (round half to even), as the PyTorch reference computes.
-__attribute__((target("avx2,fma,f16c"))) void quantize_group(const float* xs, int8_t* codes,
-                                                             float* scale, float* offset) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 v[4];
-  __m256 top = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(xs + 8 * i);
-    top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v[i]));
-  }
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-  const float amax = _mm_cvtss_f32(h);
-  if (!(amax > 0.0f)) {
-    std::memset(codes, 0, kGroup);
-    *scale = *offset = 0.0f;
-    return;
-  }
-  const __m256 inverse = _mm256_set1_ps(127.0f / amax);
-  const __m256 high = _mm256_set1_ps(127.0f), low = _mm256_set1_ps(-127.0f);
-  __m256i q[4];
-  __m256i total = _mm256_setzero_si256();
-  for (int i = 0; i < 4; ++i) {
-    __m256 c = _mm256_round_ps(_mm256_mul_ps(v[i], inverse),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    c = _mm256_min_ps(high, _mm256_max_ps(low, c));
-    q[i] = _mm256_cvtps_epi32(c);
-    total = _mm256_add_epi32(total, q[i]);
-  }
-  // Packing works within 128-bit lanes: put the 4-byte pieces back in order.
-  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                            _mm256_packs_epi32(q[2], q[3]));
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes),
-                      _mm256_permutevar8x32_epi32(packed, order));
-  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-  *scale = amax / 127.0f;
-  *offset = *scale * static_cast<float>(_mm_cvtsi128_si32(t));
-}
 
 Activations quantize_rows(const float* x, int64_t rows, int64_t k) {
   const int64_t groups = k / kGroup;
@@ -104,8 +60,20 @@ Activations quantize_rows(const float* x, int64_t rows, int64_t k) {
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t g = 0; g < groups; ++g) {
-        quantize_group(x + r * k + g * kGroup, a.codes.data() + r * k + g * kGroup,
-                       &a.scale[r * groups + g], &a.offset[r * groups + g]);
+        // Codes, their scale and scale * sum of codes; a zero group gets all zeros.
+        const float* xs = x + r * k + g * kGroup;
+        int8_t* codes = a.codes.data() + r * k + g * kGroup;
+        const float amax = absmax(xs, kGroup);
+        float& scale = a.scale[r * groups + g];
+        float& offset = a.offset[r * groups + g];
+        if (!(amax > 0.0f)) {
+          std::memset(codes, 0, kGroup);
+          scale = offset = 0.0f;
+          continue;
+        }
+        const int32_t sum = quantize_group(xs, amax, codes);
+        scale = amax / 127.0f;
+        offset = scale * static_cast<float>(sum);
       }
     }
   });
@@ -116,18 +84,6 @@ Activations quantize_rows(const float* x, int64_t rows, int64_t k) {
 // across the groups; the block's weights (15 KB for 1536 inputs) are read again from cache
 // for each tile. A row's operations are the same in a tile of any size.
 constexpr int kTile = 4;
-
-// acc + the dot products of each 32-bit lane of w (4 unsigned bytes) with the 4 signed bytes
-// at p, broadcast from memory inside the instruction (compilers do not fold the broadcast, and
-// a separate one costs an instruction per product).
-__attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_broadcast(__m512i acc,
-                                                                           __m512i w,
-                                                                           const int8_t* p) {
-  asm("vpdpbusd %2%{1to16%}, %1, %0"
-      : "+v"(acc)
-      : "v"(w), "m"(*reinterpret_cast<const int32_t(*)[1]>(p)));
-  return acc;
-}
 
 // Bytes of one record: the codes (16 lanes x 32 inputs at Bits each), then the float16
 // scales and minimums.
@@ -145,7 +101,6 @@ tile_avx512_vnni(const uint8_t* records, const Activations& a, int64_t first, in
                  float* out) {
   constexpr int64_t kCodeBytes = kLanes * kGroup * Bits / 8;
   const int64_t groups = k / kGroup;
-  const __m512i low_mask = _mm512_set1_epi8(0x0F);
   const int8_t* codes[R];
   const float* scale[R];
   const float* offset[R];
@@ -158,30 +113,14 @@ tile_avx512_vnni(const uint8_t* records, const Activations& a, int64_t first, in
   }
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* record = records + g * record_bytes<Bits>();
-    // w[2c] and w[2c + 1] multiply the activation bytes at 8c and 8c + 4.
     __m512i w[8];
-    for (int c = 0; c < 4; ++c) {
-      if constexpr (Bits == 4) {
-        const __m512i v = _mm512_loadu_si512(record + 64 * c);
-        w[2 * c] = _mm512_and_si512(v, low_mask);
-        w[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
-      } else {
-        w[2 * c] = _mm512_loadu_si512(record + 128 * c);
-        w[2 * c + 1] = _mm512_loadu_si512(record + 128 * c + 64);
-      }
-    }
+    load_codes<Bits>(record, w);
     const __m512 s = _mm512_cvtph_ps(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(record + kCodeBytes)));
     const __m512 m = _mm512_cvtph_ps(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(record + kCodeBytes + 32)));
     for (int r = 0; r < R; ++r) {
-      const int8_t* p = codes[r] + g * kGroup;
-      __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
-      for (int c = 0; c < 4; ++c) {
-        d0 = dpbusd_broadcast(d0, w[2 * c], p + 8 * c);
-        d1 = dpbusd_broadcast(d1, w[2 * c + 1], p + 8 * c + 4);
-      }
-      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1));
+      const __m512 dot = _mm512_cvtepi32_ps(dot_avx512<Bits>(w, codes[r] + g * kGroup));
       const __m512 term = _mm512_mul_ps(_mm512_mul_ps(s, dot), _mm512_set1_ps(scale[r][g]));
       acc[r] = _mm512_add_ps(acc[r], term);
       acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(m, _mm512_set1_ps(offset[r][g])));
@@ -190,10 +129,7 @@ tile_avx512_vnni(const uint8_t* records, const Activations& a, int64_t first, in
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, acc[r]);
 }
 
-// The same sums with AVX2, 8 outputs (half a block) at a time: u8 x s8 pairs into int16, then
-// pairs into int32: the exact dot products VNNI computes. Lanes 0-7 and 8-15 of a chunk are its
-// two 32-byte halves. The int16 pair sums are exact for 4-bit codes (2 * 15 * 127); 8-bit codes
-// go as their two nibbles, 16 * dot(high) + dot(low), for the same reason.
+// The same sums with AVX2, 8 outputs (half a block) at a time (``dot_avx2``).
 template <int Bits, int R>
 __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* records,
                                                                const Activations& a,
@@ -201,53 +137,20 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* re
                                                                float* out) {
   constexpr int64_t kCodeBytes = kLanes * kGroup * Bits / 8;
   const int64_t groups = k / kGroup;
-  const __m256i low_mask = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int half = 0; half < 2; ++half) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* record = records + g * record_bytes<Bits>();
-      // 4 bits: lo[c], hi[c] multiply the activations at 8c and 8c + 4. 8 bits: chunk j's low
-      // and high nibbles, both against the activations at 4j.
-      constexpr int kChunks = Bits == 4 ? 4 : 8;
-      __m256i lo[kChunks], hi[kChunks];
-      for (int c = 0; c < kChunks; ++c) {
-        const __m256i v = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(record + 64 * c + 32 * half));
-        lo[c] = _mm256_and_si256(v, low_mask);
-        hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_mask);
-      }
+      __m256i lo[kAvx2Chunks<Bits>], hi[kAvx2Chunks<Bits>];
+      load_codes_avx2<Bits>(record, half, lo, hi);
       const __m256 s = _mm256_cvtph_ps(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(record + kCodeBytes + 16 * half)));
       const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(
           reinterpret_cast<const __m128i*>(record + kCodeBytes + 32 + 16 * half)));
       for (int r = 0; r < R; ++r) {
         const int64_t row = first + r;
-        const int8_t* p = a.codes.data() + row * k + g * kGroup;
-        __m256i d;
-        if constexpr (Bits == 4) {
-          d = _mm256_setzero_si256();
-          for (int c = 0; c < 4; ++c) {
-            int32_t first4, second4;
-            std::memcpy(&first4, p + 8 * c, 4);
-            std::memcpy(&second4, p + 8 * c + 4, 4);
-            const __m256i a0 = _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(first4));
-            const __m256i a1 = _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(second4));
-            d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_add_epi16(a0, a1), ones));
-          }
-        } else {
-          __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
-          for (int c = 0; c < 8; ++c) {
-            int32_t four;
-            std::memcpy(&four, p + 4 * c, 4);
-            const __m256i b = _mm256_set1_epi32(four);
-            low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[c], b), ones));
-            high =
-                _mm256_add_epi32(high, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[c], b), ones));
-          }
-          d = _mm256_add_epi32(low, _mm256_slli_epi32(high, 4));
-        }
+        const __m256i d = dot_avx2<Bits>(lo, hi, a.codes.data() + row * k + g * kGroup);
         const __m256 dot = _mm256_cvtepi32_ps(d);
         const __m256 term =
             _mm256_mul_ps(_mm256_mul_ps(s, dot), _mm256_set1_ps(a.scale[row * groups + g]));
@@ -291,23 +194,6 @@ struct Avx2 {
   }
 };
 
-enum Path : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2 = 2 };
-
-bool supported(int64_t path) {
-  __builtin_cpu_init();
-  switch (path) {
-    case kAvx512Vnni:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-    case kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
-    default:
-      return false;
-  }
-}
-
-
 at::Tensor group_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                      const std::optional<at::Tensor>& bias, int64_t path, int64_t bits) {
   TORCH_CHECK(bits == 4 || bits == 8, "group_linear: bits must be 4 or 8");
@@ -344,17 +230,7 @@ at::Tensor group_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n
       } else {
         (bits == 4 ? run_block<Avx2, 4> : run_block<Avx2, 8>)(records, a, rows, k, acc.data());
       }
-      const int64_t first = block * kLanes;
-      const int64_t lanes = std::min(kLanes, n - first);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* dst = y + r * n + first;
-        const float* src = acc.data() + r * kLanes;
-        if (b == nullptr) {
-          std::memcpy(dst, src, lanes * sizeof(float));
-        } else {
-          for (int64_t j = 0; j < lanes; ++j) dst[j] = src[j] + b[first + j];
-        }
-      }
+      write_block(acc.data(), rows, n, block * kLanes, b, y);
     }
   });
   return out;

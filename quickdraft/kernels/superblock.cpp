@@ -17,7 +17,7 @@
 // and y[r,o] = sum_s ((d * float(S) + dmin * float(M)) * a[r,s]) + b[o], the float operations
 // in that order, the same for every row whatever the row count, its place in the batch, the
 // thread count or the instruction set (built with -ffp-contract=off). Against the 32-input
-// groups of q4.cpp, a group costs two integer operations a row instead of six float ones, so
+// groups of groups.cpp, a group costs two integer operations a row instead of six float ones, so
 // a verify pass of 8-16 rows runs closer to the VNNI peak; activations share a scale over 256
 // inputs instead of 32 (what llama.cpp's Q8_K does for its Q4_K products).
 //
@@ -38,6 +38,8 @@
 
 #include <immintrin.h>
 
+#include "simd.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -45,9 +47,9 @@
 
 namespace {
 
-constexpr int64_t kGroup = 32;
+using namespace quickdraft_simd;
+
 constexpr int64_t kSuper = 8;  // groups a superblock
-constexpr int64_t kLanes = 16;
 constexpr int64_t kMetaBytes = kSuper * kLanes * 2 + 2 * kLanes * 4;
 
 // A group's codes in a block of 16 outputs.
@@ -74,18 +76,8 @@ struct Activations {
 
 // One superblock of n groups: codes nearbyint(x * (127 / amax)) (round half to even), as the
 // PyTorch reference computes them.
-__attribute__((target("avx2,fma,f16c"))) void quantize_super(const float* xs, int64_t n,
-                                                             int8_t* codes, float* scale,
-                                                             int16_t* sums) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 top = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n * kGroup; i += 8) {
-    top = _mm256_max_ps(top, _mm256_andnot_ps(sign, _mm256_loadu_ps(xs + i)));
-  }
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-  const float amax = _mm_cvtss_f32(h);
+void quantize_super(const float* xs, int64_t n, int8_t* codes, float* scale, int16_t* sums) {
+  const float amax = absmax(xs, n * kGroup);
   std::fill(sums, sums + kSuper, int16_t{0});
   if (!(amax > 0.0f)) {
     std::memset(codes, 0, n * kGroup);
@@ -93,28 +85,8 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_super(const float* xs, in
     return;
   }
   *scale = amax / 127.0f;
-  const __m256 inverse = _mm256_set1_ps(127.0f / amax);
-  const __m256 high = _mm256_set1_ps(127.0f), low = _mm256_set1_ps(-127.0f);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t j = 0; j < n; ++j) {
-    __m256i q[4];
-    __m256i total = _mm256_setzero_si256();
-    for (int i = 0; i < 4; ++i) {
-      __m256 c = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xs + j * kGroup + 8 * i), inverse),
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      c = _mm256_min_ps(high, _mm256_max_ps(low, c));
-      q[i] = _mm256_cvtps_epi32(c);
-      total = _mm256_add_epi32(total, q[i]);
-    }
-    // Packing works within 128-bit lanes: put the 4-byte pieces back in order.
-    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                              _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + j * kGroup),
-                        _mm256_permutevar8x32_epi32(packed, order));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-    sums[j] = static_cast<int16_t>(_mm_cvtsi128_si32(t));
+    sums[j] = static_cast<int16_t>(quantize_group(xs + j * kGroup, amax, codes + j * kGroup));
   }
 }
 
@@ -136,17 +108,6 @@ Activations quantize_rows(const float* x, int64_t rows, int64_t k) {
   return a;
 }
 
-// acc + the dot products of each 32-bit lane of w (4 unsigned bytes) with the 4 signed bytes
-// at p, broadcast from memory inside the instruction (compilers do not fold the broadcast).
-__attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_broadcast(__m512i acc,
-                                                                           __m512i w,
-                                                                           const int8_t* p) {
-  asm("vpdpbusd %2%{1to16%}, %1, %0"
-      : "+v"(acc)
-      : "v"(w), "m"(*reinterpret_cast<const int32_t(*)[1]>(p)));
-  return acc;
-}
-
 // Rows of a block go in tiles of up to kTile, their integer sums in registers; the block's
 // records are read again (from cache) for each tile.
 constexpr int kTile = 8;
@@ -163,7 +124,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
     const uint8_t* block, const Activations& a, int64_t first, int64_t k, float* out,
     const uint8_t* next) {
   const int64_t groups = k / kGroup;
-  const __m512i low_mask = _mm512_set1_epi8(0x0F);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const uint8_t* record = block;
@@ -179,28 +139,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
         const char* ahead = reinterpret_cast<const char*>(next + (codes - block));
         for (int line = 0; line < kCodeBytes / 64; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
       }
-      // w[2c] and w[2c + 1] multiply the activation bytes at 8c and 8c + 4.
       __m512i w[8];
-      for (int c = 0; c < 4; ++c) {
-        if constexpr (Bits == 4) {
-          const __m512i v = _mm512_loadu_si512(codes + 64 * c);
-          w[2 * c] = _mm512_and_si512(v, low_mask);
-          w[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
-        } else {
-          w[2 * c] = _mm512_loadu_si512(codes + 128 * c);
-          w[2 * c + 1] = _mm512_loadu_si512(codes + 128 * c + 64);
-        }
-      }
+      load_codes<Bits>(codes, w);
       const __m512i sc =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(meta + 16 * j)));
       for (int r = 0; r < R; ++r) {
         const int8_t* p = a.codes.data() + (first + r) * k + (s * kSuper + j) * kGroup;
-        __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
-        for (int c = 0; c < 4; ++c) {
-          d0 = dpbusd_broadcast(d0, w[2 * c], p + 8 * c);
-          d1 = dpbusd_broadcast(d1, w[2 * c + 1], p + 8 * c + 4);
-        }
-        S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), sc));
+        S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot_avx512<Bits>(w, p), sc));
       }
     }
     for (int64_t pair = 0; pair < (n + 1) / 2; ++pair) {
@@ -224,18 +169,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, acc[r]);
 }
 
-// The same sums with AVX2, 8 outputs (half a block) at a time: u8 x s8 pairs into int16, then
-// pairs into int32: the dot products VNNI computes. The int16 pair sums are exact for 4-bit
-// codes (2 * 15 * 127); 8-bit codes go as their two nibbles, 16 * dot(high) + dot(low), for the
-// same reason.
+// The same sums with AVX2, 8 outputs (half a block) at a time (``dot_avx2``).
 template <int Bits, int R>
 __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* block,
                                                                const Activations& a,
                                                                int64_t first, int64_t k,
                                                                float* out) {
   const int64_t groups = k / kGroup;
-  const __m256i low_mask = _mm256_set1_epi8(0x0F);
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int half = 0; half < 2; ++half) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -243,47 +183,18 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* bl
     for (int64_t s = 0; s < a.supers; ++s) {
       const int64_t n = std::min(kSuper, groups - s * kSuper);
       constexpr int64_t kCodeBytes = code_bytes<Bits>();
-      constexpr int kChunks = Bits == 4 ? 4 : 8;
       const uint8_t* meta = record + n * kCodeBytes;
       __m256i S[R], M[R];
       for (int r = 0; r < R; ++r) S[r] = M[r] = _mm256_setzero_si256();
       for (int64_t j = 0; j < n; ++j) {
         const uint8_t* codes = record + j * kCodeBytes;
-        // 4 bits: lo[c], hi[c] multiply the activations at 8c and 8c + 4. 8 bits: chunk c's
-        // low and high nibbles, both against the activations at 4c.
-        __m256i lo[kChunks], hi[kChunks];
-        for (int c = 0; c < kChunks; ++c) {
-          const __m256i v =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * c + 32 * half));
-          lo[c] = _mm256_and_si256(v, low_mask);
-          hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_mask);
-        }
+        __m256i lo[kAvx2Chunks<Bits>], hi[kAvx2Chunks<Bits>];
+        load_codes_avx2<Bits>(codes, half, lo, hi);
         const __m256i sc = _mm256_cvtepu8_epi32(
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta + 16 * j + 8 * half)));
         for (int r = 0; r < R; ++r) {
           const int8_t* p = a.codes.data() + (first + r) * k + (s * kSuper + j) * kGroup;
-          __m256i d = _mm256_setzero_si256();
-          if constexpr (Bits == 4) {
-            for (int c = 0; c < 4; ++c) {
-              int32_t first4, second4;
-              std::memcpy(&first4, p + 8 * c, 4);
-              std::memcpy(&second4, p + 8 * c + 4, 4);
-              const __m256i a0 = _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(first4));
-              const __m256i a1 = _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(second4));
-              d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_add_epi16(a0, a1), ones));
-            }
-          } else {
-            __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
-            for (int c = 0; c < 8; ++c) {
-              int32_t four;
-              std::memcpy(&four, p + 4 * c, 4);
-              const __m256i b = _mm256_set1_epi32(four);
-              low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[c], b), ones));
-              high = _mm256_add_epi32(high,
-                                      _mm256_madd_epi16(_mm256_maddubs_epi16(hi[c], b), ones));
-            }
-            d = _mm256_add_epi32(low, _mm256_slli_epi32(high, 4));
-          }
+          const __m256i d = dot_avx2<Bits>(lo, hi, p);
           S[r] = _mm256_add_epi32(S[r], _mm256_mullo_epi32(d, sc));
         }
       }
@@ -348,22 +259,6 @@ void run_block(const uint8_t* block, const Activations& a, int64_t rows, int64_t
   dispatch_rest<Tile, Bits, kTile - 1>(rows - first, block, a, first, k, rest, first == 0 ? next : nullptr);
 }
 
-enum Path : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2 = 2 };
-
-bool supported(int64_t path) {
-  __builtin_cpu_init();
-  switch (path) {
-    case kAvx512Vnni:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-    case kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
-    default:
-      return false;
-  }
-}
-
 // The fastest path this CPU runs (0: none, use the PyTorch reference).
 int64_t best_path() {
   if (supported(kAvx512Vnni)) return kAvx512Vnni;
@@ -411,17 +306,7 @@ at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int6
         (bits == 4 ? run_block<Avx2, 4> : run_block<Avx2, 8>)(records, a, rows, k, acc.data(),
                                                               next);
       }
-      const int64_t first = block * kLanes;
-      const int64_t lanes = std::min(kLanes, n - first);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* dst = y + r * n + first;
-        const float* src = acc.data() + r * kLanes;
-        if (b == nullptr) {
-          std::memcpy(dst, src, lanes * sizeof(float));
-        } else {
-          for (int64_t j = 0; j < lanes; ++j) dst[j] = src[j] + b[first + j];
-        }
-      }
+      write_block(acc.data(), rows, n, block * kLanes, b, y);
     }
   });
   return out;

@@ -148,15 +148,15 @@ class LlamaRunner:
             stored = quantized.load(quantized_cache, self._projections())
         if stored is not None:
             self.quant_check = stored.check
-        elif int8 or q4:
+        elif int8:
             original = None if probe is None else self._logits(probe)
-            for layout in LAYOUTS if q4 else ("int8",):
-                if q4:
-                    self._quantize_q4(q4_bits, q4_exact, layout)
-                else:
-                    self._quantize(calibration)
-                if original is not None:
-                    self.quant_check = int8_ops.compare(self._logits(probe), original)
+            self._quantize(calibration)
+            self.quant_check = self._check(probe, original)
+        elif q4:
+            original = None if probe is None else self._logits(probe)
+            for layout in LAYOUTS:
+                self._quantize_q4(q4_bits, q4_exact, layout)
+                self.quant_check = self._check(probe, original)
                 # Superblocks share an activation scale over 256 inputs; a model with outlier
                 # channels (SmolLM2-135M: 92.9% top-1 agreement on the probe against 97.5%)
                 # takes the groups' scale per 32 instead.
@@ -164,8 +164,14 @@ class LlamaRunner:
                     break
             for linear_layer in self._projections():
                 linear_layer.release_dense()
-            if q4 and quantized_cache is not None:
+            if quantized_cache is not None:
                 quantized.save(quantized_cache, self._projections(), self.quant_check)
+
+    def _check(
+        self, probe: torch.Tensor | None, original: torch.Tensor | None
+    ) -> int8_ops.QuantCheck | None:
+        """The quantized model against its float logits on the probe (None without one)."""
+        return None if original is None else int8_ops.compare(self._logits(probe), original)
 
     @property
     def quant_layout(self) -> str | None:
@@ -363,3 +369,9 @@ class LlamaRunner:
                 f"tree_mask must be [T, T] = [{num_new}, {num_new}], got {list(tree_mask.shape)}"
             )
         return prefix_tree_mask(lengths.to(self.device), used, tree_mask, num_new)
+
+
+def quant_layout(model: object) -> str | None:
+    """The kernel layout a quantized native model's layers use ("superblock", "groups"), for
+    reports; None for any other model."""
+    return model.quant_layout if isinstance(model, LlamaRunner) else None

@@ -199,12 +199,6 @@ def load_model(
     return _named(runner, name_or_path), tokenizer
 
 
-def quant_layout(model: Model) -> str | None:
-    """The kernel layout a quantized native model's layers use ("superblock", "groups"), for
-    reports; None for any other model."""
-    return model.quant_layout if isinstance(model, LlamaRunner) else None
-
-
 def from_transformers(
     model: Any, *, shared: bool = True, tap_layers: tuple[int, ...] = ()
 ) -> LlamaRunner:

@@ -89,8 +89,8 @@ def load(path: Path, linears: Sequence[Linear]) -> Stored | None:
 
 
 def _fresh(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy in memory of torch's own: aligned, and in huge pages where the system gives them
-    (a file's mapped pages made a 1.5B decode step half as slow again: TLB misses)."""
+    """A copy in memory torch allocated (aligned for the kernels' loads), not a view of the
+    entry's file."""
     copy = torch.empty_like(tensor)
     copy.copy_(tensor)
     return copy

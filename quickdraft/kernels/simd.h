@@ -1,0 +1,183 @@
+// What both quantized linear layers (groups.cpp, superblock.cpp) share: the code paths and
+// their CPU checks, activation codes for a group of 32, the packed codes' loads and exact
+// integer dot products per path, and writing a block of outputs.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace quickdraft_simd {
+
+constexpr int64_t kGroup = 32;  // inputs a group
+constexpr int64_t kLanes = 16;  // outputs a block
+
+enum Path : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2 = 2 };
+
+inline bool supported(int64_t path) {
+  __builtin_cpu_init();
+  switch (path) {
+    case kAvx512Vnni:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    case kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    default:
+      return false;
+  }
+}
+
+// The largest |x| of n floats (n a multiple of 8).
+__attribute__((target("avx2,fma,f16c"))) inline float absmax(const float* xs, int64_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 top = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    top = _mm256_max_ps(top, _mm256_andnot_ps(sign, _mm256_loadu_ps(xs + i)));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+
+// 32 activations to codes nearbyint(x * (127 / amax)) (round half to even, clamped to
+// -127..127), as the PyTorch references compute them; returns the sum of the codes.
+__attribute__((target("avx2,fma,f16c"))) inline int32_t quantize_group(const float* xs,
+                                                                      float amax,
+                                                                      int8_t* codes) {
+  const __m256 inverse = _mm256_set1_ps(127.0f / amax);
+  const __m256 high = _mm256_set1_ps(127.0f), low = _mm256_set1_ps(-127.0f);
+  __m256i q[4];
+  __m256i total = _mm256_setzero_si256();
+  for (int i = 0; i < 4; ++i) {
+    __m256 c = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xs + 8 * i), inverse),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    c = _mm256_min_ps(high, _mm256_max_ps(low, c));
+    q[i] = _mm256_cvtps_epi32(c);
+    total = _mm256_add_epi32(total, q[i]);
+  }
+  // Packing works within 128-bit lanes: put the 4-byte pieces back in order.
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                            _mm256_packs_epi32(q[2], q[3]));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes),
+                      _mm256_permutevar8x32_epi32(packed, order));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  return _mm_cvtsi128_si32(t);
+}
+
+// acc + the dot products of each 32-bit lane of w (4 unsigned bytes) with the 4 signed bytes
+// at p, broadcast from memory inside the instruction (compilers do not fold the broadcast, and
+// a separate one costs an instruction per product).
+__attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_broadcast(__m512i acc,
+                                                                           __m512i w,
+                                                                           const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(w), "m"(*reinterpret_cast<const int32_t(*)[1]>(p)));
+  return acc;
+}
+
+// One group's codes for a block of 16 outputs, as VNNI multiplies them: w[2c] and w[2c + 1]
+// against the activation bytes at 8c and 8c + 4. 4 bits: chunk c (of 4, 64 bytes each) holds
+// inputs 8c..8c+3 in its low nibbles, 8c+4..8c+7 in its high ones; 8 bits: chunk c (of 8)
+// holds inputs 4c..4c+3.
+template <int Bits>
+__attribute__((target("avx512f,avx512bw"))) inline void load_codes(const uint8_t* codes,
+                                                                   __m512i w[8]) {
+  const __m512i low_mask = _mm512_set1_epi8(0x0F);
+  for (int c = 0; c < 4; ++c) {
+    if constexpr (Bits == 4) {
+      const __m512i v = _mm512_loadu_si512(codes + 64 * c);
+      w[2 * c] = _mm512_and_si512(v, low_mask);
+      w[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
+    } else {
+      w[2 * c] = _mm512_loadu_si512(codes + 128 * c);
+      w[2 * c + 1] = _mm512_loadu_si512(codes + 128 * c + 64);
+    }
+  }
+}
+
+// The 16 dot products of one group with the 32 activation codes at p, exact in int32.
+template <int Bits>
+__attribute__((target("avx512f,avx512vnni"))) inline __m512i dot_avx512(const __m512i w[8],
+                                                                        const int8_t* p) {
+  __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+  for (int c = 0; c < 4; ++c) {
+    d0 = dpbusd_broadcast(d0, w[2 * c], p + 8 * c);
+    d1 = dpbusd_broadcast(d1, w[2 * c + 1], p + 8 * c + 4);
+  }
+  return _mm512_add_epi32(d0, d1);
+}
+
+// The AVX2 path works on 8 outputs (half a block, the 32-byte half of each chunk) at a time.
+// 4 bits: lo[c], hi[c] multiply the activations at 8c and 8c + 4; 8 bits: chunk c's low and
+// high nibbles, both against the activations at 4c.
+template <int Bits>
+constexpr int kAvx2Chunks = Bits == 4 ? 4 : 8;
+
+template <int Bits>
+__attribute__((target("avx2"))) inline void load_codes_avx2(const uint8_t* codes, int half,
+                                                            __m256i* lo, __m256i* hi) {
+  const __m256i low_mask = _mm256_set1_epi8(0x0F);
+  for (int c = 0; c < kAvx2Chunks<Bits>; ++c) {
+    const __m256i v =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * c + 32 * half));
+    lo[c] = _mm256_and_si256(v, low_mask);
+    hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_mask);
+  }
+}
+
+// u8 x s8 pairs into int16, then pairs into int32: the dot products VNNI computes. The int16
+// pair sums are exact for 4-bit codes (2 * 15 * 127); 8-bit codes go as their two nibbles,
+// 16 * dot(high) + dot(low), for the same reason.
+template <int Bits>
+__attribute__((target("avx2"))) inline __m256i dot_avx2(const __m256i* lo, const __m256i* hi,
+                                                        const int8_t* p) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (Bits == 4) {
+    __m256i d = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      int32_t first4, second4;
+      std::memcpy(&first4, p + 8 * c, 4);
+      std::memcpy(&second4, p + 8 * c + 4, 4);
+      const __m256i a0 = _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(first4));
+      const __m256i a1 = _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(second4));
+      d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_add_epi16(a0, a1), ones));
+    }
+    return d;
+  } else {
+    __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      int32_t four;
+      std::memcpy(&four, p + 4 * c, 4);
+      const __m256i b = _mm256_set1_epi32(four);
+      low = _mm256_add_epi32(low, _mm256_madd_epi16(_mm256_maddubs_epi16(lo[c], b), ones));
+      high = _mm256_add_epi32(high, _mm256_madd_epi16(_mm256_maddubs_epi16(hi[c], b), ones));
+    }
+    return _mm256_add_epi32(low, _mm256_slli_epi32(high, 4));
+  }
+}
+
+// A block's sums for every row (acc[r * 16 + lane]) into y [rows, n] from column first, plus
+// the bias where there is one; the last block may hold fewer than 16 outputs.
+inline void write_block(const float* acc, int64_t rows, int64_t n, int64_t first,
+                        const float* bias, float* y) {
+  const int64_t lanes = std::min(kLanes, n - first);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = y + r * n + first;
+    const float* src = acc + r * kLanes;
+    if (bias == nullptr) {
+      std::memcpy(dst, src, lanes * sizeof(float));
+    } else {
+      for (int64_t j = 0; j < lanes; ++j) dst[j] = src[j] + bias[first + j];
+    }
+  }
+}
+
+}  // namespace quickdraft_simd
