@@ -101,12 +101,18 @@ def test_no_memory_for_a_draft_model_falls_back():
     assert any("draft model needs 1 GB" in reason for reason in choice.reasons)
 
 
-def test_unavailable_methods_say_why():
+def test_unavailable_methods_say_why(tmp_path, monkeypatch):
+    """On a fresh cache too: the picker names the converted folder without converting the
+    GGUF (minutes for the 1.5B) and says how it gets written."""
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))
     choice = pick(Workload(task="code"), PickContext(target="qwen2.5-coder-1.5b"))
     said = "\n".join(choice.reasons)
     assert "draft_model: no draft model given" in said
     assert "eagle: no EAGLE drafter for qwen2.5-coder-1.5b" in said
     assert "medusa: no Medusa heads" in said
+    assert choice.target_path is not None and choice.target_path.startswith(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+    assert "--target qwen2.5-coder-1.5b --max-new-tokens 1" in choice.as_text()
 
 
 def test_higher_temperature_and_concurrency_never_raise_the_modelled_gain():

@@ -250,11 +250,16 @@ def _shortlist_note(shortlist: str) -> str:
 # -- per method: what the picker's recommendation launches elsewhere -------------------------
 
 
-def model_path(name: str) -> str:
-    """A model alias as the folder other engines load (the converted checkpoint)."""
+def model_path(name: str, convert: bool = True) -> str:
+    """A model alias as the folder other engines load (the converted checkpoint). convert:
+    False names the folder without making it (a 1.5B's conversion takes minutes; a printed
+    command does not need it yet)."""
+    from quickdraft.models import gguf
     from quickdraft.models.loading import ALIASES, resolve
 
-    return str(resolve(name)) if name in ALIASES else name
+    if name not in ALIASES:
+        return name
+    return str(resolve(name) if convert else gguf.converted_folder(ALIASES[name].sha256))
 
 
 def gguf_path(name: str) -> str | None:

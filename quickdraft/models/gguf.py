@@ -61,6 +61,12 @@ def read_checkpoint(path: Path) -> tuple[Any, dict[str, torch.Tensor]]:
     return config, state
 
 
+def converted_folder(sha256: str) -> Path:
+    """Where ``convert`` puts (or finds) the Hugging Face folder of the GGUF with this
+    digest."""
+    return cache_root() / "converted" / sha256[:32]
+
+
 def convert(path: Path, *, sha256: str | None = None) -> Path:
     """The cached Hugging Face folder for a GGUF file, converting it on first use."""
     from gguf import GGUFReader
@@ -70,7 +76,7 @@ def convert(path: Path, *, sha256: str | None = None) -> Path:
     if not path.is_file():
         raise ValueError(f"name_or_path: GGUF file {path} does not exist")
     digest = sha256 or sha256_of(path)
-    folder = cache_root() / "converted" / digest[:32]
+    folder = converted_folder(digest)
     if (folder / "model.safetensors").exists():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from quickdraft.bench.tasks import SESSION_KINDS, TASK_KINDS
@@ -151,6 +152,7 @@ class Recommendation:
     options: list[Option] = field(default_factory=list)
     engines: list[LaunchConfig] = field(default_factory=list)
     target_path: str | None = None
+    target_alias: str | None = None  # the alias ``target_path`` was converted from
 
     @property
     def speculate(self) -> bool:
@@ -189,6 +191,12 @@ class Recommendation:
             lines.append(f"candidates (best first): {shown}")
         lines.append("quickdraft: " + json.dumps(self.quickdraft_json()))
         target = self.target_path or "<target>"
+        converted = self.target_path is not None and self.target_path != self.target_alias
+        if converted and not Path(str(self.target_path)).exists():
+            lines.append(
+                f"the target's folder is written by its first load: quickdraft generate "
+                f"--target {self.target_alias} --max-new-tokens 1"
+            )
         for config in self.engines:
             name = NAMES.get(config.engine, config.engine)
             command = config.command(target)
@@ -345,5 +353,8 @@ def finish(recommendation: Recommendation, context: PickContext) -> Recommendati
             config.speculative["disable_by_batch_size"] = threshold
     from quickdraft.interop.launch import model_path
 
-    recommendation.target_path = model_path(context.target)
+    # The folder's name only: the picker answers in a second, and the alias's conversion
+    # (minutes for the 1.5B) happens at its first load (``as_text`` says how, if not yet).
+    recommendation.target_path = model_path(context.target, convert=False)
+    recommendation.target_alias = context.target
     return recommendation
