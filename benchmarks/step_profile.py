@@ -25,8 +25,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from quickdraft.bench.machine import describe_machine
-from quickdraft.models import load_model
 from quickdraft.models.llama import quant_layout
+from quickdraft.models.loading import load_model
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -77,15 +77,21 @@ def run_pass(model, cache, tokens, positions, mask) -> None:
     model.forward(tokens, positions, cache, mask)
 
 
-def operator_table(model, cache, tokens, positions, mask, repeats: int) -> dict[str, float]:
-    """ms a pass per group, self CPU time averaged over ``repeats`` profiled passes."""
+def operator_table(
+    model, cache, tokens, positions, mask, repeats: int
+) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """(ms a pass per group, {operator: (ms, calls) a pass}), self CPU time averaged over
+    ``repeats`` profiled passes."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(repeats):
             run_pass(model, cache, tokens, positions, mask)
     totals: dict[str, float] = defaultdict(float)
+    operators = {}
     for event in prof.key_averages():
-        totals[group_of(event.key)] += event.self_cpu_time_total / 1000 / repeats
-    return dict(totals)
+        ms = event.self_cpu_time_total / 1000 / repeats
+        totals[group_of(event.key)] += ms
+        operators[event.key] = (ms, event.count / repeats)
+    return dict(totals), operators
 
 
 def main() -> None:
@@ -127,7 +133,9 @@ def main() -> None:
             run_pass(model, cache, *inputs[name])
             times[name].append((time.perf_counter() - start) * 1000)
     walls = {name: statistics.median(values) for name, values in times.items()}
-    tables = {name: operator_table(model, cache, *inputs[name], 3) for name in kinds}
+    profiled = {name: operator_table(model, cache, *inputs[name], 3) for name in kinds}
+    tables = {name: found[0] for name, found in profiled.items()}
+    operators = {name: found[1] for name, found in profiled.items()}
 
     linears = [
         linear
@@ -147,7 +155,8 @@ def main() -> None:
         "machine": machine,
         "weight_bytes": weight_bytes,
         "wall_ms": walls,
-        "operators_ms": tables,
+        "groups_ms": tables,
+        "operators_ms_calls": operators,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
@@ -176,6 +185,11 @@ def main() -> None:
         + " | ".join(f"{walls[k] - sum(tables[k].values()):.1f}" for k in kinds)
         + " |"
     )
+    for name in kinds:
+        top = sorted(operators[name].items(), key=lambda item: -item[1][0])[:15]
+        lines += ["", f"Operators of the {name} pass, self time (profiled):", ""]
+        lines += ["| operator | ms | calls |", "|---|---|---|"]
+        lines += [f"| {op} | {ms:.2f} | {calls:.0f} |" for op, (ms, calls) in top]
     lines += ["", "    " + " ".join(["python benchmarks/step_profile.py", *_argv()]), ""]
     args.out.with_suffix(".md").write_text("\n".join(lines))
     print("\n".join(lines))

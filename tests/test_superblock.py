@@ -12,7 +12,7 @@ from quickdraft.kernels import groups
 from quickdraft.kernels import superblock as sb
 
 PATHS = kernels.runnable_paths()
-BITS = (4, 8)
+BITS = sb.BITS
 
 
 def random_codes(out: int, inner: int, seed: int = 0, bits: int = 4) -> sb.SuperCodes:
@@ -82,16 +82,19 @@ def test_quantize_refuses_a_width_not_in_groups():
 @pytest.mark.parametrize("path", PATHS)
 def test_every_path_gives_the_reference_bits(path, bits):
     codes = random_codes(40, 352, seed=1, bits=bits)  # 11 groups: a superblock and 3 more
-    bias = torch.randn(40)
+    generator = torch.Generator().manual_seed(3)
+    bias = torch.randn(40, generator=generator)
     layer = sb.SuperWeights.build(codes, bias, path=path)
-    x = torch.randn(9, 352) * 3
+    x = torch.randn(9, 352, generator=generator) * 3
     x[2, :256] = 0.0  # a zero superblock: scale 0
     x[4, 7] = 400.0  # an outlier coarsens only its own superblock
     expected = sb.reference(x, codes, bias)
     assert torch.equal(sb.linear(x, layer), expected)
     float_result = x @ codes.dequantize().T + bias
-    relative = (expected - float_result).norm() / float_result.norm()
-    assert relative < 0.05, float(relative)
+    # int8 activations per 256 inputs: about 1% of the product (the outlier's row more)
+    usual = [row for row in range(9) if row != 4]
+    relative = (expected - float_result)[usual].norm() / float_result[usual].norm()
+    assert relative < 0.02, float(relative)
 
 
 @pytest.mark.parametrize("bits", BITS)

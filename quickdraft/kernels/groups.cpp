@@ -298,7 +298,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_quantize(const at::Tensor& 
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
               "group_quantize: weight must be contiguous float32 [out, in]");
   TORCH_CHECK(weight.size(1) % kGroup == 0, "group_quantize: in_features must be a multiple of 32");
-  TORCH_CHECK(bits == 4 || bits == 8, "group_quantize: bits must be 4 or 8");
+  // 6: the superblock layout's codes (its quantizer starts from this search).
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "group_quantize: bits must be 4, 6 or 8");
   const int64_t out = weight.size(0), groups = weight.size(1) / kGroup;
   at::Tensor q = at::empty({out, groups * kGroup}, weight.options().dtype(at::kByte));
   at::Tensor scale = at::empty({out, groups}, weight.options().dtype(at::kHalf));

@@ -27,6 +27,8 @@ from quickdraft import kernels
 GROUP = 32
 LANES = 16  # outputs per kernel block
 BITS = (4, 8)
+# What ``quantize`` searches for: the layout's ``BITS`` and the superblock layout's 6.
+QUANTIZE_BITS = (4, 6, 8)
 
 
 def record_bytes(bits: int) -> int:
@@ -65,8 +67,8 @@ def quantize(weight: torch.Tensor, bits: int = 4) -> GroupCodes:
     inner = weight.shape[1]
     if inner % GROUP:
         raise ValueError(f"q4: in_features {inner} is not a multiple of {GROUP}")
-    if bits not in BITS:
-        raise ValueError(f"q4: bits must be one of {BITS}, got {bits}")
+    if bits not in QUANTIZE_BITS:
+        raise ValueError(f"q4: bits must be one of {QUANTIZE_BITS}, got {bits}")
     if weight.device.type == "cpu" and kernels.native():
         q, scale, minimum = torch.ops.quickdraft_kernels.group_quantize(
             weight.float().contiguous(), bits
@@ -203,6 +205,8 @@ class GroupWeights:
     def build(
         cls, codes: GroupCodes, bias: torch.Tensor | None = None, path: str = "auto"
     ) -> GroupWeights:
+        if codes.bits not in BITS:
+            raise ValueError(f"q4: the groups layout holds {BITS} bits, not {codes.bits}")
         path = kernels.check_path(path)
         out, inner = codes.q.shape
         bias = None if bias is None else bias.float().contiguous()

@@ -87,18 +87,33 @@ __attribute__((target("avx512f,avx512vnni"))) inline __m512i dpbusd_broadcast(__
 // against the activation bytes at 8c and 8c + 4. 4 bits: chunk c (of 4, 64 bytes each) holds
 // inputs 8c..8c+3 in its low nibbles, 8c+4..8c+7 in its high ones; 8 bits: chunk c (of 8)
 // holds inputs 4c..4c+3.
+// 6 bits: the low 4 as the 4-bit chunks, then two 64-byte planes of the high 2, plane P's byte
+// b holding those of w[4P + i] at byte b in its bits 2i..2i+1.
 template <int Bits>
 __attribute__((target("avx512f,avx512bw"))) inline void load_codes(const uint8_t* codes,
                                                                    __m512i w[8]) {
   const __m512i low_mask = _mm512_set1_epi8(0x0F);
   for (int c = 0; c < 4; ++c) {
-    if constexpr (Bits == 4) {
+    if constexpr (Bits == 8) {
+      w[2 * c] = _mm512_loadu_si512(codes + 128 * c);
+      w[2 * c + 1] = _mm512_loadu_si512(codes + 128 * c + 64);
+    } else {
       const __m512i v = _mm512_loadu_si512(codes + 64 * c);
       w[2 * c] = _mm512_and_si512(v, low_mask);
       w[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
-    } else {
-      w[2 * c] = _mm512_loadu_si512(codes + 128 * c);
-      w[2 * c + 1] = _mm512_loadu_si512(codes + 128 * c + 64);
+    }
+  }
+  if constexpr (Bits == 6) {
+    const __m512i high_mask = _mm512_set1_epi8(0x30);
+    for (int plane = 0; plane < 2; ++plane) {
+      const __m512i h = _mm512_loadu_si512(codes + 256 + 64 * plane);
+      __m512i* v = w + 4 * plane;
+      // v |= bits 2i..2i+1 of h, moved to bits 4..5 (16-bit shifts: the mask drops what
+      // crosses from the neighbouring byte). 0xF8: a | (b & c).
+      v[0] = _mm512_ternarylogic_epi32(v[0], _mm512_slli_epi16(h, 4), high_mask, 0xF8);
+      v[1] = _mm512_ternarylogic_epi32(v[1], _mm512_slli_epi16(h, 2), high_mask, 0xF8);
+      v[2] = _mm512_ternarylogic_epi32(v[2], h, high_mask, 0xF8);
+      v[3] = _mm512_ternarylogic_epi32(v[3], _mm512_srli_epi16(h, 2), high_mask, 0xF8);
     }
   }
 }
@@ -115,12 +130,27 @@ __attribute__((target("avx512f,avx512vnni"))) inline __m512i dot_avx512(const __
   return _mm512_add_epi32(d0, d1);
 }
 
+// ``dot_avx512`` as one chain of dependent products: one operation fewer, for callers that
+// interleave several rows' chains.
+template <int Bits>
+__attribute__((target("avx512f,avx512vnni"))) inline __m512i dot_avx512_chain(const __m512i w[8],
+                                                                              const int8_t* p) {
+  __m512i d = _mm512_setzero_si512();
+  for (int c = 0; c < 4; ++c) {
+    d = dpbusd_broadcast(d, w[2 * c], p + 8 * c);
+    d = dpbusd_broadcast(d, w[2 * c + 1], p + 8 * c + 4);
+  }
+  return d;
+}
+
 // The AVX2 path works on 8 outputs (half a block, the 32-byte half of each chunk) at a time.
 // 4 bits: lo[c], hi[c] multiply the activations at 8c and 8c + 4; 8 bits: chunk c's low and
 // high nibbles, both against the activations at 4c.
 template <int Bits>
-constexpr int kAvx2Chunks = Bits == 4 ? 4 : 8;
+constexpr int kAvx2Chunks = Bits == 8 ? 8 : 4;
 
+// 6 bits: the 4-bit chunks' nibbles, then the high 2 bits from the planes (``load_codes``):
+// lo[c] is w[2c], hi[c] is w[2c + 1].
 template <int Bits>
 __attribute__((target("avx2"))) inline void load_codes_avx2(const uint8_t* codes, int half,
                                                             __m256i* lo, __m256i* hi) {
@@ -131,16 +161,29 @@ __attribute__((target("avx2"))) inline void load_codes_avx2(const uint8_t* codes
     lo[c] = _mm256_and_si256(v, low_mask);
     hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_mask);
   }
+  if constexpr (Bits == 6) {
+    const __m256i high_mask = _mm256_set1_epi8(0x30);
+    for (int plane = 0; plane < 2; ++plane) {
+      const __m256i h = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(codes + 256 + 64 * plane + 32 * half));
+      __m256i* even = lo + 2 * plane;  // w[4P] = lo[2P], w[4P + 1] = hi[2P], ...
+      __m256i* odd = hi + 2 * plane;
+      even[0] = _mm256_or_si256(even[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), high_mask));
+      odd[0] = _mm256_or_si256(odd[0], _mm256_and_si256(_mm256_slli_epi16(h, 2), high_mask));
+      even[1] = _mm256_or_si256(even[1], _mm256_and_si256(h, high_mask));
+      odd[1] = _mm256_or_si256(odd[1], _mm256_and_si256(_mm256_srli_epi16(h, 2), high_mask));
+    }
+  }
 }
 
 // u8 x s8 pairs into int16, then pairs into int32: the dot products VNNI computes. The int16
-// pair sums are exact for 4-bit codes (2 * 15 * 127); 8-bit codes go as their two nibbles,
-// 16 * dot(high) + dot(low), for the same reason.
+// pair sums are exact for 4- and 6-bit codes (2 * 63 * 127 < 2^15); 8-bit codes go as their
+// two nibbles, 16 * dot(high) + dot(low), for the same reason.
 template <int Bits>
 __attribute__((target("avx2"))) inline __m256i dot_avx2(const __m256i* lo, const __m256i* hi,
                                                         const int8_t* p) {
   const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (Bits == 4) {
+  if constexpr (Bits != 8) {
     __m256i d = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       int32_t first4, second4;

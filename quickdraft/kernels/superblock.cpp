@@ -6,7 +6,7 @@
 //
 //     w = d[o,s] * sc[o,s,j] * q + dmin[o,s] * mn[o,s,j]
 //
-// with q in 0..15 (or 0..255), integer sub-scales sc in 0..255 and minimums mn in -127..127,
+// with q in 0..15 (or 0..63, 0..255), integer sub-scales sc in 0..255 and minimums mn in -127..127,
 // and float32 d, dmin: the structure of a GGUF's Q4_K blocks (whose 6-bit scales and minimums
 // it holds exactly). Activations: per row and superblock, x ~= a[r,s] * p with p in -127..127,
 // and the int16 sums of p per group. Then, exactly in int32,
@@ -28,7 +28,10 @@
 // instruction multiplies against 4 broadcast activation bytes, 16 outputs at once): 4 bits, 4
 // chunks, chunk c holding inputs 8c..8c+7, byte 4 * lane + t: low nibble q[lane][8c + t], high
 // nibble q[lane][8c + 4 + t]; 8 bits, 8 chunks, chunk c holding inputs 4c..4c+3, byte
-// 4 * lane + t: q[lane][4c + t].
+// 4 * lane + t: q[lane][4c + t]; 6 bits (a GGUF's Q6_K tensors, the head), the low 4 bits as
+// the 4-bit chunks, then two 64-byte planes of the high 2 bits: plane P, byte b, bits 2i..2i+1
+// belong to the code at byte b of the (4P + i)-th nibble vector (chunk (4P + i) / 2, low
+// nibbles for even i).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -109,30 +112,30 @@ Activations quantize_rows(const float* x, int64_t rows, int64_t k) {
 }
 
 // Rows of a block go in tiles of up to kTile, their integer sums in registers; the block's
-// records are read again (from cache) for each tile.
-constexpr int kTile = 8;
+// records are read again (from cache) for each tile. 16 rows: 16 sums, a group's 8 code
+// vectors and its sub-scales fill 25 of the 32 vector registers, and a 16-row verify unpacks
+// each group's codes once.
+constexpr int kTile = 16;
 // From this many rows a tile prefetches the next block: it computes long enough per group for
 // the lines to arrive, and the hardware prefetcher alone left 16-row passes 10% slower. A row
 // or two stream at the memory rate without it.
 constexpr int64_t kPrefetchRows = 4;
 
-// One block of 16 outputs for rows [first, first + R): out[r * 16 + lane]. 4-bit codes: chunk
-// c (of 4) holds inputs 8c..8c+3 in its low nibbles, 8c+4..8c+7 in its high ones; 8-bit codes:
-// chunk c (of 8) holds inputs 4c..4c+3.
+// One block of 16 outputs for rows [first, first + R), added to out[r * 16 + lane] (zero on
+// entry) superblock by superblock. 4-bit codes: chunk c (of 4) holds inputs 8c..8c+3 in its
+// low nibbles, 8c+4..8c+7 in its high ones; 8-bit codes: chunk c (of 8) holds inputs 4c..4c+3.
 template <int Bits, int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile_avx512_vnni(
     const uint8_t* block, const Activations& a, int64_t first, int64_t k, float* out,
     const uint8_t* next) {
   const int64_t groups = k / kGroup;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const uint8_t* record = block;
   for (int64_t s = 0; s < a.supers; ++s) {
     const int64_t n = std::min(kSuper, groups - s * kSuper);
     constexpr int64_t kCodeBytes = code_bytes<Bits>();
     const uint8_t* meta = record + n * kCodeBytes;
-    __m512i S[R], M[R];
-    for (int r = 0; r < R; ++r) S[r] = M[r] = _mm512_setzero_si512();
+    __m512i S[R];
+    for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_si512();
     for (int64_t j = 0; j < n; ++j) {
       const uint8_t* codes = record + j * kCodeBytes;
       if (next != nullptr) {  // the next block's group, into L1 while this one computes
@@ -143,30 +146,38 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
       load_codes<Bits>(codes, w);
       const __m512i sc =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(meta + 16 * j)));
+      const int8_t* p = a.codes.data() + first * k + (s * kSuper + j) * kGroup;
       for (int r = 0; r < R; ++r) {
-        const int8_t* p = a.codes.data() + (first + r) * k + (s * kSuper + j) * kGroup;
-        S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot_avx512<Bits>(w, p), sc));
+        // Several rows keep the multipliers busy with one chain a row; one or two rows take
+        // two (a chain of 8 dependent products would wait on their latency).
+        const __m512i dot =
+            R >= 4 ? dot_avx512_chain<Bits>(w, p + r * k) : dot_avx512<Bits>(w, p + r * k);
+        S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot, sc));
       }
     }
-    for (int64_t pair = 0; pair < (n + 1) / 2; ++pair) {
-      const __m512i mn = _mm512_cvtepi8_epi16(
+    __m512i mn[kSuper / 2];
+    for (int64_t pair = 0; pair < kSuper / 2; ++pair) {
+      mn[pair] = _mm512_cvtepi8_epi16(
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(meta + 128 + 32 * pair)));
-      for (int r = 0; r < R; ++r) {
-        int32_t sums;
-        std::memcpy(&sums, &a.sums[((first + r) * a.supers + s) * kSuper + 2 * pair], 4);
-        M[r] = _mm512_dpwssd_epi32(M[r], mn, _mm512_set1_epi32(sums));
-      }
     }
     const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 256));
     const __m512 dmin = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 320));
     for (int r = 0; r < R; ++r) {
+      const int16_t* sums = &a.sums[((first + r) * a.supers + s) * kSuper];
+      __m512i M = _mm512_setzero_si512();
+      for (int64_t pair = 0; pair < (n + 1) / 2; ++pair) {
+        int32_t two;
+        std::memcpy(&two, sums + 2 * pair, 4);
+        M = _mm512_dpwssd_epi32(M, mn[pair], _mm512_set1_epi32(two));
+      }
       const __m512 t = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(S[r])),
-                                     _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(M[r])));
-      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(t, _mm512_set1_ps(a.scale[(first + r) * a.supers + s])));
+                                     _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(M)));
+      float* acc = out + r * kLanes;
+      _mm512_storeu_ps(acc, _mm512_add_ps(_mm512_loadu_ps(acc),
+                                          _mm512_mul_ps(t, _mm512_set1_ps(a.scale[(first + r) * a.supers + s]))));
     }
     record = meta + kMetaBytes;
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, acc[r]);
 }
 
 // The same sums with AVX2, 8 outputs (half a block) at a time (``dot_avx2``).
@@ -221,8 +232,10 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* bl
   }
 }
 
+// A path's tile: up to kRows rows at once (as many as its vector registers hold).
 template <int Bits, int R>
 struct Avx512Vnni {
+  static constexpr int kRows = kTile;
   static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out,
                   const uint8_t* next) {
     tile_avx512_vnni<Bits, R>(b, a, first, k, out, next);
@@ -231,13 +244,14 @@ struct Avx512Vnni {
 
 template <int Bits, int R>
 struct Avx2 {
+  static constexpr int kRows = 8;  // 16 registers of 256 bits
   static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out,
                   const uint8_t*) {
     tile_avx2<Bits, R>(b, a, first, k, out);
   }
 };
 
-// The last tile, of n < kTile rows.
+// The last tile, of n < kRows rows.
 template <template <int, int> class Tile, int Bits, int R>
 inline void dispatch_rest(int64_t n, const uint8_t* block, const Activations& a, int64_t first,
                           int64_t k, float* out, const uint8_t* next) {
@@ -247,16 +261,19 @@ inline void dispatch_rest(int64_t n, const uint8_t* block, const Activations& a,
   }
 }
 
-// One block of 16 outputs for every row, in tiles of kTile and one tile of the rest.
+// One block of 16 outputs for every row, in whole tiles and one tile of the rest.
 template <template <int, int> class Tile, int Bits>
 void run_block(const uint8_t* block, const Activations& a, int64_t rows, int64_t k, float* out,
                const uint8_t* next) {
+  constexpr int kRows = Tile<Bits, 1>::kRows;
+  std::fill(out, out + rows * kLanes, 0.0f);
   int64_t first = 0;
-  for (; first + kTile <= rows; first += kTile) {
-    Tile<Bits, kTile>::run(block, a, first, k, out + first * kLanes, first == 0 ? next : nullptr);
+  for (; first + kRows <= rows; first += kRows) {
+    Tile<Bits, kRows>::run(block, a, first, k, out + first * kLanes, first == 0 ? next : nullptr);
   }
   float* rest = out + first * kLanes;
-  dispatch_rest<Tile, Bits, kTile - 1>(rows - first, block, a, first, k, rest, first == 0 ? next : nullptr);
+  dispatch_rest<Tile, Bits, kRows - 1>(rows - first, block, a, first, k, rest,
+                                       first == 0 ? next : nullptr);
 }
 
 // The fastest path this CPU runs (0: none, use the PyTorch reference).
@@ -271,7 +288,7 @@ bool path_supported(int64_t path) { return supported(path); }
 at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                              const std::optional<at::Tensor>& bias, int64_t path,
                              int64_t bits) {
-  TORCH_CHECK(bits == 4 || bits == 8, "superblock_linear: bits must be 4 or 8");
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "superblock_linear: bits must be 4, 6 or 8");
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "superblock_linear: x must be [rows, ", k, "]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
               "superblock_linear: x must be contiguous float32 on CPU");
@@ -299,13 +316,14 @@ at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int6
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* records = weights + block * stride;
       const uint8_t* next = block + 1 < end && rows >= kPrefetchRows ? records + stride : nullptr;
-      if (path == kAvx512Vnni) {
-        (bits == 4 ? run_block<Avx512Vnni, 4> : run_block<Avx512Vnni, 8>)(records, a, rows, k,
-                                                                          acc.data(), next);
-      } else {
-        (bits == 4 ? run_block<Avx2, 4> : run_block<Avx2, 8>)(records, a, rows, k, acc.data(),
-                                                              next);
-      }
+      const auto run = path == kAvx512Vnni
+                           ? (bits == 4   ? run_block<Avx512Vnni, 4>
+                              : bits == 6 ? run_block<Avx512Vnni, 6>
+                                          : run_block<Avx512Vnni, 8>)
+                           : (bits == 4   ? run_block<Avx2, 4>
+                              : bits == 6 ? run_block<Avx2, 6>
+                                          : run_block<Avx2, 8>);
+      run(records, a, rows, k, acc.data(), next);
       write_block(acc.data(), rows, n, block * kLanes, b, y);
     }
   });

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft import kernels
-from quickdraft.kernels.groups import BITS
 from quickdraft.kernels.groups import quantize as quantize_groups
 
 GROUP = 32
+# Code widths: 4 (Q4_K's), 6 and 8 (a GGUF's Q6_K tensors and the head take 8 by default:
+# ``models.ops.EXACT_FALLBACK_BITS`` says why).
+BITS = (4, 6, 8)
 SUPER = 8  # groups a superblock
 LANES = 16
 META_BYTES = SUPER * LANES * 2 + 2 * LANES * 4
@@ -37,7 +39,7 @@ MIN_STEPS = (127, 63)
 
 @dataclass(frozen=True, slots=True)
 class SuperCodes:
-    """q: [out, in] uint8 0..15; sc: [out, groups] uint8; mn: [out, groups] int8;
+    """q: [out, in] uint8 0..2^bits - 1; sc: [out, groups] uint8; mn: [out, groups] int8;
     d, dmin: [out, supers] float32."""
 
     q: torch.Tensor
@@ -153,6 +155,16 @@ def pack(codes: SuperCodes) -> torch.Tensor:
         # k within a group = 8 * chunk + 4 * half + t; a byte holds half 0 low, half 1 high.
         nib = q.view(blocks, LANES, groups, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)
         data = (nib[..., 0, :] | (nib[..., 1, :] << 4)).reshape(blocks, groups, -1)
+    elif codes.bits == 6:
+        # The low 4 bits as 4-bit codes; then plane P's byte 4 * lane + t holds, in bits
+        # 2i..2i+1, the high 2 of the code in nibble vector 4P + i = 2 * chunk + half.
+        nib = q.view(blocks, LANES, groups, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)
+        low = nib & 15
+        data = (low[..., 0, :] | (low[..., 1, :] << 4)).reshape(blocks, groups, -1)
+        high = (nib >> 4).to(torch.int32).view(blocks, groups, 2, 2, LANES, 2, 4)
+        shift = 2 * (2 * torch.arange(2).view(2, 1, 1, 1) + torch.arange(2).view(1, 1, 2, 1))
+        planes = (high << shift).sum((3, 5)).to(torch.uint8)  # [blocks, groups, 2, 16, 4]
+        data = torch.cat([data, planes.reshape(blocks, groups, -1)], dim=-1)
     else:  # k = 4 * chunk + t
         data = (
             q.view(blocks, LANES, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(blocks, groups, -1)
