@@ -272,7 +272,6 @@ def attend_each(
     products below: MKL's result for one batch entry changes with the batch's size too (with
     SmolLM2's head shapes in every case measured), so a tree node's attention differed from
     its one-token step; ``kernels/attention.cpp`` computes each query by itself."""
-    out = torch.empty_like(q)
     keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, S, Hkv, D]
     heads, kv_heads, dim = q.shape[1], keys.shape[2], q.shape[3]
     path = kernels.attention_path() if q.device.type == "cpu" and q.dtype == torch.float32 else 0
@@ -282,10 +281,19 @@ def attend_each(
         if keys.stride(-1) != 1 or keys.stride(2) != dim:
             keys, values = keys.contiguous(), values.contiguous()
         rows, queries, slots, counts = flat_slots(groups)
+        scale = dim**-0.5
+        if _in_order(groups, q.shape[0], q.shape[2]):  # a decode step, a chain: no gathers
+            flat = q.transpose(1, 2).reshape(-1, heads, dim).contiguous()
+            found = torch.ops.quickdraft_kernels.attend(
+                flat, keys, values, rows, slots, counts, scale, path
+            )
+            return found.view(q.shape[0], q.shape[2], heads, dim).transpose(1, 2)
+        out = torch.empty_like(q)
         out[rows, :, queries] = torch.ops.quickdraft_kernels.attend(
-            q[rows, :, queries].contiguous(), keys, values, rows, slots, counts, dim**-0.5, path
+            q[rows, :, queries].contiguous(), keys, values, rows, slots, counts, scale, path
         )
         return out
+    out = torch.empty_like(q)
     # GQA without copies: query head h reads kv head h // (heads / kv_heads).
     shared = heads // kv_heads if gqa else 1
     for rows, queries, slots in groups:
@@ -351,6 +359,22 @@ class SlotGroups(list):
     layer of a pass attends with the same groups."""
 
     flat: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    in_order: bool | None = None  # ``_in_order``'s answer, once found
+
+
+def _in_order(groups: list, batch: int, num_new: int) -> bool:
+    """Whether ``flat_slots(groups)`` lists the pass's queries row by row in their order (a
+    decode step or a chain verify: every query sees one key more than the one before), so
+    the queries go to the kernel as they lie, without a gather and a scatter."""
+    known = getattr(groups, "in_order", None)
+    if known is not None:
+        return known
+    rows, queries, _, _ = flat_slots(groups)
+    expected = torch.arange(batch * num_new, device=rows.device)
+    found = len(rows) == batch * num_new and bool(torch.equal(rows * num_new + queries, expected))
+    if isinstance(groups, SlotGroups):
+        groups.in_order = found
+    return found
 
 
 def flat_slots(
