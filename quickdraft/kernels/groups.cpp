@@ -82,8 +82,10 @@ Activations quantize_rows(const float* x, int64_t rows, int64_t k) {
 
 // Rows go through a block in tiles of up to kTile, each row's 16 sums held in a register
 // across the groups; the block's weights (15 KB for 1536 inputs) are read again from cache
-// for each tile. A row's operations are the same in a tile of any size.
-constexpr int kTile = 4;
+// for each tile. A row's operations are the same in a tile of any size. 8 rows: 8 sums and a
+// group's 8 code vectors fit the registers; against tiles of 4, SmolLM2-135M's 30 layers and
+// head took 11% less at 8 rows and 13% less at 16 (four alternating processes).
+constexpr int kTile = 8;
 
 // Bytes of one record: the codes (16 lanes x 32 inputs at Bits each), then the float16
 // scales and minimums.
@@ -163,23 +165,6 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* re
   }
 }
 
-// One block of 16 outputs for every row, in tiles: out[r * 16 + lane].
-template <template <int, int> class Tile, int Bits>
-void run_block(const uint8_t* records, const Activations& a, int64_t rows, int64_t k,
-               float* out) {
-  int64_t first = 0;
-  for (; first + kTile <= rows; first += kTile) {
-    Tile<Bits, kTile>::run(records, a, first, k, out + first * kLanes);
-  }
-  float* rest = out + first * kLanes;
-  switch (rows - first) {
-    case 3: Tile<Bits, 3>::run(records, a, first, k, rest); break;
-    case 2: Tile<Bits, 2>::run(records, a, first, k, rest); break;
-    case 1: Tile<Bits, 1>::run(records, a, first, k, rest); break;
-    default: break;
-  }
-}
-
 template <int Bits, int R>
 struct Avx512Vnni {
   static void run(const uint8_t* w, const Activations& a, int64_t first, int64_t k, float* out) {
@@ -193,6 +178,27 @@ struct Avx2 {
     tile_avx2<Bits, R>(w, a, first, k, out);
   }
 };
+
+// The last tile, of n < kTile rows.
+template <template <int, int> class Tile, int Bits, int R>
+inline void dispatch_rest(int64_t n, const uint8_t* records, const Activations& a,
+                          int64_t first, int64_t k, float* out) {
+  if constexpr (R > 0) {
+    if (n == R) return Tile<Bits, R>::run(records, a, first, k, out);
+    dispatch_rest<Tile, Bits, R - 1>(n, records, a, first, k, out);
+  }
+}
+
+// One block of 16 outputs for every row, in tiles: out[r * 16 + lane].
+template <template <int, int> class Tile, int Bits>
+void run_block(const uint8_t* records, const Activations& a, int64_t rows, int64_t k,
+               float* out) {
+  int64_t first = 0;
+  for (; first + kTile <= rows; first += kTile) {
+    Tile<Bits, kTile>::run(records, a, first, k, out + first * kLanes);
+  }
+  dispatch_rest<Tile, Bits, kTile - 1>(rows - first, records, a, first, k, out + first * kLanes);
+}
 
 at::Tensor group_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                      const std::optional<at::Tensor>& bias, int64_t path, int64_t bits) {
