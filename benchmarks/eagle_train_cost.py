@@ -23,7 +23,8 @@ from gpu_check import SHAPES, median_ms, random_runner
 
 from quickdraft.bench.machine import describe_machine
 from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
-from quickdraft.train.eagle import EagleFeatures, EagleTraining, collate, step_losses
+from quickdraft.train.eagle import EagleFeatures, EagleTraining
+from quickdraft.train.eagle_objective import collate, step_losses
 
 
 def main() -> None:

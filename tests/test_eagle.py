@@ -721,13 +721,8 @@ def test_training_skips_prompt_anchors_without_changing_a_loss(targets, variant)
     equal the plain definition (every anchor unrolled, each step's teacher on its own)."""
     import torch.nn.functional as F
 
-    from quickdraft.train.eagle import (
-        EagleFeatures,
-        EagleTraining,
-        collate,
-        scored_anchors,
-        step_losses,
-    )
+    from quickdraft.train.eagle import EagleFeatures, EagleTraining
+    from quickdraft.train.eagle_objective import collate, scored_anchors, step_losses
 
     target = targets["llama-tied"]
     net = random_net(target, variant, draft_vocab=50)
