@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -190,15 +191,9 @@ def main() -> None:
         lines += ["", f"Operators of the {name} pass, self time (profiled):", ""]
         lines += ["| operator | ms | calls |", "|---|---|---|"]
         lines += [f"| {op} | {ms:.2f} | {calls:.0f} |" for op, (ms, calls) in top]
-    lines += ["", "    " + " ".join(["python benchmarks/step_profile.py", *_argv()]), ""]
+    lines += ["", "    " + " ".join(["python benchmarks/step_profile.py", *sys.argv[1:]]), ""]
     args.out.with_suffix(".md").write_text("\n".join(lines))
     print("\n".join(lines))
-
-
-def _argv() -> list[str]:
-    import sys
-
-    return sys.argv[1:]
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ from quickdraft.drafters.lookahead import LookaheadDrafter
 from quickdraft.drafters.medusa.drafter import MedusaDrafter
 from quickdraft.drafters.medusa.tree import parse_tree
 from quickdraft.drafters.ngram import NGramDrafter
+from quickdraft.models.attention import SELECT_FROM, attend_each, gather_slots, seen_slots
 from quickdraft.models.llama import LlamaRunner
-from quickdraft.models.ops import SELECT_FROM, Linear, attend_each, gather_slots, seen_slots
+from quickdraft.models.ops import Linear
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=24)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7, 7, 7]]

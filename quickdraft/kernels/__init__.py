@@ -3,7 +3,7 @@
 ``superblock.cpp``: the 4-bit (and 8-bit) linear layer (``kernels.superblock``).
 ``groups.cpp``: the per-group weight quantizer it starts from (``kernels.groups``).
 ``attention.cpp``: attention one query at a time over exactly its own keys
-(``models.ops.attend_each``), the same bits whatever else a pass holds. ``native()`` compiles
+(``models.attention.attend_each``), the same bits whatever else a pass holds. ``native()`` compiles
 them once per source and torch version into the user's cache (``$QUICKDRAFT_CACHE``, else
 ``~/.cache/quickdraft``) with the compiler and ninja the machine has, and loads them as
 ``torch.ops.quickdraft_kernels``. ``make demo`` builds them while installing, so the first

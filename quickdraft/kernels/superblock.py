@@ -151,20 +151,18 @@ def pack(codes: SuperCodes) -> torch.Tensor:
             torch.cat([t, t.new_zeros(pad, t.shape[1])]) for t in (q, sc, mn, d, dmin)
         )
     blocks = (out + pad) // LANES
-    if codes.bits == 4:
+    if codes.bits in (4, 6):
         # k within a group = 8 * chunk + 4 * half + t; a byte holds half 0 low, half 1 high.
-        nib = q.view(blocks, LANES, groups, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)
-        data = (nib[..., 0, :] | (nib[..., 1, :] << 4)).reshape(blocks, groups, -1)
-    elif codes.bits == 6:
-        # The low 4 bits as 4-bit codes; then plane P's byte 4 * lane + t holds, in bits
-        # 2i..2i+1, the high 2 of the code in nibble vector 4P + i = 2 * chunk + half.
         nib = q.view(blocks, LANES, groups, 4, 2, 4).permute(0, 2, 3, 1, 4, 5)
         low = nib & 15
         data = (low[..., 0, :] | (low[..., 1, :] << 4)).reshape(blocks, groups, -1)
-        high = (nib >> 4).to(torch.int32).view(blocks, groups, 2, 2, LANES, 2, 4)
-        shift = 2 * (2 * torch.arange(2).view(2, 1, 1, 1) + torch.arange(2).view(1, 1, 2, 1))
-        planes = (high << shift).sum((3, 5)).to(torch.uint8)  # [blocks, groups, 2, 16, 4]
-        data = torch.cat([data, planes.reshape(blocks, groups, -1)], dim=-1)
+        if codes.bits == 6:
+            # Then plane P's byte 4 * lane + t holds, in bits 2i..2i+1, the high 2 of the
+            # code in nibble vector 4P + i = 2 * chunk + half.
+            high = (nib >> 4).to(torch.int32).view(blocks, groups, 2, 2, LANES, 2, 4)
+            shift = 2 * (2 * torch.arange(2).view(2, 1, 1, 1) + torch.arange(2).view(1, 1, 2, 1))
+            planes = (high << shift).sum((3, 5)).to(torch.uint8)  # [blocks, groups, 2, 16, 4]
+            data = torch.cat([data, planes.reshape(blocks, groups, -1)], dim=-1)
     else:  # k = 4 * chunk + t
         data = (
             q.view(blocks, LANES, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(blocks, groups, -1)

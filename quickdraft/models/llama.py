@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from quickdraft.models import int8 as int8_ops
 from quickdraft.models import quantized
+from quickdraft.models.attention import attend, attend_each, prefix_tree_mask, seen_slots
 from quickdraft.models.base import ModelOutput
 from quickdraft.models.kv_cache import KVCache
 from quickdraft.models.llama_config import (
@@ -29,18 +30,7 @@ from quickdraft.models.llama_config import (
     LlamaConfig,
     rope_inv_freq,
 )
-from quickdraft.models.ops import (
-    LAYOUTS,
-    Joined,
-    Linear,
-    attend,
-    attend_each,
-    layout_of,
-    prefix_tree_mask,
-    rms_norm,
-    rotate,
-    seen_slots,
-)
+from quickdraft.models.ops import LAYOUTS, Joined, Linear, layout_of, rms_norm, rotate
 
 # The output head's code width on the quantized kernels: 8, as for a GGUF's Q6_K tensors
 # (``ops.EXACT_FALLBACK_BITS`` says why not 6; 4 costs the 1.5B 94.1% top-1 agreement on its

@@ -38,6 +38,24 @@ T = TypeVar("T")
 PRECISIONS = ("auto", "no", "bf16", "fp16")
 
 
+def check_settings(settings: object, counts: Sequence[str]) -> None:
+    """What every training run's settings share: ``counts`` integers >= 1, ``lr`` > 0,
+    ``validation_fraction`` in (0, 1), and ``decay`` in (0, 1] where there is one; ValueError
+    naming the field otherwise."""
+    for name in counts:
+        value = getattr(settings, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    lr, fraction = settings.lr, settings.validation_fraction
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    decay = getattr(settings, "decay", None)
+    if decay is not None and not 0 < decay <= 1:
+        raise ValueError(f"decay must be in (0, 1], got {decay}")
+    if not 0 < fraction < 1:
+        raise ValueError(f"validation_fraction must be in (0, 1), got {fraction}")
+
+
 def one_cycle(
     optimizer: torch.optim.Optimizer, lr: float, total: int
 ) -> torch.optim.lr_scheduler.LRScheduler:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from quickdraft.drafters.eagle.net import EagleNet, EagleVariant
+from quickdraft.train.common import check_settings
 from quickdraft.train.eagle_features import EagleFeatures
 
 
@@ -43,18 +44,8 @@ class EagleTraining:
             object.__setattr__(self, "variant", EagleVariant(self.variant))
         except ValueError:
             raise ValueError(f"variant must be eagle1 or eagle3, got {self.variant!r}") from None
-        for name in ("steps", "draft_vocab", "epochs", "batch_size", "checkpoint_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0 < self.decay <= 1:
-            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
-        if not 0 < self.validation_fraction < 1:
-            raise ValueError(
-                f"validation_fraction must be in (0, 1), got {self.validation_fraction}"
-            )
+        counts = ("steps", "draft_vocab", "epochs", "batch_size", "checkpoint_every")
+        check_settings(self, counts)
 
 
 def collate(features: EagleFeatures, batch: list[int], steps: int, device: torch.device) -> dict:

@@ -27,7 +27,14 @@ from torch import nn
 from quickdraft.artifacts import read_checkpoint
 from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads
 from quickdraft.models.llama import LlamaRunner
-from quickdraft.train.common import Run, Scaling, global_batches, one_cycle, running_processes
+from quickdraft.train.common import (
+    Run,
+    Scaling,
+    check_settings,
+    global_batches,
+    one_cycle,
+    running_processes,
+)
 from quickdraft.train.corpus import Sequence
 
 Progress = Callable[[str, int, int], None]
@@ -60,18 +67,8 @@ class MedusaTraining:
     train_vocab: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_heads", "num_layers", "epochs", "batch_size", "checkpoint_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0 < self.decay <= 1:
-            raise ValueError(f"decay must be in (0, 1], got {self.decay}")
-        if not 0 < self.validation_fraction < 1:
-            raise ValueError(
-                f"validation_fraction must be in (0, 1), got {self.validation_fraction}"
-            )
+        counts = ("num_heads", "num_layers", "epochs", "batch_size", "checkpoint_every")
+        check_settings(self, counts)
         if not isinstance(self.train_vocab, int) or self.train_vocab < 0:
             raise ValueError(f"train_vocab must be an integer >= 0, got {self.train_vocab!r}")
         if self.train_vocab and (self.own_head or not self.soft_labels):

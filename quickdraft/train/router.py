@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from quickdraft.artifacts import ArtifactError, read_checkpoint
+from quickdraft.train.common import check_settings
 from quickdraft.train.features import Features
 from quickdraft.vocab.router import Router, RouterConfig
 
@@ -43,15 +44,7 @@ class RouterTraining:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "width"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if not 0 < self.validation_fraction < 1:
-            raise ValueError(
-                f"validation_fraction must be in (0, 1), got {self.validation_fraction}"
-            )
+        check_settings(self, ("epochs", "batch_size", "width"))
 
 
 def split(features: Features, fraction: float, seed: int) -> tuple[Features, Features]:

@@ -49,9 +49,10 @@ from quickdraft.drafters.eagle.graft import ancestor_mask, graft
 from quickdraft.drafters.eagle.net import EagleNet, check_fits
 from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree
 from quickdraft.drafters.ngram import NGramDrafter
+from quickdraft.models.attention import prefix_tree_mask
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.kv_cache import KVCache
-from quickdraft.models.ops import Linear, packed_copy, prefix_tree_mask
+from quickdraft.models.ops import Linear, packed_copy
 from quickdraft.vocab.shortlist import Shortlist
 
 
