@@ -3,7 +3,9 @@ tokens) of the native runner, profiled by operator, against the weight-read floo
 
 The target is loaded as ``quickdraft generate --quant`` loads it, a prompt of ``--context``
 tokens is prefilled and committed, then decode steps and verify passes run alternately
-(``--repeats`` each, never committed, so every pass sees the same context). Wall time is the
+(``--repeats`` each, never committed, so every pass sees the same context), each with the
+decoder layers fused into one compiled call (``models.fused``, what a q4 target runs) and
+layer by layer in PyTorch (``fuse = False``), alternating. Wall time is the
 median of passes timed without the profiler; the operator table comes from one profiled run
 of each kind (torch.profiler, self CPU time summed per operator), grouped into what the issue
 asks about: projections (the quantized kernel), the head, attention, norms, rotary, the cache,
@@ -33,6 +35,7 @@ RESULTS = Path(__file__).parent / "results"
 
 # operator name fragments -> group, first match wins (names as torch.profiler reports them)
 GROUPS = (
+    ("decoder_layers", "decoder layers (fused: all but the head)"),
     ("superblock_linear", "projections"),
     ("group_linear", "projections"),
     ("quickdraft_kernels::attend", "attention"),
@@ -74,18 +77,19 @@ def tree_mask(size: int) -> torch.Tensor:
     return mask
 
 
-def run_pass(model, cache, tokens, positions, mask) -> None:
+def run_pass(model, cache, tokens, positions, mask, fuse) -> None:
+    model.fuse = fuse
     model.forward(tokens, positions, cache, mask)
 
 
 def operator_table(
-    model, cache, tokens, positions, mask, repeats: int
+    model, cache, tokens, positions, mask, fuse, repeats: int
 ) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """(ms a pass per group, {operator: (ms, calls) a pass}), self CPU time averaged over
     ``repeats`` profiled passes."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(repeats):
-            run_pass(model, cache, tokens, positions, mask)
+            run_pass(model, cache, tokens, positions, mask, fuse)
     totals: dict[str, float] = defaultdict(float)
     operators = {}
     for event in prof.key_averages():
@@ -114,16 +118,20 @@ def main() -> None:
     cache = model.new_cache(1, args.context + args.verify + 8)
     model.forward(torch.tensor([prompt]), torch.arange(len(prompt)).unsqueeze(0), cache, None)
     cache.commit(len(prompt))
-    kinds = {
+    passes = {
         "decode (1 token)": (1, None),
         f"verify ({args.verify}-node tree)": (args.verify, tree_mask(args.verify)),
     }
+    kinds = {}
+    for fuse in (True, False):
+        for name, (count, mask) in passes.items():
+            kinds[f"{name}, {'fused' if fuse else 'layer by layer'}"] = (count, mask, fuse)
     inputs = {}
-    for name, (count, mask) in kinds.items():
+    for name, (count, mask, fuse) in kinds.items():
         tokens = torch.tensor([prompt[:count]])
         depth = mask.sum(-1) - 1 if mask is not None else torch.zeros(1, dtype=torch.long)
         positions = (len(prompt) + depth).unsqueeze(0)
-        inputs[name] = (tokens, positions, mask)
+        inputs[name] = (tokens, positions, mask, fuse)
 
     for name in kinds:  # warm up
         run_pass(model, cache, *inputs[name])

@@ -3,7 +3,8 @@
 ``superblock.cpp``: the 4-bit (and 8-bit) linear layer (``kernels.superblock``).
 ``groups.cpp``: the per-group weight quantizer it starts from (``kernels.groups``).
 ``attention.cpp``: attention one query at a time over exactly its own keys
-(``models.attention.attend_each``), the same bits whatever else a pass holds. ``native()`` compiles
+(``models.attention.attend_each``), the same bits whatever else a pass holds. ``layer.cpp``: a
+quantized model's decoder layers in one call (``models.fused``). ``native()`` compiles
 them once per source and torch version into the user's cache (``$QUICKDRAFT_CACHE``, else
 ``~/.cache/quickdraft``) with the compiler and ninja the machine has, and loads them as
 ``torch.ops.quickdraft_kernels``. ``make demo`` builds them while installing, so the first
@@ -26,9 +27,10 @@ from pathlib import Path
 import torch
 
 SOURCES = [
-    Path(__file__).with_name(name) for name in ("groups.cpp", "superblock.cpp", "attention.cpp")
+    Path(__file__).with_name(name)
+    for name in ("groups.cpp", "superblock.cpp", "attention.cpp", "layer.cpp")
 ]
-HEADERS = [Path(__file__).with_name("simd.h")]  # included by both linear layers
+HEADERS = [Path(__file__).with_name(name) for name in ("simd.h", "entry.h")]
 # Which code path runs the 4-bit product: the compiled kernel's instruction sets, best first,
 # then the PyTorch reference (``kernels.superblock.reference``), which every CPU runs.
 PATHS = {"avx512-vnni": 1, "avx2": 2}

@@ -17,6 +17,9 @@
 
 #include <immintrin.h>
 
+#include "entry.h"
+#include "simd.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,60 +27,25 @@
 
 namespace {
 
-struct Problem {
-  const float* q;        // [G, H, D]
-  const float* keys;     // [B, S, Hkv, D] with the strides below, [Hkv, D] contiguous
-  const float* values;   // the same layout
-  const int64_t* rows;    // [G]
-  const int64_t* slots;   // [G, width]: query g's first counts[g] entries are its slots
-  const int64_t* counts;  // [G]
-  float* out;             // [G, H, D]
-  int64_t heads, kv_heads, dim, width;
-  int64_t key_row_stride, key_slot_stride, value_row_stride, value_slot_stride;
-  float scale;
-};
-
-// exp(x) for x <= 0: x = n ln 2 + r, |r| <= ln 2 / 2, exp(r) by its degree-6 Taylor polynomial
-// (about 2 ulp), times 2^n. The constants both instruction sets use:
-constexpr float kExpFloor = -87.0f, kLog2e = 1.44269504f;
-constexpr float kLn2High = 0.693145752f, kLn2Low = 1.42860677e-6f;  // ln 2 in two parts
-constexpr float kTaylor[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-
-__attribute__((target("avx512f"))) inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(kExpFloor));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), r);
-  __m512 p = _mm512_set1_ps(kTaylor[0]);
-  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kTaylor[i]));
-  return _mm512_scalef_ps(p, n);
-}
-
-__attribute__((target("avx2,fma"))) inline __m256 exp256(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(kExpFloor));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2High), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Low), r);
-  __m256 p = _mm256_set1_ps(kTaylor[0]);
-  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kTaylor[i]));
-  const __m256i exponent = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
-}
+using quickdraft_kernels::Attention;
+using quickdraft_simd::exp256;
+using quickdraft_simd::exp512;
 
 constexpr int64_t kMaxDim = 256;
 
+inline int64_t token_of(const Attention& P, int64_t g) {
+  return P.tokens == nullptr ? g : P.tokens[g];
+}
+
 // One (query, head) with AVX-512: 16 lanes of the head dimension at a time, a masked tail.
-__attribute__((target("avx512f"))) void one_avx512(const Problem& P, int64_t g, int64_t h,
+__attribute__((target("avx512f"))) void one_avx512(const Attention& P, int64_t g, int64_t h,
                                                    std::vector<float>& scores) {
   const int64_t dim = P.dim, n = P.counts[g];
   const int64_t kv = h / (P.heads / P.kv_heads);
   const int64_t chunks = (dim + 15) / 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (dim - 16 * (chunks - 1))) - 1u);
   auto mask = [&](int64_t c) { return c + 1 == chunks ? tail : static_cast<__mmask16>(0xFFFF); };
-  const float* query = P.q + (g * P.heads + h) * dim;
+  const float* query = P.q + token_of(P, g) * P.q_stride + h * dim;
   __m512 qv[kMaxDim / 16];
   for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_maskz_loadu_ps(mask(c), query + 16 * c);
   const int64_t* slots = P.slots + g * P.width;
@@ -109,7 +77,7 @@ __attribute__((target("avx512f"))) void one_avx512(const Problem& P, int64_t g, 
     for (int64_t c = 0; c < chunks; ++c)
       acc[c] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mask(c), value + 16 * c), acc[c]);
   }
-  float* out = P.out + (g * P.heads + h) * dim;
+  float* out = P.out + token_of(P, g) * P.out_stride + h * dim;
   for (int64_t c = 0; c < chunks; ++c)
     _mm512_mask_storeu_ps(out + 16 * c, mask(c), _mm512_mul_ps(acc[c], _mm512_set1_ps(inverse)));
 }
@@ -129,12 +97,12 @@ __attribute__((target("avx2"))) inline __m256i lanes(int64_t c, int64_t width) {
 }
 
 // The same with AVX2: 8 lanes at a time, masked loads for the tail.
-__attribute__((target("avx2,fma"))) void one_avx2(const Problem& P, int64_t g, int64_t h,
+__attribute__((target("avx2,fma"))) void one_avx2(const Attention& P, int64_t g, int64_t h,
                                                   std::vector<float>& scores) {
   const int64_t dim = P.dim, n = P.counts[g];
   const int64_t kv = h / (P.heads / P.kv_heads);
   const int64_t chunks = (dim + 7) / 8;
-  const float* query = P.q + (g * P.heads + h) * dim;
+  const float* query = P.q + token_of(P, g) * P.q_stride + h * dim;
   __m256 qv[kMaxDim / 8];
   for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm256_maskload_ps(query + 8 * c, lanes(c, dim));
   const int64_t* slots = P.slots + g * P.width;
@@ -166,10 +134,37 @@ __attribute__((target("avx2,fma"))) void one_avx2(const Problem& P, int64_t g, i
     for (int64_t c = 0; c < chunks; ++c)
       acc[c] = _mm256_fmadd_ps(w, _mm256_maskload_ps(value + 8 * c, lanes(c, dim)), acc[c]);
   }
-  float* out = P.out + (g * P.heads + h) * dim;
+  float* out = P.out + token_of(P, g) * P.out_stride + h * dim;
   for (int64_t c = 0; c < chunks; ++c)
     _mm256_maskstore_ps(out + 8 * c, lanes(c, dim), _mm256_mul_ps(acc[c], _mm256_set1_ps(inverse)));
 }
+
+}  // namespace
+
+namespace quickdraft_kernels {
+
+void attend_queries(const Attention& P, int64_t path) {
+  int64_t total = 0;
+  for (int64_t g = 0; g < P.queries; ++g) total += P.counts[g];
+  const int64_t items = P.queries * P.heads;
+  // One (query, head) per item; threads only when there is enough work to share.
+  const int64_t work = total * P.heads * P.dim / 16 + 1;
+  const int64_t grain = std::max<int64_t>(1, items * 2048 / work);
+  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(P.width + 16);
+    for (int64_t item = begin; item < end; ++item) {
+      if (path == 1) {
+        one_avx512(P, item / P.heads, item % P.heads, scores);
+      } else {
+        one_avx2(P, item / P.heads, item % P.heads, scores);
+      }
+    }
+  });
+}
+
+}  // namespace quickdraft_kernels
+
+namespace {
 
 // path: 1 AVX-512, 2 AVX2 (as the 4-bit kernel's paths; the caller checks the CPU has it).
 // Every query of a pass in one call: query g sees the first counts[g] slots of slots[g].
@@ -193,30 +188,17 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
   }
   TORCH_CHECK(slots.dim() == 2, "attend: slots must be [G, n]");
   const int64_t* count = counts.data_ptr<int64_t>();
-  int64_t total = 0;
   for (int64_t g = 0; g < queries; ++g) {
     TORCH_CHECK(count[g] > 0 && count[g] <= slots.size(1), "attend: counts out of range");
-    total += count[g];
   }
   at::Tensor out = at::empty_like(q);
-  Problem P{q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(),
-            rows.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), count, out.data_ptr<float>(),
-            q.size(1), kv_heads, dim, slots.size(1), keys.stride(0), keys.stride(1),
-            values.stride(0), values.stride(1), static_cast<float>(scale)};
-  const int64_t items = queries * P.heads;
-  // One (query, head) per item; threads only when there is enough work to share.
-  const int64_t work = total * P.heads * dim / 16 + 1;
-  const int64_t grain = std::max<int64_t>(1, items * 2048 / work);
-  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(P.width + 16);
-    for (int64_t item = begin; item < end; ++item) {
-      if (path == 1) {
-        one_avx512(P, item / P.heads, item % P.heads, scores);
-      } else {
-        one_avx2(P, item / P.heads, item % P.heads, scores);
-      }
-    }
-  });
+  const int64_t heads = q.size(1);
+  const Attention P{q.data_ptr<float>(), keys.data_ptr<float>(), values.data_ptr<float>(),
+                    nullptr, rows.data_ptr<int64_t>(), slots.data_ptr<int64_t>(), count,
+                    out.data_ptr<float>(), queries, heads, kv_heads, dim, slots.size(1),
+                    heads * dim, heads * dim, keys.stride(0), keys.stride(1), values.stride(0),
+                    values.stride(1), static_cast<float>(scale)};
+  quickdraft_kernels::attend_queries(P, path);
   return out;
 }
 

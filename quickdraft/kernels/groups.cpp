@@ -31,6 +31,7 @@
 
 #include <immintrin.h>
 
+#include "entry.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -200,18 +201,49 @@ void run_block(const uint8_t* records, const Activations& a, int64_t rows, int64
   dispatch_rest<Tile, Bits, kTile - 1>(rows - first, records, a, first, k, out + first * kLanes);
 }
 
+}  // namespace
+
+namespace quickdraft_kernels {
+
+int64_t group_bytes(int64_t n, int64_t k, int64_t bits) {
+  const int64_t record = bits == 4 ? record_bytes<4>() : record_bytes<8>();
+  return (n + kLanes - 1) / kLanes * (k / kGroup) * record;
+}
+
+void group_product(const float* x, int64_t rows, const uint8_t* packed, int64_t n, int64_t k,
+                   const float* bias, int64_t path, int64_t bits, float* y) {
+  if (rows == 0) return;
+  const int64_t record = bits == 4 ? record_bytes<4>() : record_bytes<8>();
+  const int64_t blocks = (n + kLanes - 1) / kLanes, groups = k / kGroup;
+  const Activations a = quantize_rows(x, rows, k);
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(rows * kLanes);
+    for (int64_t block = begin; block < end; ++block) {
+      const uint8_t* records = packed + block * groups * record;
+      if (path == kAvx512Vnni) {
+        (bits == 4 ? run_block<Avx512Vnni, 4> : run_block<Avx512Vnni, 8>)(records, a, rows, k,
+                                                                          acc.data());
+      } else {
+        (bits == 4 ? run_block<Avx2, 4> : run_block<Avx2, 8>)(records, a, rows, k, acc.data());
+      }
+      write_block(acc.data(), rows, n, block * kLanes, bias, y);
+    }
+  });
+}
+
+}  // namespace quickdraft_kernels
+
+namespace {
+
 at::Tensor group_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                      const std::optional<at::Tensor>& bias, int64_t path, int64_t bits) {
   TORCH_CHECK(bits == 4 || bits == 8, "group_linear: bits must be 4 or 8");
-  const int64_t record = bits == 4 ? record_bytes<4>() : record_bytes<8>();
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "group_linear: x must be [rows, ", k, "]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
               "group_linear: x must be contiguous float32 on CPU");
   TORCH_CHECK(k % kGroup == 0, "group_linear: in_features must be a multiple of 32");
-  const int64_t blocks = (n + kLanes - 1) / kLanes;
-  const int64_t groups = k / kGroup;
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  packed.numel() == blocks * groups * record,
+                  packed.numel() == quickdraft_kernels::group_bytes(n, k, bits),
               "group_linear: packed weights do not match ", n, " x ", k);
   TORCH_CHECK(path != kAuto && supported(path), "group_linear: this CPU cannot run path ", path);
   const float* b = nullptr;
@@ -220,25 +252,9 @@ at::Tensor group_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n
                 "group_linear: bias must be [", n, "] float32");
     b = bias->data_ptr<float>();
   }
-  const int64_t rows = x.size(0);
-  at::Tensor out = at::empty({rows, n}, x.options());
-  if (rows == 0) return out;
-  const Activations a = quantize_rows(x.data_ptr<float>(), rows, k);
-  const uint8_t* weights = packed.data_ptr<uint8_t>();
-  float* y = out.data_ptr<float>();
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(rows * kLanes);
-    for (int64_t block = begin; block < end; ++block) {
-      const uint8_t* records = weights + block * groups * record;
-      if (path == kAvx512Vnni) {
-        (bits == 4 ? run_block<Avx512Vnni, 4> : run_block<Avx512Vnni, 8>)(records, a, rows, k,
-                                                                          acc.data());
-      } else {
-        (bits == 4 ? run_block<Avx2, 4> : run_block<Avx2, 8>)(records, a, rows, k, acc.data());
-      }
-      write_block(acc.data(), rows, n, block * kLanes, b, y);
-    }
-  });
+  at::Tensor out = at::empty({x.size(0), n}, x.options());
+  quickdraft_kernels::group_product(x.data_ptr<float>(), x.size(0), packed.data_ptr<uint8_t>(),
+                                    n, k, b, path, bits, out.data_ptr<float>());
   return out;
 }
 

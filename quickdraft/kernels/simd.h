@@ -1,6 +1,7 @@
 // What both quantized linear layers (groups.cpp, superblock.cpp) share: the code paths and
 // their CPU checks, activation codes for a group of 32, the packed codes' loads and exact
-// integer dot products per path, and writing a block of outputs.
+// integer dot products per path, and writing a block of outputs; and exp for the kernels
+// that need one (attention.cpp, layer.cpp).
 #pragma once
 
 #include <immintrin.h>
@@ -221,6 +222,36 @@ inline void write_block(const float* acc, int64_t rows, int64_t n, int64_t first
       for (int64_t j = 0; j < lanes; ++j) dst[j] = src[j] + bias[first + j];
     }
   }
+}
+
+// exp(x) for x <= 0: x = n ln 2 + r, |r| <= ln 2 / 2, exp(r) by its degree-6 Taylor polynomial
+// (about 2 ulp), times 2^n. The constants both instruction sets use:
+constexpr float kExpFloor = -87.0f, kLog2e = 1.44269504f;
+constexpr float kLn2High = 0.693145752f, kLn2Low = 1.42860677e-6f;  // ln 2 in two parts
+constexpr float kTaylor[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+
+__attribute__((target("avx512f"))) inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpFloor));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), r);
+  __m512 p = _mm512_set1_ps(kTaylor[0]);
+  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kTaylor[i]));
+  return _mm512_scalef_ps(p, n);
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 exp256(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpFloor));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2High), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Low), r);
+  __m256 p = _mm256_set1_ps(kTaylor[0]);
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kTaylor[i]));
+  const __m256i exponent = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
 }
 
 }  // namespace quickdraft_simd

@@ -41,6 +41,7 @@
 
 #include <immintrin.h>
 
+#include "entry.h"
 #include "simd.h"
 
 #include <algorithm>
@@ -285,36 +286,23 @@ int64_t best_path() {
 
 bool path_supported(int64_t path) { return supported(path); }
 
-at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
-                             const std::optional<at::Tensor>& bias, int64_t path,
-                             int64_t bits) {
-  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "superblock_linear: bits must be 4, 6 or 8");
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "superblock_linear: x must be [rows, ", k, "]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
-              "superblock_linear: x must be contiguous float32 on CPU");
-  TORCH_CHECK(k % kGroup == 0, "superblock_linear: in_features must be a multiple of 32");
+}  // namespace
+
+namespace quickdraft_kernels {
+
+int64_t superblock_bytes(int64_t n, int64_t k, int64_t bits) {
+  return (n + kLanes - 1) / kLanes * block_bytes(k, bits);
+}
+
+void superblock_product(const float* x, int64_t rows, const uint8_t* packed, int64_t n,
+                        int64_t k, const float* bias, int64_t path, int64_t bits, float* y) {
+  if (rows == 0) return;
   const int64_t blocks = (n + kLanes - 1) / kLanes, stride = block_bytes(k, bits);
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  packed.numel() == blocks * stride,
-              "superblock_linear: packed weights do not match ", n, " x ", k);
-  TORCH_CHECK(path != kAuto && supported(path), "superblock_linear: this CPU cannot run path ",
-              path);
-  const float* b = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
-                "superblock_linear: bias must be [", n, "] float32");
-    b = bias->data_ptr<float>();
-  }
-  const int64_t rows = x.size(0);
-  at::Tensor out = at::empty({rows, n}, x.options());
-  if (rows == 0) return out;
-  const Activations a = quantize_rows(x.data_ptr<float>(), rows, k);
-  const uint8_t* weights = packed.data_ptr<uint8_t>();
-  float* y = out.data_ptr<float>();
+  const Activations a = quantize_rows(x, rows, k);
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(rows * kLanes);
     for (int64_t block = begin; block < end; ++block) {
-      const uint8_t* records = weights + block * stride;
+      const uint8_t* records = packed + block * stride;
       const uint8_t* next = block + 1 < end && rows >= kPrefetchRows ? records + stride : nullptr;
       const auto run = path == kAvx512Vnni
                            ? (bits == 4   ? run_block<Avx512Vnni, 4>
@@ -324,9 +312,38 @@ at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int6
                               : bits == 6 ? run_block<Avx2, 6>
                                           : run_block<Avx2, 8>);
       run(records, a, rows, k, acc.data(), next);
-      write_block(acc.data(), rows, n, block * kLanes, b, y);
+      write_block(acc.data(), rows, n, block * kLanes, bias, y);
     }
   });
+}
+
+}  // namespace quickdraft_kernels
+
+namespace {
+
+at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
+                             const std::optional<at::Tensor>& bias, int64_t path,
+                             int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "superblock_linear: bits must be 4, 6 or 8");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "superblock_linear: x must be [rows, ", k, "]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
+              "superblock_linear: x must be contiguous float32 on CPU");
+  TORCH_CHECK(k % kGroup == 0, "superblock_linear: in_features must be a multiple of 32");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.numel() == quickdraft_kernels::superblock_bytes(n, k, bits),
+              "superblock_linear: packed weights do not match ", n, " x ", k);
+  TORCH_CHECK(path != kAuto && supported(path), "superblock_linear: this CPU cannot run path ",
+              path);
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n,
+                "superblock_linear: bias must be [", n, "] float32");
+    b = bias->data_ptr<float>();
+  }
+  at::Tensor out = at::empty({x.size(0), n}, x.options());
+  quickdraft_kernels::superblock_product(x.data_ptr<float>(), x.size(0),
+                                         packed.data_ptr<uint8_t>(), n, k, b, path, bits,
+                                         out.data_ptr<float>());
   return out;
 }
 

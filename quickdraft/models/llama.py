@@ -20,8 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from quickdraft.models import fused, quantized
 from quickdraft.models import int8 as int8_ops
-from quickdraft.models import quantized
 from quickdraft.models.attention import attend, attend_each, prefix_tree_mask, seen_slots
 from quickdraft.models.base import ModelOutput
 from quickdraft.models.kv_cache import KVCache
@@ -69,6 +69,9 @@ class LlamaRunner:
     int8: int8 weights for every projection and the head (CPU, ``models.int8``). Changes the
     model's own distribution slightly, so it is for draft models: speculation stays exact
     whatever the draft computes, and a 4x smaller draft streams 4x less memory per token.
+    fuse (attribute, default True): a q4 model on a compiled path runs all its decoder layers
+    in one call (``models.fused``), batch-invariant; False runs them layer by layer in PyTorch
+    (slower, and not the same bits: compare a model with itself, not across the two).
     calibration: [T] token ids run once in float before quantizing, to find each
     projection's outlier input channels (kept in float); None keeps none.
     probe: [T] token ids to compare the int8 model with its float self on; the result is
@@ -138,10 +141,13 @@ class LlamaRunner:
         self.invariant = invariant
         self.inv_freq = rope_inv_freq(config).to(self.device)
         self.quant_check: int8_ops.QuantCheck | None = None
+        self.fuse = True
+        self._stacks: dict[int, fused.Stack | None] = {}  # per layer count: clones share it
         stored = None
         if q4 and quantized_cache is not None:
             stored = quantized.load(quantized_cache, self._projections())
         if stored is not None:
+            self._stacks.clear()
             self.quant_check = stored.check
         elif int8:
             original = None if probe is None else self._logits(probe)
@@ -174,6 +180,7 @@ class LlamaRunner:
         return layout_of(self.head.quantized_weights)
 
     def _quantize_q4(self, bits: int, exact_only: bool, layout: str) -> None:
+        self._stacks.clear()
         self.head.quantize_q4(bits=HEAD_BITS, layout=layout)
         for linear_layer in self._projections()[1:]:
             linear_layer.quantize_q4(bits=bits, exact_only=exact_only, layout=layout)
@@ -328,14 +335,20 @@ class LlamaRunner:
                 f"({config.sliding_window}), which this runner does not apply"
             )
         mask = self._mask(cache.lengths, num_new, used, tree_mask)
+        stack = self._stack()
         # invariant: each query over exactly its own keys, their slots found once a pass
-        attention, visible = (attend_each, seen_slots(mask)) if self.invariant else (attend, mask)
+        invariant = self.invariant or stack is not None
+        attention, visible = (attend_each, seen_slots(mask)) if invariant else (attend, mask)
         freqs = positions.to(self.device).unsqueeze(-1).float() * self.inv_freq  # [B, T, D/2]
         angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, T, 1, D]
         cos, sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)
 
         heads, kv_heads, dim = config.num_heads, config.num_kv_heads, config.head_dim
         x = self.embed[tokens]
+        eps = config.rms_norm_eps
+        if stack is not None and fused.usable(cache, x):
+            x, taps = stack.run(x, cos, sin, cache, slots, visible, heads, eps, self.tap_layers)
+            return rms_norm(x, self.norm, eps), taps
         taps = {}
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, config.rms_norm_eps)
@@ -353,6 +366,16 @@ class LlamaRunner:
             if index in self.tap_layers:
                 taps[index] = x
         return rms_norm(x, self.norm, config.rms_norm_eps), taps
+
+    def _stack(self) -> fused.Stack | None:
+        """The fused form of this model's layers (``models.fused``), or None where it has none
+        or ``fuse`` is off."""
+        if not (self.q4 and self.fuse):
+            return None
+        count = len(self.layers)
+        if count not in self._stacks:
+            self._stacks[count] = fused.Stack.of(self.layers)
+        return self._stacks[count]
 
     def _mask(
         self, lengths: torch.Tensor, num_new: int, used: int, tree_mask: torch.Tensor | None
