@@ -16,8 +16,8 @@
 //
 // Per layer l, weights[6l .. 6l + 5]: the attention norm, the MLP norm, then the packed q/k/v,
 // o, gate/up and down products; biases[4l .. 4l + 3] those products' biases (or None);
-// spec[16l + 4p ..]: product p's layout (0 superblock, 1 groups), out features, in features
-// and code bits.
+// spec[20l + 5p ..]: product p's layout (0 superblock, 1 groups), out features, in features,
+// code bits and sub-block (32, or 16 for superblocks in a GGUF's Q6_K form).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/List.h>
@@ -42,17 +42,18 @@ namespace {
 
 using quickdraft_kernels::Attention;
 
-constexpr int64_t kWeightsPerLayer = 6, kProducts = 4, kSpecPerProduct = 4;
+constexpr int64_t kWeightsPerLayer = 6, kProducts = 4, kSpecPerProduct = 5;
 
 struct Product {
   const uint8_t* packed;
   const float* bias;
-  int64_t layout, n, k, bits;
+  int64_t layout, n, k, bits, sub;
 };
 
 void run(const Product& p, const float* x, int64_t rows, int64_t path, float* y) {
   if (p.layout == 0) {
-    quickdraft_kernels::superblock_product(x, rows, p.packed, p.n, p.k, p.bias, path, p.bits, y);
+    quickdraft_kernels::superblock_product(x, rows, p.packed, p.n, p.k, p.bias, path, p.bits,
+                                           p.sub, y);
   } else {
     quickdraft_kernels::group_product(x, rows, p.packed, p.n, p.k, p.bias, path, p.bits, y);
   }
@@ -200,6 +201,7 @@ std::vector<at::Tensor> decoder_layers(
                                       : quickdraft_kernels::group_bytes(s[1], s[2], s[3]);
       TORCH_CHECK((s[0] == 0 || s[0] == 1) && s[2] % 32 == 0 &&
                       (s[3] == 4 || s[3] == 8 || (s[0] == 0 && s[3] == 6)) &&
+                      (s[4] == 32 || (s[0] == 0 && s[3] == 6 && s[4] == 16)) &&
                       packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                       packed.numel() == bytes,
                   "decoder_layers: layer ", l, "'s product ", p, " does not match its spec");
@@ -211,7 +213,8 @@ std::vector<at::Tensor> decoder_layers(
                     "decoder_layers: layer ", l, "'s bias ", p, " must be float32 [", s[1], "]");
         b = bias->data_ptr<float>();
       }
-      products[l * kProducts + p] = {packed.data_ptr<uint8_t>(), b, s[0], s[1], s[2], s[3]};
+      products[l * kProducts + p] = {packed.data_ptr<uint8_t>(), b, s[0], s[1], s[2], s[3],
+                                     s[4]};
     }
     const Product* at = &products[l * kProducts];
     if (l == 0) intermediate = at[3].k;

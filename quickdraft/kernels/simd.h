@@ -144,6 +144,22 @@ __attribute__((target("avx512f,avx512vnni"))) inline __m512i dot_avx512_chain(co
   return d;
 }
 
+// ``dot_avx512`` split at 16 inputs (6-bit codes with a sub-scale per 16, ``kQ6K``): lo holds
+// inputs 0..15 (chunks 0 and 1), hi inputs 16..31, each one chain.
+__attribute__((target("avx512f,avx512vnni"))) inline void dot_avx512_halves(const __m512i w[8],
+                                                                           const int8_t* p,
+                                                                           __m512i& lo,
+                                                                           __m512i& hi) {
+  lo = _mm512_setzero_si512();
+  hi = _mm512_setzero_si512();
+  for (int c = 0; c < 2; ++c) {
+    lo = dpbusd_broadcast(lo, w[2 * c], p + 8 * c);
+    lo = dpbusd_broadcast(lo, w[2 * c + 1], p + 8 * c + 4);
+    hi = dpbusd_broadcast(hi, w[2 * c + 4], p + 8 * c + 16);
+    hi = dpbusd_broadcast(hi, w[2 * c + 5], p + 8 * c + 20);
+  }
+}
+
 // The AVX2 path works on 8 outputs (half a block, the 32-byte half of each chunk) at a time.
 // 4 bits: lo[c], hi[c] multiply the activations at 8c and 8c + 4; 8 bits: chunk c's low and
 // high nibbles, both against the activations at 4c.
@@ -177,6 +193,25 @@ __attribute__((target("avx2"))) inline void load_codes_avx2(const uint8_t* codes
   }
 }
 
+// Chunks [first, last) of 4- or 6-bit codes against the activations at p (chunk c's inputs
+// 8c..8c+7): dot_avx2's sums, or half of them for a sub-scale per 16 (chunks 0-1, 2-3).
+__attribute__((target("avx2"))) inline __m256i dot_avx2_chunks(const __m256i* lo,
+                                                               const __m256i* hi,
+                                                               const int8_t* p, int first,
+                                                               int last) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i d = _mm256_setzero_si256();
+  for (int c = first; c < last; ++c) {
+    int32_t first4, second4;
+    std::memcpy(&first4, p + 8 * c, 4);
+    std::memcpy(&second4, p + 8 * c + 4, 4);
+    const __m256i a0 = _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(first4));
+    const __m256i a1 = _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(second4));
+    d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_add_epi16(a0, a1), ones));
+  }
+  return d;
+}
+
 // u8 x s8 pairs into int16, then pairs into int32: the dot products VNNI computes. The int16
 // pair sums are exact for 4- and 6-bit codes (2 * 63 * 127 < 2^15); 8-bit codes go as their
 // two nibbles, 16 * dot(high) + dot(low), for the same reason.
@@ -185,16 +220,7 @@ __attribute__((target("avx2"))) inline __m256i dot_avx2(const __m256i* lo, const
                                                         const int8_t* p) {
   const __m256i ones = _mm256_set1_epi16(1);
   if constexpr (Bits != 8) {
-    __m256i d = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      int32_t first4, second4;
-      std::memcpy(&first4, p + 8 * c, 4);
-      std::memcpy(&second4, p + 8 * c + 4, 4);
-      const __m256i a0 = _mm256_maddubs_epi16(lo[c], _mm256_set1_epi32(first4));
-      const __m256i a1 = _mm256_maddubs_epi16(hi[c], _mm256_set1_epi32(second4));
-      d = _mm256_add_epi32(d, _mm256_madd_epi16(_mm256_add_epi16(a0, a1), ones));
-    }
-    return d;
+    return dot_avx2_chunks(lo, hi, p, 0, 4);
   } else {
     __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
     for (int c = 0; c < 8; ++c) {

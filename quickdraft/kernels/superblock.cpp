@@ -55,11 +55,17 @@ using namespace quickdraft_simd;
 
 constexpr int64_t kSuper = 8;  // groups a superblock
 constexpr int64_t kMetaBytes = kSuper * kLanes * 2 + 2 * kLanes * 4;
+// The code forms a tile computes: 4, 6 and 8 bits with a sub-scale and minimum per 32 inputs,
+// and kQ6K, a GGUF's Q6_K: 6-bit codes with a signed sub-scale per 16 inputs that is also its
+// minimum's (w = d * sc * q + dmin * sc, dmin = -32 d).
+constexpr int kQ6K = 16;
+template <int Form>
+constexpr int kBits = Form == kQ6K ? 6 : Form;
 
 // A group's codes in a block of 16 outputs.
-template <int Bits>
+template <int Form>
 constexpr int64_t code_bytes() {
-  return kLanes * kGroup * Bits / 8;
+  return kLanes * kGroup * kBits<Form> / 8;
 }
 
 int64_t supers_of(int64_t groups) { return (groups + kSuper - 1) / kSuper; }
@@ -70,19 +76,22 @@ int64_t block_bytes(int64_t k, int64_t bits) {
   return groups * kLanes * kGroup * bits / 8 + supers_of(groups) * kMetaBytes;
 }
 
-// Row activations, quantized per superblock: codes, the scale, the int16 sums per group.
+// Row activations, quantized per superblock: codes, the scale, the int16 sums of the codes
+// per group of 32 inputs, or per 16 for kQ6K.
 struct Activations {
   std::vector<int8_t> codes;  // [rows, k]
   std::vector<float> scale;   // [rows, supers]
-  std::vector<int16_t> sums;  // [rows, supers, 8], zero past a short superblock
+  std::vector<int16_t> sums;  // [rows, supers, per], zero past a short superblock
   int64_t supers = 0;
+  int64_t per = kSuper;       // sums a superblock: 8, or 16 for kQ6K
 };
 
 // One superblock of n groups: codes nearbyint(x * (127 / amax)) (round half to even), as the
-// PyTorch reference computes them.
-void quantize_super(const float* xs, int64_t n, int8_t* codes, float* scale, int16_t* sums) {
+// PyTorch reference computes them; sums per group, or per half group with ``halves``.
+void quantize_super(const float* xs, int64_t n, int8_t* codes, float* scale, int16_t* sums,
+                    bool halves) {
   const float amax = absmax(xs, n * kGroup);
-  std::fill(sums, sums + kSuper, int16_t{0});
+  std::fill(sums, sums + (halves ? 2 : 1) * kSuper, int16_t{0});
   if (!(amax > 0.0f)) {
     std::memset(codes, 0, n * kGroup);
     *scale = 0.0f;
@@ -90,14 +99,24 @@ void quantize_super(const float* xs, int64_t n, int8_t* codes, float* scale, int
   }
   *scale = amax / 127.0f;
   for (int64_t j = 0; j < n; ++j) {
-    sums[j] = static_cast<int16_t>(quantize_group(xs + j * kGroup, amax, codes + j * kGroup));
+    int8_t* group = codes + j * kGroup;
+    const int32_t total = quantize_group(xs + j * kGroup, amax, group);
+    if (!halves) {
+      sums[j] = static_cast<int16_t>(total);
+      continue;
+    }
+    int32_t first = 0;
+    for (int64_t i = 0; i < kGroup / 2; ++i) first += group[i];
+    sums[2 * j] = static_cast<int16_t>(first);
+    sums[2 * j + 1] = static_cast<int16_t>(total - first);
   }
 }
 
-Activations quantize_rows(const float* x, int64_t rows, int64_t k) {
+Activations quantize_rows(const float* x, int64_t rows, int64_t k, bool halves) {
   const int64_t groups = k / kGroup, supers = supers_of(groups);
+  const int64_t per = halves ? 2 * kSuper : kSuper;
   Activations a{std::vector<int8_t>(rows * k), std::vector<float>(rows * supers),
-                std::vector<int16_t>(rows * supers * kSuper), supers};
+                std::vector<int16_t>(rows * supers * per), supers, per};
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / k);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -105,7 +124,7 @@ Activations quantize_rows(const float* x, int64_t rows, int64_t k) {
         const int64_t n = std::min(kSuper, groups - s * kSuper);
         const int64_t at = r * k + s * kSuper * kGroup;
         quantize_super(x + at, n, a.codes.data() + at, &a.scale[r * supers + s],
-                       &a.sums[(r * supers + s) * kSuper]);
+                       &a.sums[(r * supers + s) * per], halves);
       }
     }
   });
@@ -125,7 +144,8 @@ constexpr int64_t kPrefetchRows = 4;
 // One block of 16 outputs for rows [first, first + R), added to out[r * 16 + lane] (zero on
 // entry) superblock by superblock. 4-bit codes: chunk c (of 4) holds inputs 8c..8c+3 in its
 // low nibbles, 8c+4..8c+7 in its high ones; 8-bit codes: chunk c (of 8) holds inputs 4c..4c+3.
-template <int Bits, int R>
+// kQ6K: each group's two halves times their own sub-scales, which are also the minimums'.
+template <int Form, int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile_avx512_vnni(
     const uint8_t* block, const Activations& a, int64_t first, int64_t k, float* out,
     const uint8_t* next) {
@@ -133,7 +153,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
   const uint8_t* record = block;
   for (int64_t s = 0; s < a.supers; ++s) {
     const int64_t n = std::min(kSuper, groups - s * kSuper);
-    constexpr int64_t kCodeBytes = code_bytes<Bits>();
+    constexpr int64_t kCodeBytes = code_bytes<Form>();
+    constexpr int Bits = kBits<Form>;
     const uint8_t* meta = record + n * kCodeBytes;
     __m512i S[R];
     for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_si512();
@@ -145,9 +166,23 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
       }
       __m512i w[8];
       load_codes<Bits>(codes, w);
+      const int8_t* p = a.codes.data() + first * k + (s * kSuper + j) * kGroup;
+      if constexpr (Form == kQ6K) {
+        // Group j's sub-scales, lane by lane (int8 pairs): the first half's in the low 16 bits.
+        const __m512i pairs = _mm512_cvtepi8_epi16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(meta + 32 * j)));
+        const __m512i first_sc = _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16);
+        const __m512i second_sc = _mm512_srai_epi32(pairs, 16);
+        for (int r = 0; r < R; ++r) {
+          __m512i lo, hi;
+          dot_avx512_halves(w, p + r * k, lo, hi);
+          S[r] = _mm512_add_epi32(S[r], _mm512_add_epi32(_mm512_mullo_epi32(lo, first_sc),
+                                                         _mm512_mullo_epi32(hi, second_sc)));
+        }
+        continue;
+      }
       const __m512i sc =
           _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(meta + 16 * j)));
-      const int8_t* p = a.codes.data() + first * k + (s * kSuper + j) * kGroup;
       for (int r = 0; r < R; ++r) {
         // Several rows keep the multipliers busy with one chain a row; one or two rows take
         // two (a chain of 8 dependent products would wait on their latency).
@@ -156,17 +191,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
         S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot, sc));
       }
     }
-    __m512i mn[kSuper / 2];
-    for (int64_t pair = 0; pair < kSuper / 2; ++pair) {
+    // Minimums in int8 pairs, against the activation sums in pairs: 4 pairs of groups, or
+    // for kQ6K a pair of halves for each group (its sub-scales).
+    constexpr int64_t kPairs = Form == kQ6K ? kSuper : kSuper / 2;
+    const uint8_t* minimums = Form == kQ6K ? meta : meta + 128;
+    const int64_t used = Form == kQ6K ? n : (n + 1) / 2;
+    __m512i mn[kPairs];
+    for (int64_t pair = 0; pair < kPairs; ++pair) {
       mn[pair] = _mm512_cvtepi8_epi16(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(meta + 128 + 32 * pair)));
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(minimums + 32 * pair)));
     }
     const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 256));
     const __m512 dmin = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 320));
     for (int r = 0; r < R; ++r) {
-      const int16_t* sums = &a.sums[((first + r) * a.supers + s) * kSuper];
+      const int16_t* sums = &a.sums[((first + r) * a.supers + s) * a.per];
       __m512i M = _mm512_setzero_si512();
-      for (int64_t pair = 0; pair < (n + 1) / 2; ++pair) {
+      for (int64_t pair = 0; pair < used; ++pair) {
         int32_t two;
         std::memcpy(&two, sums + 2 * pair, 4);
         M = _mm512_dpwssd_epi32(M, mn[pair], _mm512_set1_epi32(two));
@@ -182,7 +222,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
 }
 
 // The same sums with AVX2, 8 outputs (half a block) at a time (``dot_avx2``).
-template <int Bits, int R>
+template <int Form, int R>
 __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* block,
                                                                const Activations& a,
                                                                int64_t first, int64_t k,
@@ -194,7 +234,8 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* bl
     const uint8_t* record = block;
     for (int64_t s = 0; s < a.supers; ++s) {
       const int64_t n = std::min(kSuper, groups - s * kSuper);
-      constexpr int64_t kCodeBytes = code_bytes<Bits>();
+      constexpr int64_t kCodeBytes = code_bytes<Form>();
+      constexpr int Bits = kBits<Form>;
       const uint8_t* meta = record + n * kCodeBytes;
       __m256i S[R], M[R];
       for (int r = 0; r < R; ++r) S[r] = M[r] = _mm256_setzero_si256();
@@ -202,6 +243,20 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* bl
         const uint8_t* codes = record + j * kCodeBytes;
         __m256i lo[kAvx2Chunks<Bits>], hi[kAvx2Chunks<Bits>];
         load_codes_avx2<Bits>(codes, half, lo, hi);
+        if constexpr (Form == kQ6K) {  // as the AVX-512 tile: the halves' own sub-scales
+          const __m256i pairs = _mm256_cvtepi8_epi16(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(meta + 32 * j + 16 * half)));
+          const __m256i first_sc = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 16);
+          const __m256i second_sc = _mm256_srai_epi32(pairs, 16);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* p = a.codes.data() + (first + r) * k + (s * kSuper + j) * kGroup;
+            const __m256i both =
+                _mm256_add_epi32(_mm256_mullo_epi32(dot_avx2_chunks(lo, hi, p, 0, 2), first_sc),
+                                 _mm256_mullo_epi32(dot_avx2_chunks(lo, hi, p, 2, 4), second_sc));
+            S[r] = _mm256_add_epi32(S[r], both);
+          }
+          continue;
+        }
         const __m256i sc = _mm256_cvtepu8_epi32(
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta + 16 * j + 8 * half)));
         for (int r = 0; r < R; ++r) {
@@ -210,12 +265,14 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* bl
           S[r] = _mm256_add_epi32(S[r], _mm256_mullo_epi32(d, sc));
         }
       }
-      for (int64_t pair = 0; pair < (n + 1) / 2; ++pair) {
+      const uint8_t* minimums = Form == kQ6K ? meta : meta + 128;
+      const int64_t used = Form == kQ6K ? n : (n + 1) / 2;
+      for (int64_t pair = 0; pair < used; ++pair) {
         const __m256i mn = _mm256_cvtepi8_epi16(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(meta + 128 + 32 * pair + 16 * half)));
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(minimums + 32 * pair + 16 * half)));
         for (int r = 0; r < R; ++r) {
           int32_t sums;
-          std::memcpy(&sums, &a.sums[((first + r) * a.supers + s) * kSuper + 2 * pair], 4);
+          std::memcpy(&sums, &a.sums[((first + r) * a.supers + s) * a.per + 2 * pair], 4);
           M[r] = _mm256_add_epi32(M[r], _mm256_madd_epi16(mn, _mm256_set1_epi32(sums)));
         }
       }
@@ -295,20 +352,24 @@ int64_t superblock_bytes(int64_t n, int64_t k, int64_t bits) {
 }
 
 void superblock_product(const float* x, int64_t rows, const uint8_t* packed, int64_t n,
-                        int64_t k, const float* bias, int64_t path, int64_t bits, float* y) {
+                        int64_t k, const float* bias, int64_t path, int64_t bits, int64_t sub,
+                        float* y) {
   if (rows == 0) return;
   const int64_t blocks = (n + kLanes - 1) / kLanes, stride = block_bytes(k, bits);
-  const Activations a = quantize_rows(x, rows, k);
+  const bool q6k = sub == 16;
+  const Activations a = quantize_rows(x, rows, k, q6k);
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(rows * kLanes);
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* records = packed + block * stride;
       const uint8_t* next = block + 1 < end && rows >= kPrefetchRows ? records + stride : nullptr;
       const auto run = path == kAvx512Vnni
-                           ? (bits == 4   ? run_block<Avx512Vnni, 4>
+                           ? (q6k         ? run_block<Avx512Vnni, kQ6K>
+                              : bits == 4 ? run_block<Avx512Vnni, 4>
                               : bits == 6 ? run_block<Avx512Vnni, 6>
                                           : run_block<Avx512Vnni, 8>)
-                           : (bits == 4   ? run_block<Avx2, 4>
+                           : (q6k         ? run_block<Avx2, kQ6K>
+                              : bits == 4 ? run_block<Avx2, 4>
                               : bits == 6 ? run_block<Avx2, 6>
                                           : run_block<Avx2, 8>);
       run(records, a, rows, k, acc.data(), next);
@@ -323,8 +384,10 @@ namespace {
 
 at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                              const std::optional<at::Tensor>& bias, int64_t path,
-                             int64_t bits) {
+                             int64_t bits, int64_t sub) {
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "superblock_linear: bits must be 4, 6 or 8");
+  TORCH_CHECK(sub == 32 || (sub == 16 && bits == 6),
+              "superblock_linear: sub-blocks of 32 inputs, or of 16 with 6 bits");
   TORCH_CHECK(x.dim() == 2 && x.size(1) == k, "superblock_linear: x must be [rows, ", k, "]");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device().is_cpu(),
               "superblock_linear: x must be contiguous float32 on CPU");
@@ -342,7 +405,7 @@ at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int6
   }
   at::Tensor out = at::empty({x.size(0), n}, x.options());
   quickdraft_kernels::superblock_product(x.data_ptr<float>(), x.size(0),
-                                         packed.data_ptr<uint8_t>(), n, k, b, path, bits,
+                                         packed.data_ptr<uint8_t>(), n, k, b, path, bits, sub,
                                          out.data_ptr<float>());
   return out;
 }
@@ -351,7 +414,7 @@ at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int6
 
 TORCH_LIBRARY_FRAGMENT(quickdraft_kernels, m) {
   m.def("superblock_linear(Tensor x, Tensor packed, int n, int k, Tensor? bias, int path, "
-        "int bits) "
+        "int bits, int sub=32) "
         "-> Tensor");
   m.def("supported(int path) -> bool", &path_supported);
   m.def("best_path() -> int", &best_path);

@@ -13,6 +13,11 @@ AVX2, and ``reference`` in PyTorch; all three give identical bits (tested).
     codes = quantize(weight)            # [out, in] float -> SuperCodes
     layer = SuperWeights.build(codes, bias)
     y = linear(x, layer)                # x [rows, in] float32, contiguous
+
+A fourth form holds a GGUF's Q6_K tensors (the head and some value and down projections of a
+Q4_K_M file) as they are: 6-bit codes with a signed int8 sub-scale per 16 inputs, the code
+offset by -32, ``w = d * sc * (q - 32)`` (``quantize_q6k``; 6.75 bits a weight against 8.75
+for 8-bit codes). The kernel takes it as ``d * sc * q + dmin * sc`` with ``dmin = -32 d``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ GROUP = 32
 # ``models.ops.EXACT_FALLBACK_BITS`` says why).
 BITS = (4, 6, 8)
 SUPER = 8  # groups a superblock
+Q6K_SUB = 16  # inputs a sub-scale covers in the Q6_K form
+Q6K_OFFSET = 32
 LANES = 16
 META_BYTES = SUPER * LANES * 2 + 2 * LANES * 4
 # Sub-scale grids tried per superblock: 255 steps (the finest), and 63 (a GGUF's Q4_K, whose
@@ -39,8 +46,9 @@ MIN_STEPS = (127, 63)
 
 @dataclass(frozen=True, slots=True)
 class SuperCodes:
-    """q: [out, in] uint8 0..2^bits - 1; sc: [out, groups] uint8; mn: [out, groups] int8;
-    d, dmin: [out, supers] float32."""
+    """q: [out, in] uint8 0..2^bits - 1; sc: [out, in / sub] uint8 (int8 for sub 16);
+    mn: [out, in / sub] int8 (for sub 16 the same as sc); d, dmin: [out, supers] float32;
+    sub: the inputs a sub-scale covers, 32 or 16 (the Q6_K form, 6 bits)."""
 
     q: torch.Tensor
     sc: torch.Tensor
@@ -48,15 +56,16 @@ class SuperCodes:
     d: torch.Tensor
     dmin: torch.Tensor
     bits: int = 4
+    sub: int = GROUP
 
     def dequantize(self) -> torch.Tensor:
         out, inner = self.q.shape
-        groups = inner // GROUP
-        d = self.d.repeat_interleave(SUPER, dim=1)[:, :groups]
-        dmin = self.dmin.repeat_interleave(SUPER, dim=1)[:, :groups]
+        parts, per = inner // self.sub, SUPER * GROUP // self.sub
+        d = self.d.repeat_interleave(per, dim=1)[:, :parts]
+        dmin = self.dmin.repeat_interleave(per, dim=1)[:, :parts]
         scale = (d * self.sc.float()).unsqueeze(-1)
         minimum = (dmin * self.mn.float()).unsqueeze(-1)
-        return (self.q.view(out, groups, GROUP).float() * scale + minimum).view(out, inner)
+        return (self.q.view(out, parts, self.sub).float() * scale + minimum).view(out, inner)
 
 
 def supers_of(groups: int) -> int:
@@ -75,6 +84,73 @@ def quantize(weight: torch.Tensor, bits: int = 4, block_rows: int = 1024) -> Sup
         raise ValueError(f"q4: bits must be one of {BITS}, got {bits}")
     parts = [_quantize_rows(rows.float(), bits) for rows in weight.split(block_rows)]
     return SuperCodes(*(torch.cat(column) for column in zip(*parts, strict=True)), bits=bits)
+
+
+def quantize_q6k(weight: torch.Tensor, block_rows: int = 1024) -> SuperCodes:
+    """[out, in] float weights to the Q6_K form: per 16 inputs the scale that best maps them to
+    codes -32..31 (llama.cpp's search: the largest magnitude to -32, nineteen nearby scales,
+    each refitted by least squares), then per superblock an int8 sub-scale grid, the one of
+    ``_Q6K_GRIDS`` with the least squared error. A GGUF's Q6_K tensor, dequantized, comes back
+    exactly: its scales are found as they were, its grid is the 128-step one."""
+    inner = weight.shape[1]
+    if inner % GROUP:
+        raise ValueError(f"q6k: in_features {inner} is not a multiple of {GROUP}")
+    parts = [_q6k_rows(rows.float()) for rows in weight.split(block_rows)]
+    q, sc, d = (torch.cat(column) for column in zip(*parts, strict=True))
+    return SuperCodes(q, sc, sc, d, d * -Q6K_OFFSET, bits=6, sub=Q6K_SUB)
+
+
+def _q6k_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out, inner = weight.shape
+    parts = inner // Q6K_SUB
+    supers = supers_of(inner // GROUP)
+    per = SUPER * GROUP // Q6K_SUB
+    x = torch.nn.functional.pad(weight, (0, supers * SUPER * GROUP - inner))
+    x = x.view(out, supers, per, Q6K_SUB)
+    # The sub-block's scale: its largest magnitude to -32, and 9 steps of 0.1 either side.
+    top = x.gather(-1, x.abs().argmax(-1, keepdim=True))  # signed
+    best_scale = torch.zeros_like(top)
+    best_error = torch.full_like(top, float("inf"))
+    for step in range(-9, 10):
+        inverse = torch.where(top != 0, -(Q6K_OFFSET + 0.1 * step) / top, 0.0)
+        k = (x * inverse).round_().clamp_(-Q6K_OFFSET, Q6K_OFFSET - 1)
+        kk = (k * k).sum(-1, keepdim=True)
+        scale = torch.where(kk > 0, (x * k).sum(-1, keepdim=True) / kk.clamp_min(1e-30), 0.0)
+        error = (x - scale * k).pow_(2).sum(-1, keepdim=True)
+        better = error < best_error
+        best_scale = torch.where(better, scale, best_scale)
+        best_error = torch.where(better, error, best_error)
+    s = best_scale.squeeze(-1)  # [out, supers, per]
+    largest = s.gather(-1, s.abs().argmax(-1, keepdim=True))  # signed
+    chosen = None
+    for grid in _Q6K_GRIDS:
+        if grid == 128:
+            d = torch.where(largest != 0, -largest / grid, 1e-30)
+        else:
+            d = (largest.abs() / grid).clamp_min(1e-30)
+        sc = (s / d).round_().clamp_(-128 if grid == 128 else -grid, 127)
+        step = (d * sc).unsqueeze(-1)
+        k = torch.where(step != 0, x / torch.where(step != 0, step, 1.0), 0.0)
+        k = k.round_().clamp_(-Q6K_OFFSET, Q6K_OFFSET - 1)
+        error = (x - step * k).pow_(2).sum((-1, -2))  # [out, supers]
+        if chosen is None:
+            chosen = [k, sc, d.squeeze(-1), error]
+            continue
+        better = error < chosen[-1]
+        chosen = [
+            torch.where(better.view(*better.shape, *([1] * (new.dim() - 2))), new, old)
+            for new, old in zip([k, sc, d.squeeze(-1), error], chosen, strict=True)
+        ]
+    assert chosen is not None
+    k, sc, d, _ = chosen
+    q = (k + Q6K_OFFSET).to(torch.uint8).view(out, -1)[:, :inner].contiguous()
+    sc = sc.to(torch.int8).view(out, -1)[:, :parts].contiguous()
+    return q, sc, d.contiguous()
+
+
+# Sub-scale grids for the Q6_K form: 128 steps with the largest scale at -128 (what
+# llama.cpp's Q6_K writes, so its tensors come back exactly), and a symmetric 127.
+_Q6K_GRIDS = (128, 127)
 
 
 def _quantize_rows(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, ...]:
@@ -167,15 +243,24 @@ def pack(codes: SuperCodes) -> torch.Tensor:
         data = (
             q.view(blocks, LANES, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(blocks, groups, -1)
         )
-    extra = supers * SUPER - groups
-    sc = torch.nn.functional.pad(sc, (0, extra)).view(blocks, LANES, supers, SUPER)
-    mn = torch.nn.functional.pad(mn, (0, extra)).view(blocks, LANES, supers, SUPER // 2, 2)
+    per = SUPER * GROUP // codes.sub  # sub-scales a superblock
+    extra = supers * per - sc.shape[1]
+    sc = torch.nn.functional.pad(sc, (0, extra)).view(blocks, LANES, supers, per)
+    mn = torch.nn.functional.pad(mn, (0, extra)).view(blocks, LANES, supers, per // 2, 2)
+    if codes.sub == Q6K_SUB and not torch.equal(codes.mn, codes.sc):
+        raise ValueError("q6k: the minimums must be the sub-scales")
     records = []
     for s in range(supers):
         n = min(SUPER, groups - s * SUPER)
+        if codes.sub == Q6K_SUB:  # [8 groups][16 lanes][2 halves] int8, scales and minimums
+            scales = [sc[:, :, s].view(blocks, LANES, SUPER, 2).transpose(1, 2)]
+        else:
+            scales = [
+                sc[:, :, s].transpose(1, 2),  # [8][16]
+                mn[:, :, s].permute(0, 2, 1, 3),  # [4][16][2]
+            ]
         meta = [
-            sc[:, :, s].transpose(1, 2).reshape(blocks, -1),  # [8][16]
-            mn[:, :, s].permute(0, 2, 1, 3).reshape(blocks, -1).view(torch.uint8),  # [4][16][2]
+            *(part.reshape(blocks, -1).view(torch.uint8) for part in scales),
             d.view(blocks, LANES, supers)[:, :, s].contiguous().view(torch.uint8),
             dmin.view(blocks, LANES, supers)[:, :, s].contiguous().view(torch.uint8),
         ]
@@ -196,6 +281,7 @@ class SuperWeights:
     codes: SuperCodes | None
     bias: torch.Tensor | None
     bits: int = 4
+    sub: int = GROUP
 
     @classmethod
     def build(
@@ -206,7 +292,7 @@ class SuperWeights:
         bias = None if bias is None else bias.float().contiguous()
         if path == kernels.REFERENCE:
             return cls(out, inner, path, None, codes, bias)
-        return cls(out, inner, path, pack(codes), None, bias, codes.bits)
+        return cls(out, inner, path, pack(codes), None, bias, codes.bits, codes.sub)
 
     @property
     def nbytes(self) -> int:
@@ -214,7 +300,8 @@ class SuperWeights:
             return self.packed.numel()
         c = self.codes
         codes = c.q.numel() * c.bits // 8
-        return codes + c.sc.numel() + c.mn.numel() + 4 * (c.d.numel() + c.dmin.numel())
+        scales = c.sc.numel() * (1 if c.sub == Q6K_SUB else 2)  # Q6_K's minimums are its scales
+        return codes + scales + 4 * (c.d.numel() + c.dmin.numel())
 
 
 def linear(x: torch.Tensor, weights: SuperWeights) -> torch.Tensor:
@@ -230,13 +317,16 @@ def linear(x: torch.Tensor, weights: SuperWeights) -> torch.Tensor:
         weights.bias,
         kernels.PATHS[weights.path],
         weights.bits,
+        weights.sub,
     )
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_activations(
+    x: torch.Tensor, sub: int = GROUP
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [rows, in] -> codes [rows, supers, 256] (float, integers in -127..127, zero past the
-    end), scale [rows, supers] and the sums of codes per group [rows, supers, 8]: the
-    kernel's ``quantize_rows``, bit for bit."""
+    end), scale [rows, supers] and the sums of codes per ``sub`` inputs [rows, supers,
+    256 / sub]: the kernel's ``quantize_rows``, bit for bit."""
     rows, inner = x.shape
     groups = inner // GROUP
     supers = supers_of(groups)
@@ -249,24 +339,25 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     codes = (blocks * inverse.unsqueeze(-1)).round_().clamp_(-127, 127)
     codes = torch.where(nonzero.unsqueeze(-1), codes, 0.0)
     scale = torch.where(nonzero, amax / torch.full_like(amax, 127.0), 0.0)
-    return codes, scale, codes.view(rows, supers, SUPER, GROUP).sum(-1)
+    return codes, scale, codes.view(rows, supers, SUPER * GROUP // sub, sub).sum(-1)
 
 
 def reference(x: torch.Tensor, codes: SuperCodes, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's result in PyTorch operations, in its order: slow, and the same bits. The
     integer sums run in float64 (exact below 2^53) and round once to float32, as the
     kernel's int32 -> float32 conversion does."""
-    p, a_scale, sums = quantize_activations(x.float())
+    sub = codes.sub
+    p, a_scale, sums = quantize_activations(x.float(), sub)
     out, inner = codes.q.shape
-    groups = inner // GROUP
-    supers = supers_of(groups)
-    pad = supers * SUPER - groups
+    parts, per = inner // sub, SUPER * GROUP // sub
+    supers = supers_of(inner // GROUP)
+    pad = supers * per - parts
     rows = x.shape[0]
-    q = torch.nn.functional.pad(codes.q.view(out, groups, GROUP), (0, 0, 0, pad)).double()
-    sc = torch.nn.functional.pad(codes.sc, (0, pad)).double().view(out, supers, SUPER)
-    mn = torch.nn.functional.pad(codes.mn, (0, pad)).double().view(out, supers, SUPER)
-    p = p.double().view(rows, supers * SUPER, GROUP)
-    dots = torch.einsum("rgk,ogk->gro", p, q).reshape(supers, SUPER, rows, out)
+    q = torch.nn.functional.pad(codes.q.view(out, parts, sub), (0, 0, 0, pad)).double()
+    sc = torch.nn.functional.pad(codes.sc, (0, pad)).double().view(out, supers, per)
+    mn = torch.nn.functional.pad(codes.mn, (0, pad)).double().view(out, supers, per)
+    p = p.double().view(rows, supers * per, sub)
+    dots = torch.einsum("rgk,ogk->gro", p, q).reshape(supers, per, rows, out)
     S = torch.einsum("sjro,osj->sro", dots, sc).float()
     M = torch.einsum("rsj,osj->sro", sums.double(), mn).float()
     acc = x.new_zeros(rows, out)

@@ -28,7 +28,7 @@ from quickdraft.models.kv_cache import KVCache
 @dataclass(frozen=True, slots=True)
 class Stack:
     """The arguments ``decoder_layers`` takes for a run of layers: per layer its two norms and
-    four packed products, their biases, and per product (layout, out, in, bits)."""
+    four packed products, their biases, and per product (layout, out, in, bits, sub-block)."""
 
     weights: list[torch.Tensor]
     biases: list[torch.Tensor | None]
@@ -53,7 +53,8 @@ class Stack:
                 weights.append(quant.packed)
                 biases.append(quant.bias)
                 layout = 0 if isinstance(quant, superblock.SuperWeights) else 1
-                spec += [layout, quant.out_features, quant.in_features, quant.bits]
+                sub = getattr(quant, "sub", superblock.GROUP)
+                spec += [layout, quant.out_features, quant.in_features, quant.bits, sub]
                 paths.add(quant.path)
         if len(paths) != 1:
             return None

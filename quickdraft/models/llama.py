@@ -32,9 +32,10 @@ from quickdraft.models.llama_config import (
 )
 from quickdraft.models.ops import LAYOUTS, Joined, Linear, layout_of, rms_norm, rotate
 
-# The output head's code width on the quantized kernels: 8, as for a GGUF's Q6_K tensors
-# (``ops.EXACT_FALLBACK_BITS`` says why not 6; 4 costs the 1.5B 94.1% top-1 agreement on its
-# probe against 98.2%).
+# The output head's code width on the quantized kernels: 8 (4 costs the 1.5B 94.1% top-1
+# agreement on its probe against 98.2%). A head from a quantized file takes the narrowest form
+# that reproduces it (``ops.Linear.quantize_q4``'s ``exact_only``: a GGUF's Q6_K head keeps its
+# form).
 HEAD_BITS = 8
 
 
@@ -181,7 +182,7 @@ class LlamaRunner:
 
     def _quantize_q4(self, bits: int, exact_only: bool, layout: str) -> None:
         self._stacks.clear()
-        self.head.quantize_q4(bits=HEAD_BITS, layout=layout)
+        self.head.quantize_q4(bits=HEAD_BITS, exact_only=exact_only, layout=layout)
         for linear_layer in self._projections()[1:]:
             linear_layer.quantize_q4(bits=bits, exact_only=exact_only, layout=layout)
 

@@ -18,12 +18,12 @@ from quickdraft.models import int8 as int8_ops
 # error: a GGUF's Q4_1 blocks come back exactly, its Q4_K blocks to float16 rounding of their
 # scales (about 1e-4), while 4 bits lose about 0.03 of a Q6_K tensor and 0.08 of float ones.
 EXACT_ERROR = 0.005
-# The codes a quantized file's tensor gets when 4 bits do not reproduce it (a GGUF's Q6_K).
-# 8, not 6: 6-bit codes over groups of 32 round Q6_K's groups of 16 again (relative weight
-# error 0.016 against 8 bits' 0.005). Measured with the head at 6 bits too (the probe of
-# ``load_model``'s check, logits' relative error from float): Qwen2.5-Coder-0.5B 0.036 against
-# 0.026 for 0.41 GB against 0.52, the 1.5B 0.025 against 0.022 for 1.04 GB against 1.15. A
-# form that holds Q6_K exactly (sub-scales per 16) would make 6 the better choice.
+# The codes a quantized file's tensor gets when neither 4 bits nor the Q6_K form
+# (``superblock.quantize_q6k``) reproduce it (a GGUF's Q8_0 tensors). A GGUF's Q6_K tensors (its
+# head and some value and down projections in a Q4_K_M file) keep their own form, 6.75 bits a
+# weight on the kernel. Plain 6-bit codes per 32 were measured and not taken: they round
+# Q6_K's groups of 16 again (relative weight error 0.016 against 0.005 at 8 bits), which cost
+# Qwen2.5-Coder-0.5B a relative logit error of 0.036 against 0.026 on the load's probe.
 EXACT_FALLBACK_BITS = 8
 # The quantized layers' layouts (``Linear.quantize_q4``), the fast one first.
 LAYOUTS = ("superblock", "groups")
@@ -102,9 +102,10 @@ class Linear:
         no calibration. ``layout``: "superblock" (``kernels.superblock``: activations quantized
         per row and 256 inputs, integer sub-scales; the fast one) or "groups"
         (``kernels.groups``: activations per 32 inputs, for models with outlier channels).
-        ``exact_only``: weights that came from a quantized file keep 8 bits unless 4 bits
-        reproduce them (within ``EXACT_ERROR``), so a GGUF's 6- and 8-bit tensors are not
-        rounded again to 4. It may run again with another layout until ``release_dense``.
+        ``exact_only``: weights that came from a quantized file take the narrowest form that
+        reproduces them (within ``EXACT_ERROR``): ``bits`` if 4, then on superblocks the Q6_K
+        form, else ``EXACT_FALLBACK_BITS``; so a GGUF's 6- and 8-bit tensors are not rounded
+        again to 4. It may run again with another layout until ``release_dense``.
         CPU float32 layers only (others stay as they are); a width that is not a multiple of
         32 raises ValueError."""
         weight = self.weight if self.weight is not None else self._dense
@@ -118,11 +119,7 @@ class Linear:
         module = superblock if layout == "superblock" else groups
         if module is groups and bits == 6:
             bits = 8  # the groups layout has no 6-bit codes
-        codes = module.quantize(weight, bits)
-        if exact_only and bits == 4:
-            error = (codes.dequantize() - weight).norm() / weight.norm().clamp_min(1e-30)
-            if error > EXACT_ERROR:
-                codes = module.quantize(weight, EXACT_FALLBACK_BITS if module is superblock else 8)
+        codes = _exact_codes(module, weight, bits) if exact_only else module.quantize(weight, bits)
         if layout == "superblock":
             self._quant = superblock.SuperWeights.build(codes, self.bias)
         else:
@@ -159,6 +156,20 @@ class Linear:
         else:
             out = torch.ops.mkldnn._linear_pointwise(flat, self._packed, self.bias, "none", [], "")
         return out.view(*x.shape[:-1], self.out_features)
+
+
+def _exact_codes(module: Any, weight: torch.Tensor, bits: int) -> Any:
+    """The narrowest codes that reproduce a quantized file's weights: ``bits`` when 4, the Q6_K
+    form on superblocks, else 8 bits (``Linear.quantize_q4``)."""
+    tries = [lambda: module.quantize(weight, bits)] if bits == 4 else []
+    if module is superblock:
+        tries.append(lambda: superblock.quantize_q6k(weight))
+    norm = weight.norm().clamp_min(1e-30)
+    for make in tries:
+        codes = make()
+        if (codes.dequantize() - weight).norm() / norm <= EXACT_ERROR:
+            return codes
+    return module.quantize(weight, EXACT_FALLBACK_BITS if module is superblock else 8)
 
 
 def side_by_side(x: torch.Tensor, parts: Sequence[Linear]) -> torch.Tensor:

@@ -71,14 +71,15 @@ def load(path: Path, linears: Sequence[Linear]) -> Stored | None:
             meta = json.loads(handle.metadata()["quickdraft"])
             keys = set(handle.keys())
             built: list[QuantWeights] = []
-            for i, (linear, (layout, out, inner, bits)) in enumerate(
+            for i, (linear, (layout, out, inner, bits, sub)) in enumerate(
                 zip(linears, meta["layers"], strict=True)
             ):
                 if linear.weight is None or tuple(linear.weight.shape) != (out, inner):
                     raise ValueError(f"layer {i} shape")
                 packed = _fresh(handle.get_tensor(f"{i}.packed"))
                 bias = handle.get_tensor(f"{i}.bias") if f"{i}.bias" in keys else None
-                built.append(WEIGHTS[layout](out, inner, path_name, packed, None, bias, bits))
+                form = (bits,) if layout == "groups" else (bits, sub)  # sub: superblocks only
+                built.append(WEIGHTS[layout](out, inner, path_name, packed, None, bias, *form))
     except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError):
         path.unlink(missing_ok=True)  # damaged or from another layout: quantize again
         return None
@@ -106,7 +107,10 @@ def save(path: Path, linears: Sequence[Linear], check: int8_ops.QuantCheck | Non
         weights = linear.quantized_weights
         if weights is None or weights.packed is None:
             return
-        layers.append((layout_of(weights), weights.out_features, weights.in_features, weights.bits))
+        sub = getattr(weights, "sub", superblock.GROUP)
+        layers.append(
+            (layout_of(weights), weights.out_features, weights.in_features, weights.bits, sub)
+        )
         tensors[f"{i}.packed"] = weights.packed
         if weights.bias is not None:
             tensors[f"{i}.bias"] = weights.bias
