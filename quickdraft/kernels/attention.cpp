@@ -30,6 +30,7 @@ namespace {
 using quickdraft_kernels::Attention;
 using quickdraft_simd::exp256;
 using quickdraft_simd::exp512;
+using quickdraft_simd::sum256;
 
 constexpr int64_t kMaxDim = 256;
 
@@ -80,13 +81,6 @@ __attribute__((target("avx512f"))) void one_avx512(const Attention& P, int64_t g
   float* out = P.out + token_of(P, g) * P.out_stride + h * dim;
   for (int64_t c = 0; c < chunks; ++c)
     _mm512_mask_storeu_ps(out + 16 * c, mask(c), _mm512_mul_ps(acc[c], _mm512_set1_ps(inverse)));
-}
-
-__attribute__((target("avx2,fma"))) inline float sum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
 }
 
 // Lanes [0, width - 8c) of chunk c, at most 8: a mask for AVX2's masked loads and stores.

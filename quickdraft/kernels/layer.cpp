@@ -41,6 +41,7 @@
 namespace {
 
 using quickdraft_kernels::Attention;
+using quickdraft_simd::sum256;
 
 constexpr int64_t kWeightsPerLayer = 6, kProducts = 4, kSpecPerProduct = 5;
 
@@ -66,13 +67,6 @@ void each_row(int64_t rows, int64_t width, const F& f) {
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) f(r);
   });
-}
-
-__attribute__((target("avx2,fma"))) inline float sum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
 }
 
 // out = x / sqrt(mean(x^2) + eps) * w over d inputs (a multiple of 16): the squares summed in
