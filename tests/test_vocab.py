@@ -666,6 +666,14 @@ def test_data_regenerate_writes_the_targets_replies_and_resumes(tmp_path, smollm
     assert main(argv) == 0
     again = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["index"] for r in again) == list(range(6)) and again[:3] == written
+    # The prompt file rebuilt elsewhere: one prompt more, every position shifted. Only the new
+    # prompt is answered; none twice.
+    prompts.write_text(
+        "".join(json.dumps(r) + "\n" for r in [{"kind": "chat", "prompt": "new"}, *records])
+    )
+    assert main(argv) == 0
+    turns = [json.dumps(json.loads(line)["messages"][:-1]) for line in out.read_text().splitlines()]
+    assert len(turns) == 7 == len(set(turns)) and '"new"' in turns[-1]
     assert main([*argv[:5], str(tmp_path / "none.jsonl"), *argv[6:]]) == 2
 
 
