@@ -36,7 +36,9 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128, help="prompt tokens a sequence has")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--draft-vocab", type=int, default=16384)
+    parser.add_argument("--intermediate", type=int, default=None, help="MLP width (the target's)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--bf16", action="store_true", help="the step under CPU bf16 autocast")
     parser.add_argument("--budget-tokens", type=int, default=200_000, help="reply tokens")
     parser.add_argument("--epochs", type=int, default=4)
     args = parser.parse_args()
@@ -44,7 +46,9 @@ def main() -> None:
     device = args.device
     with torch.no_grad():  # not inference mode: its embedding and head feed a backward pass
         target = random_runner(SHAPES[args.shape], device, torch.float32)
-    config = EagleConfig.for_target(target.config, "eagle3", args.draft_vocab)
+    config = EagleConfig.for_target(
+        target.config, "eagle3", args.draft_vocab, intermediate_size=args.intermediate
+    )
     tapped = target.with_taps(tuple(n - 1 for n in config.feature_layers))
     tokens = torch.randint(0, target.vocab_size, (1, args.length), device=device)
     positions = torch.arange(args.length, device=device).unsqueeze(0)
@@ -62,7 +66,7 @@ def main() -> None:
         data.hidden.append(torch.randn(args.length, d, generator=generator).half())
         data.taps.append(torch.randn(args.length, 3, d, generator=generator).half())
         data.start.append(args.prompt)
-    settings = EagleTraining(draft_vocab=args.draft_vocab)
+    settings = EagleTraining(draft_vocab=args.draft_vocab, intermediate_size=args.intermediate)
     net = EagleNet(config).to(device)
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
     embed = target.embed.float()
@@ -70,7 +74,8 @@ def main() -> None:
     batch = collate(data, list(range(args.batch)), settings.steps, torch.device(device))
 
     def step() -> None:
-        losses, _ = step_losses(net, embed, head, batch, settings, noise=True)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=args.bf16):
+            losses, _ = step_losses(net, embed, head, batch, settings, noise=True)
         sum(losses.values()).backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -83,7 +88,8 @@ def main() -> None:
     print(f"features: {feature_s * 1e3:.0f} ms for {args.length} tokens "
           f"({args.length / feature_s:.0f} tokens/s)")  # fmt: skip
     print(f"a step of {args.batch} x {args.length} tokens ({args.prompt} of prompt), draft "
-          f"vocabulary {args.draft_vocab:,}: {step_s:.2f} s")  # fmt: skip
+          f"vocabulary {args.draft_vocab:,}, MLP {config.intermediate_size:,}: {step_s:.2f} s; "
+          f"{sum(p.numel() for p in net.parameters()) / 1e6:.1f}M parameters")  # fmt: skip
     print(f"{args.budget_tokens:,} reply tokens in {sequences:.0f} such sequences, "
           f"{args.epochs} epochs: features {sequences * feature_s / 60:.0f} min, "
           f"training {steps * step_s / 60:.0f} min ({steps:.0f} steps)")  # fmt: skip

@@ -25,10 +25,19 @@ GREEDY = SamplingParams(temperature=0, max_new_tokens=32)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7]]
 
 
-def random_net(target: LlamaRunner, variant: str, draft_vocab: int = 60, seed: int = 0):
+def random_net(
+    target: LlamaRunner,
+    variant: str,
+    draft_vocab: int = 60,
+    seed: int = 0,
+    intermediate_size: int | None = None,
+):
     """An untrained network with weights large enough that its drafts vary with the context."""
     torch.manual_seed(seed)
-    net = EagleNet(EagleConfig.for_target(target.config, variant, draft_vocab))
+    config = EagleConfig.for_target(
+        target.config, variant, draft_vocab, intermediate_size=intermediate_size
+    )
+    net = EagleNet(config)
     with torch.no_grad():
         for parameter in net.parameters():
             if parameter.dim() == 2:
@@ -238,6 +247,34 @@ def test_save_load_round_trip_and_config_errors(targets, tmp_path):
         EagleConfig.for_target(target.config, "eagle1", 10**6)
     with pytest.raises(ValueError, match="variant"):
         EagleConfig.for_target(target.config, "eagle2", 10)
+
+
+def test_int8_file_halves_the_drafter_and_keeps_each_row_to_its_step(targets, tmp_path):
+    """``save_eagle(int8=True)``: matrices as int8 codes with an fp16 scale per row, norms and
+    the draft vocabulary as before; loading gives every weight within half a step of its row
+    and a smaller file; a missing scale is named."""
+    from safetensors.torch import load_file, save_file
+
+    net = random_net(targets["llama-tied"], "eagle3", intermediate_size=48)
+    assert net.config.intermediate_size == 48
+    save_eagle(tmp_path / "half", net)
+    save_eagle(tmp_path / "int8", net, int8=True)
+    files = {k: tmp_path / k / "eagle.safetensors" for k in ("half", "int8")}
+    assert files["int8"].stat().st_size < 0.7 * files["half"].stat().st_size
+    loaded = load_eagle(tmp_path / "int8")
+    assert loaded.config == net.config and torch.equal(loaded.draft_vocab, net.draft_vocab)
+    for name, tensor in net.state_dict().items():
+        got = loaded.state_dict()[name].float()
+        if tensor.dim() == 2:
+            step = tensor.abs().amax(1, keepdim=True) / 127
+            assert ((got - tensor).abs() <= 0.51 * step + 1e-3 * step).all(), name
+        else:
+            torch.testing.assert_close(got, tensor.half().float())
+    stored = load_file(str(files["int8"]))
+    stored.pop("fc.weight.int8_scale")
+    save_file(stored, str(files["int8"]))
+    with pytest.raises(ValueError, match=r"eagle\.safetensors.*without a scale"):
+        load_eagle(tmp_path / "int8")
 
 
 def test_tree_option_is_validated_at_the_boundary():

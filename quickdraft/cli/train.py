@@ -224,6 +224,19 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
         help="save the drafter scoring the target's whole head (trained on --draft-vocab "
         "rows): the setting where drafter-head shortlists pay",
     )
+    eagle.add_argument(
+        "--int8-file",
+        action="store_true",
+        help="save the layers' matrices in int8 with a scale per row (half the file; what the "
+        "CPU drafter runs by default anyway)",
+    )
+    eagle.add_argument(
+        "--intermediate-size",
+        type=_positive_int,
+        default=None,
+        help="the draft layer's MLP width (default: the target's); narrower is a cheaper draft "
+        "step and a smaller file",
+    )
     eagle.add_argument("--max-tokens", type=_positive_int, default=512)
     eagle.add_argument(
         "--context",
@@ -271,6 +284,7 @@ def _train_eagle(args: argparse.Namespace) -> int:
         lr=args.lr,
         seed=args.seed,
         init=None if args.init is None else str(args.init),
+        intermediate_size=args.intermediate_size,
     )
     scaling, reporting = _scaling(args)
     with Progress(
@@ -283,13 +297,16 @@ def _train_eagle(args: argparse.Namespace) -> int:
         )  # fmt: skip
     if not reporting:  # under `accelerate launch`, the first process writes and reports
         return 0
-    if args.score_full_vocab:
+    if args.score_full_vocab or args.int8_file:
         from quickdraft.drafters.eagle.io import load_eagle, save_eagle, with_full_vocabulary
 
         record = json.loads((args.out / "eagle.json").read_text())
         record.pop("config")
-        record["score_full_vocab"] = True  # held-out figures are the trained subset's
-        save_eagle(args.out, with_full_vocabulary(load_eagle(args.out)), record)
+        net = load_eagle(args.out)
+        if args.score_full_vocab:
+            record["score_full_vocab"] = True  # held-out figures are the trained subset's
+            net = with_full_vocabulary(net)
+        save_eagle(args.out, net, record, int8=args.int8_file)
     held = metrics["held_out"]
     console.print(
         f"wrote {args.out} ({metrics['train_sequences']} training sequences, "

@@ -241,7 +241,10 @@ def train_eagle(
             f"draft_vocab: {settings.draft_vocab} exceeds the target's vocabulary "
             f"({target.vocab_size})"
         )
-    config = EagleConfig.for_target(target.config, settings.variant, settings.draft_vocab)
+    config = EagleConfig.for_target(
+        target.config, settings.variant, settings.draft_vocab,
+        intermediate_size=settings.intermediate_size,
+    )  # fmt: skip
     records = read_records(list(data))
     sequences = [tokenize(r, tokenizer, max_tokens) for r in records]
     sample = balanced_sample(sequences, budget_tokens, settings.seed)

@@ -34,6 +34,9 @@ class EagleTraining:
     validation_fraction: float = 0.1
     checkpoint_every: int = 200
     seed: int = 0
+    # The draft layer's MLP width (None: the target's). The 1.5B's drafter takes a narrower
+    # one to fit the repository's artifact budget and a cheap draft step.
+    intermediate_size: int | None = None
     # A drafter folder saved by quickdraft for the same target and variant: training starts
     # from its layers (more epochs, or new data) instead of from random ones. Its draft
     # vocabulary is not taken: the rows it scores are the target's, chosen again here.
@@ -46,6 +49,8 @@ class EagleTraining:
             raise ValueError(f"variant must be eagle1 or eagle3, got {self.variant!r}") from None
         counts = ("steps", "draft_vocab", "epochs", "batch_size", "checkpoint_every")
         check_settings(self, counts)
+        if self.intermediate_size is not None:
+            check_settings(self, ("intermediate_size",))
 
 
 def collate(features: EagleFeatures, batch: list[int], steps: int, device: torch.device) -> dict:

@@ -22,14 +22,30 @@ ARTIFACTS = Path(__file__).parent / "artifacts"
 REMEDY = "retrain the drafter (quickdraft train eagle) or copy the folder again"
 
 
-def save_eagle(folder: str | Path, net: EagleNet, metadata: dict | None = None) -> None:
-    """The network's weights (fp16, its draft vocabulary as int64) and config."""
+# The per-row scale of a matrix stored in int8 (``save_eagle(int8=True)``), beside it.
+SCALE_SUFFIX = ".int8_scale"
+
+
+def save_eagle(
+    folder: str | Path, net: EagleNet, metadata: dict | None = None, *, int8: bool = False
+) -> None:
+    """The network's weights (fp16, its draft vocabulary as int64) and config. ``int8``: its
+    matrices in int8 with an fp16 scale per row (half the file; the CPU drafter runs them in
+    int8 per row anyway, ``drafter_int8``), the norms in fp16: how a drafter too large for
+    the repository's artifact budget ships."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {
-        name: tensor.detach().contiguous() if name == "draft_vocab" else tensor.detach().half()
-        for name, tensor in net.state_dict().items()
-    }
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in net.state_dict().items():
+        tensor = tensor.detach()
+        if name == "draft_vocab":
+            state[name] = tensor
+        elif int8 and tensor.dim() == 2:
+            scale = (tensor.float().abs().amax(1) / 127).clamp_min(1e-12).half()
+            codes = (tensor.float() / scale.float().unsqueeze(1)).round().clamp(-127, 127)
+            state[name], state[name + SCALE_SUFFIX] = codes.to(torch.int8), scale
+        else:
+            state[name] = tensor.half()
     save_file({k: v.contiguous() for k, v in state.items()}, str(folder / WEIGHTS_FILE))
     record = {"config": net.config.to_dict(), **(metadata or {})}
     (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
@@ -67,6 +83,7 @@ def load_eagle(folder: str | Path, num_target_layers: int | None = None) -> Eagl
     record = read_json(folder / CONFIG_FILE, REMEDY, required=("config",))
     net = EagleNet(artifacts.build(folder / CONFIG_FILE, REMEDY, EagleConfig, record["config"]))
     state = read_safetensors(folder / WEIGHTS_FILE, REMEDY)
+    state = _dequantized(folder / WEIGHTS_FILE, state)
     state = {k: v if k == "draft_vocab" else v.float() for k, v in state.items()}
     load_state(folder / WEIGHTS_FILE, net, state, REMEDY)
     vocab = state.get("draft_vocab")
@@ -75,6 +92,24 @@ def load_eagle(folder: str | Path, num_target_layers: int | None = None) -> Eagl
             folder / WEIGHTS_FILE, "draft_vocab holds ids past the config's vocab_size", REMEDY
         )
     return net.eval()
+
+
+def _dequantized(path: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """int8 matrices (``save_eagle(int8=True)``) times their row scales; the rest as read. An
+    int8 matrix without a scale of one per row, or a scale without its matrix, names the
+    file."""
+    out = {k: v for k, v in state.items() if not k.endswith(SCALE_SUFFIX)}
+    for name in [k for k in state if k.endswith(SCALE_SUFFIX)]:
+        if name[: -len(SCALE_SUFFIX)] not in out:
+            raise artifacts.ArtifactError(path, f"{name} scales no matrix", REMEDY)
+    for name, tensor in out.items():
+        if tensor.dtype != torch.int8:
+            continue
+        scale = state.get(name + SCALE_SUFFIX)
+        if scale is None or tensor.dim() != 2 or scale.shape != tensor.shape[:1]:
+            raise artifacts.ArtifactError(path, f"{name} is int8 without a scale per row", REMEDY)
+        out[name] = tensor.float() * scale.float().unsqueeze(1)
+    return out
 
 
 def with_full_vocabulary(net: EagleNet) -> EagleNet:

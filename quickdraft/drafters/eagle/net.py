@@ -101,9 +101,13 @@ class EagleConfig:
         variant: EagleVariant | str,
         draft_vocab_size: int,
         feature_layers: tuple[int, ...] | None = None,
+        intermediate_size: int | None = None,
     ) -> EagleConfig:
         """The target's layer shape (a ``LlamaConfig``); EAGLE-3's default layers are 2,
-        L/2 and L-3 of L, the choice of the paper's code and of vLLM and SGLang."""
+        L/2 and L-3 of L, the choice of the paper's code and of vLLM and SGLang.
+        ``intermediate_size``: the layer's MLP width when not the target's (a narrower one
+        costs less per draft step and on disk; vLLM and SGLang read it from the exported
+        config like any other)."""
         if variant not in set(EagleVariant):
             raise ValueError(f"variant must be eagle1 or eagle3, got {variant!r}")
         variant = EagleVariant(variant)
@@ -118,7 +122,7 @@ class EagleConfig:
         return cls(
             variant=variant,
             hidden_size=target_config.hidden_size,
-            intermediate_size=target_config.intermediate_size,
+            intermediate_size=intermediate_size or target_config.intermediate_size,
             num_heads=target_config.num_heads,
             num_kv_heads=target_config.num_kv_heads,
             head_dim=target_config.head_dim,
