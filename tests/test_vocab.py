@@ -120,8 +120,10 @@ def test_segmented_head_matches_the_full_head_on_its_rows(pair, int8):
     ids, logits = head.logits(hidden, [3, 1])
     assert torch.equal(ids, torch.cat([segments[3], segments[1]]))
     expected = hidden @ weight[ids].T
-    tolerance = 0.05 * float(expected.abs().max()) if int8 else 1e-4
-    assert torch.allclose(logits, expected, atol=tolerance)
+    if int8:  # quantized rows (ops.draft_linear: 4-bit codes where the kernels run): close
+        assert float((logits - expected).norm() / expected.norm()) < 0.12
+    else:
+        assert torch.allclose(logits, expected, atol=1e-4)
 
 
 def test_frequency_shortlist_takes_prefixes_of_the_ranking(pair):

@@ -208,22 +208,55 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+# The codes a drafter's quantized layers and head rows take on the compiled kernels
+# (``draft_linear``). 4 bits: against the int8 kernels, Qwen2.5-Coder-0.5B's FR-Spec head rows
+# (38,818 x 896) cost 0.41 ms for one row instead of 0.88 and 0.63 instead of 1.07 for four
+# (1.79 against 1.83 for ten), its drafter's gate/up 0.06 instead of 0.14; 8 bits is no faster
+# than int8 on the heads (benchmarks/results/drafter_bits/products.md). End to end the 0.5B's
+# EAGLE drafts in 10.2 ms a forward instead of 16.3 with the same acceptance (2.16 tokens a
+# forward): 59.0 decode tokens/s against 50.0 (report.md there). A drafter's weights only
+# shape its proposals: the target's verification keeps the output exact. None: the int8
+# kernels everywhere (for comparisons).
+DRAFT_BITS: int | None = 4
+
+
+def draft_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, *, quantize: bool
+) -> Linear:
+    """A drafter's linear layer (its network's or its rows of the target's head). ``quantize``:
+    ``DRAFT_BITS`` codes on the compiled kernels where they run (CPU, float32, a width that is
+    a multiple of 32; superblocks when it is a multiple of 256, else groups), else int8 per
+    output channel; otherwise prepacked float."""
+    from quickdraft import kernels
+
+    weight = weight.detach().float().contiguous()
+    bias = None if bias is None else bias.detach().float()
+    width = weight.shape[1]
+    plain = not quantize or DRAFT_BITS is None or weight.device.type != "cpu" or width % 32
+    if plain or not kernels.native():
+        return Linear(weight, bias, int8=quantize)
+    linear = Linear(weight, bias, prepack=False)
+    linear.quantize_q4(DRAFT_BITS, layout=LAYOUTS[0] if width % 256 == 0 else LAYOUTS[1])
+    linear.release_dense()
+    return linear
+
+
 class PackedLinear(torch.nn.Module):
     """An inference-only stand-in for an ``nn.Linear``: the runner's prepacked product, whose
-    cost stays nearly flat from 1 to 16 rows on CPU where ``F.linear``'s does not."""
+    cost stays nearly flat from 1 to 16 rows on CPU where ``F.linear``'s does not; with
+    ``quantize``, ``draft_linear``'s codes."""
 
-    def __init__(self, linear: torch.nn.Linear, int8: bool):
+    def __init__(self, linear: torch.nn.Linear, quantize: bool):
         super().__init__()
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        self.linear = Linear(linear.weight.detach().float().contiguous(), bias, int8=int8)
+        self.linear = draft_linear(linear.weight, linear.bias, quantize=quantize)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
 
 
 def packed_copy(module: torch.nn.Module, int8: bool) -> Any:
-    """A copy of ``module`` for inference, its ``nn.Linear`` layers prepacked (int8:
-    quantized); the original keeps training."""
+    """A copy of ``module`` for inference, its ``nn.Linear`` layers prepacked (``int8``:
+    quantized, ``draft_linear``); the original keeps training."""
     clone = copy.deepcopy(module)
     for parent in list(clone.modules()):
         for name, child in list(parent.named_children()):

@@ -7,8 +7,8 @@ target still verifies over the full vocabulary, so speculative decoding stays ex
 sampling is exact for any draft distribution q, including one with a restricted support.
 
 The head is split once into row *segments*, each prepacked like any other weight
-(``llama.Linear``: oneDNN fp32 or int8), so the logits of a union of segments cost only those
-rows: one small product per segment, no gather of weights per step.
+(``ops.draft_linear``: oneDNN fp32, or quantized), so the logits of a union of segments cost
+only those rows: one small product per segment, no gather of weights per step.
 
 * ``FrequencyShortlist`` (FR-Spec): the K most frequent tokens of a corpus, a fixed K or a
   per-position K(t). The ranked list is cut into nested segments, so every K(t) is a prefix.
@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import save_file
 
 from quickdraft.artifacts import ArtifactError, read_safetensors
-from quickdraft.models.ops import Linear, side_by_side
+from quickdraft.models.ops import draft_linear, side_by_side
 from quickdraft.vocab.router import Router
 
 
@@ -50,7 +50,7 @@ class SegmentedHead:
         self.segments = [s.long() for s in segments]
         if any(s.numel() == 0 for s in self.segments):
             raise ValueError("segments: every segment needs at least one row")
-        self.linears = [Linear(weight[s].contiguous(), int8=int8) for s in self.segments]
+        self.linears = [draft_linear(weight[s], quantize=int8) for s in self.segments]
         self._ids: dict[tuple[int, ...], torch.Tensor] = {}
 
     def logits(

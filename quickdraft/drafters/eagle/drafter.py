@@ -52,7 +52,7 @@ from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.attention import prefix_tree_mask
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.kv_cache import KVCache
-from quickdraft.models.ops import Linear, packed_copy
+from quickdraft.models.ops import draft_linear, packed_copy
 from quickdraft.vocab.shortlist import Shortlist
 
 
@@ -122,7 +122,7 @@ class EagleDrafter:
                 self.head = self.net.lm_head
             else:  # packed once: the target's rows of the draft vocabulary
                 head = target.head_weight[vocab].to(torch.float32)
-                self.head = Linear(head.contiguous(), int8=int8)
+                self.head = draft_linear(head, quantize=int8)
         else:  # the shortlist packs the target's rows in segments of its own
             shortlist.bind(target.head_weight, target.embed, self.vocab_size, int8)
             self.head = None

@@ -34,7 +34,7 @@ from quickdraft.drafters.medusa.net import (
 from quickdraft.drafters.medusa.options import MedusaOptions
 from quickdraft.drafters.medusa.tree import MedusaTree, default_tree, parse_tree
 from quickdraft.models.base import FeatureModel, Model
-from quickdraft.models.ops import Linear
+from quickdraft.models.ops import Linear, draft_linear
 from quickdraft.tree import TreeShape
 from quickdraft.vocab import shortlist_for
 from quickdraft.vocab.shortlist import Shortlist
@@ -79,7 +79,7 @@ class MedusaDrafter:
         if heads.vocab is not None and heads.lm_heads is None:
             vocab = heads.vocab.to(target.device)  # a plain attribute: .to() leaves it
             rows = target.head_weight[vocab].float().contiguous()
-            self._subset = (vocab, Linear(rows, int8=int8))
+            self._subset = (vocab, draft_linear(rows, quantize=int8))
         self.vocab_size = target.vocab_size
         # A shortlist scores its rows of the target's head for each head (depth) instead.
         self.shortlist, self.shortlist_context = shortlist, None
