@@ -68,12 +68,15 @@ def read_safetensors(path: str | Path, remedy: str) -> dict[str, torch.Tensor]:
         raise ArtifactError(path, problem, remedy) from None
 
 
-def read_checkpoint(path: str | Path, remedy: str, *, trusted: bool = False) -> Any:
+def read_checkpoint(
+    path: str | Path, remedy: str, *, trusted: bool = False, mmap: bool = False
+) -> Any:
     """``torch.load`` of a file quickdraft wrote; ``trusted`` allows pickled Python objects
-    (training checkpoints hold optimizer state and settings)."""
+    (training checkpoints hold optimizer state and settings); ``mmap``: tensors paged in from
+    the file as they are read."""
     path = Path(path)
     try:
-        return torch.load(path, weights_only=not trusted)
+        return torch.load(path, weights_only=not trusted, mmap=mmap)
     except FileNotFoundError:
         raise ArtifactError(path, "missing", remedy) from None
     except Exception as error:

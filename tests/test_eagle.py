@@ -319,10 +319,49 @@ def test_train_eagle_extracts_features_from_the_quantized_target(tmp_path, smoll
     # the float features of the same settings would be cached under another name
     from quickdraft.train.medusa import fingerprint
 
-    plain = {k: v for k, v in features.items() if k not in ("quant", "sequences", "bytes")}
+    store = {k: features[k] for k in ("target", "context", "layers")}
     cached = {p.name for p in (tmp_path / "cache").glob("eagle-features-*")}
-    assert cached == {f"eagle-features-{fingerprint({**plain, 'quant': 'q4'})}"}
-    assert f"eagle-features-{fingerprint(plain)}" not in cached
+    assert cached == {f"eagle-features-{fingerprint({**store, 'quant': 'q4', 'store': 2})}"}
+    assert f"eagle-features-{fingerprint({**store, 'quant': None, 'store': 2})}" not in cached
+
+
+def test_feature_store_extracts_only_what_it_lacks(targets, tmp_path):
+    """The store keys sequences by content: a grown corpus extracts only its new sequences,
+    an interrupted run only the shards it lost, and what comes back (memory-mapped) is what a
+    fresh extraction gives."""
+    from quickdraft.train import eagle_features
+    from quickdraft.train.corpus import Sequence
+    from quickdraft.train.eagle_features import extract
+
+    target = targets["llama-tied"]
+    generator = torch.Generator().manual_seed(0)
+    sequences = [
+        Sequence(torch.randint(0, target.vocab_size, (9 + i,), generator=generator).tolist(),
+                 start=4, kind="k")
+        for i in range(7)
+    ]  # fmt: skip
+    calls = []
+
+    def seen(stage: str, done: int, total: int) -> None:
+        calls.append((done, total))
+
+    old, eagle_features.SHARD = eagle_features.SHARD, 2
+    try:
+        first = extract(target, sequences[:3], (1, 2, 3), 2, tmp_path / "s")
+        grown = extract(target, sequences, (1, 2, 3), 2, tmp_path / "s", seen)
+        assert len(list((tmp_path / "s").glob("shard-*.pt"))) == 2 + 2  # 3 old, 4 new
+        assert calls[0] == (3 + 2, 7)  # the first new shard: the old three were there
+        fresh = extract(target, sequences[::-1], (1, 2, 3), 2, tmp_path / "fresh")
+    finally:
+        eagle_features.SHARD = old
+    for i in range(3):
+        assert torch.equal(first.taps[i], grown.taps[i])
+    for i in range(7):
+        j = 6 - i
+        assert torch.equal(grown.tokens[i], fresh.tokens[j]) and grown.start[i] == fresh.start[j]
+        assert torch.equal(grown.hidden[i], fresh.hidden[j])
+        assert torch.equal(grown.taps[i], fresh.taps[j])
+        assert grown.start[i] == 2 and grown.tokens[i].numel() == len(sequences[i].tokens) - 2
 
 
 def test_train_eagle_command_then_generate_and_export(tmp_path, smollm2, capsys):

@@ -265,7 +265,9 @@ def train_eagle(
     }
     if quant is not None:  # float features keep the fingerprints they always had
         feature_settings["quant"] = quant
-    folder = cache / f"eagle-features-{fingerprint(feature_settings)}"
+    # The store is shared by every corpus and sample of this target, layers and context.
+    store = {k: feature_settings.get(k) for k in ("target", "context", "layers", "quant")}
+    folder = cache / f"eagle-features-{fingerprint({**store, 'store': 2})}"
     processes = running_processes()
     with processes.main_process_first():
         shown = progress if processes.is_main_process else None

@@ -1,12 +1,20 @@
 """The target's features for EAGLE training (``quickdraft train eagle``, step 1 and 2).
 
 Per sequence: its tokens from ``context`` tokens before the reply, the target's final normed
-states there and, for EAGLE-3, the inputs of its three feature layers, all fp16, cached in
-shards so an interrupted extraction resumes; and the draft vocabulary they imply.
+states there and, for EAGLE-3, the inputs of its three feature layers, all fp16; and the draft
+vocabulary they imply.
+
+The features live in a store: a folder per target, quantization, feature layers and context,
+holding shards of sequences keyed by their content (tokens and reply start). A run extracts
+only the sequences the store lacks, so an interrupted extraction resumes, and a corpus that
+grows between sessions (training data made over several) reuses everything extracted
+before. Shards are read memory-mapped: a million-token store of a 1.5B target (about 12 GB)
+is paged in as training reads it, not held in memory.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +28,8 @@ from quickdraft.train.corpus import Sequence
 
 Progress = Callable[[str, int, int], None]
 SHARD = 64  # sequences per feature shard
+FIELDS = ("tokens", "hidden", "taps", "start")
+REMEDY = "delete the shard to extract it again"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +53,26 @@ def feature_bytes(sequences: list[Sequence], context: int, hidden: int, taps: in
     return kept * hidden * 2 * (1 + taps)
 
 
+def sequence_key(sequence: Sequence) -> str:
+    """A sequence's key in the store: its tokens and where its reply starts."""
+    digest = hashlib.sha256(torch.tensor(sequence.tokens, dtype=torch.int64).numpy().tobytes())
+    digest.update(str(sequence.start).encode())
+    return digest.hexdigest()[:24]
+
+
+def _index(folder: Path) -> tuple[dict[str, tuple[int, int]], list[dict]]:
+    """Every stored sequence's (shard, position) and the shards, memory-mapped."""
+    shards, index = [], {}
+    for number, path in enumerate(sorted(folder.glob("shard-*.pt"))):
+        shard = read_checkpoint(path, REMEDY, mmap=True)
+        if not isinstance(shard, dict) or not {*FIELDS, "keys"} <= shard.keys():
+            raise ArtifactError(path, "not a feature shard", REMEDY)
+        shards.append(shard)
+        for position, key in enumerate(shard["keys"]):
+            index[key] = (number, position)
+    return index, shards
+
+
 @torch.inference_mode()
 def extract(
     target: LlamaRunner,
@@ -52,37 +82,47 @@ def extract(
     folder: Path,
     progress: Progress | None = None,
 ) -> EagleFeatures:
-    """The target's features over ``sequences``, in shards under ``folder`` (reused when
-    there). ``layers``: the feature layers (their inputs are the outputs of the layers below)."""
+    """The target's features over ``sequences``, from the store ``folder`` (made for this
+    target, ``layers`` and ``context``), extracting those it lacks first. ``layers``: the
+    feature layers (their inputs are the outputs of the layers below)."""
     folder.mkdir(parents=True, exist_ok=True)
     tapped = target.with_taps(tuple(layer - 1 for layer in layers)) if layers else target
-    merged: dict[str, list] = {"tokens": [], "hidden": [], "taps": [], "start": []}
-    for first in range(0, len(sequences), SHARD):
-        path = folder / f"shard-{first // SHARD:05d}.pt"
-        if not path.exists():
-            shard: dict[str, list] = {key: [] for key in merged}
-            for sequence in sequences[first : first + SHARD]:
-                tokens = torch.tensor([sequence.tokens])
-                length = tokens.shape[1]
-                # The body only: the LM head's logits are not needed here.
-                hidden, tapped_states = tapped.body(
-                    tokens, torch.arange(length).unsqueeze(0), tapped.new_cache(1, length)
-                )
-                keep = max(0, sequence.start - context)
-                shard["tokens"].append(tokens[0, keep:].clone())
-                shard["hidden"].append(hidden[0, keep:].half().clone())
-                taps = [tapped_states[layer - 1][0, keep:] for layer in layers]
-                shard["taps"].append(torch.stack(taps, 1).half().clone() if taps else None)
-                shard["start"].append(sequence.start - keep)
-            torch.save(shard, path.with_suffix(".tmp"))
-            path.with_suffix(".tmp").rename(path)
-        shard = read_checkpoint(path, "delete the shard to extract it again")
-        if not isinstance(shard, dict) or not set(merged) <= shard.keys():
-            raise ArtifactError(path, "not a feature shard", "delete it to extract it again")
-        for key in merged:
-            merged[key] += shard[key]
+    keys = [sequence_key(s) for s in sequences]
+    index, _ = _index(folder)
+    missing = list({k: s for k, s in zip(keys, sequences, strict=True) if k not in index}.items())
+    done = len(sequences) - len(missing)
+    numbers = [int(p.stem.split("-")[1]) for p in folder.glob("shard-*.pt")]
+    following = max(numbers, default=-1) + 1
+    for first in range(0, len(missing), SHARD):
+        shard: dict[str, list] = {key: [] for key in (*FIELDS, "keys")}
+        for key, sequence in missing[first : first + SHARD]:
+            tokens = torch.tensor([sequence.tokens])
+            length = tokens.shape[1]
+            # The body only: the LM head's logits are not needed here.
+            hidden, tapped_states = tapped.body(
+                tokens, torch.arange(length).unsqueeze(0), tapped.new_cache(1, length)
+            )
+            keep = max(0, sequence.start - context)
+            shard["keys"].append(key)
+            shard["tokens"].append(tokens[0, keep:].clone())
+            shard["hidden"].append(hidden[0, keep:].half().clone())
+            taps = [tapped_states[layer - 1][0, keep:] for layer in layers]
+            shard["taps"].append(torch.stack(taps, 1).half().clone() if taps else None)
+            shard["start"].append(sequence.start - keep)
+        path = folder / f"shard-{following:05d}.pt"
+        following += 1
+        torch.save(shard, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").rename(path)
         if progress is not None:
-            progress("features", min(first + SHARD, len(sequences)), len(sequences))
+            progress("features", done + min(first + SHARD, len(missing)), len(sequences))
+    index, shards = _index(folder)
+    merged: dict[str, list] = {key: [] for key in FIELDS}
+    for key in keys:
+        number, position = index[key]
+        for field in FIELDS:
+            merged[field].append(shards[number][field][position])
+    if progress is not None:
+        progress("features", len(sequences), len(sequences))
     return EagleFeatures(**merged)
 
 
