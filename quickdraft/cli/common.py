@@ -8,6 +8,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from quickdraft.config import SpecConfig
     from quickdraft.models.base import Model
     from quickdraft.models.tokenizer import HFTokenizer
+    from quickdraft.train.common import Scaling
 
 # Wide enough for the tables when the output is a file or a pipe (rich assumes 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -143,3 +145,31 @@ def _stages(progress: Any) -> Callable[[str, int, int], None]:
         progress.update(tasks[stage], completed=done)
 
     return advance
+
+
+# Training runs' features and checkpoints (``quickdraft train ... --cache``).
+DEFAULT_CACHE = Path.home() / ".cache" / "quickdraft" / "train"
+
+
+def _add_scaling(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--accumulation-steps",
+        type=_positive_int,
+        default=1,
+        help="cut each process's share of a batch into N pieces, one backward pass each "
+        "(less memory; the same result)",
+    )
+    parser.add_argument(
+        "--mixed-precision",
+        choices=["auto", "no", "bf16", "fp16"],
+        default="auto",
+        help="precision of the training passes (auto: bf16 on a GPU that has it, else full)",
+    )
+
+
+def _scaling(args: argparse.Namespace) -> tuple[Scaling, bool]:
+    """The run's scaling, and whether this process is the one that writes and reports."""
+    from quickdraft.train.common import Scaling, running_processes
+
+    scaling = Scaling(args.accumulation_steps, args.mixed_precision)
+    return scaling, running_processes().is_main_process
