@@ -110,8 +110,21 @@ def methods(args: argparse.Namespace, vocab: int, clusters: int) -> dict[str, Sp
     return rows
 
 
+def answered_turns() -> set[str]:
+    """The user turns every training reply file here answers (any target's): the prompt
+    files are rebuilt per machine, whose standard library and man pages shift positions, so
+    a held-out prompt is also checked by its text."""
+    turns = set()
+    for path in sorted(DATA.glob("*_replies_*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            messages = json.loads(line)["messages"]
+            turns.update(m["content"] for m in messages if m["role"] == "user")
+    return turns
+
+
 def held_out_tasks(folder: Path, per_task: int) -> dict[str, list[TaskItem]]:
     """``per_task`` prompts of each bench task kind that no training reply answers."""
+    answered = answered_turns()
     records = []
     for name, used in HELD_OUT.items():
         if not (folder / name).is_file():
@@ -122,6 +135,8 @@ def held_out_tasks(folder: Path, per_task: int) -> dict[str, list[TaskItem]]:
     records += read_prompts(CORPUS)[CORPUS_USED:]
     tasks: dict[str, list[TaskItem]] = {kind: [] for kind in TASK_KINDS}
     for record in records:
+        if record["messages"][-1]["content"] in answered:
+            continue
         chosen = tasks.get(record["kind"])
         if chosen is not None and len(chosen) < per_task:
             messages = tuple(record["messages"])

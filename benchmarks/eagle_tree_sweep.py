@@ -37,12 +37,12 @@ def run(args: argparse.Namespace) -> dict:
     from dynaspec_eagle import held_out_tasks, logged_bench  # beside this script
 
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_model(TARGET, quant=args.quant)
+    target, tokenizer = load_model(args.target, quant=args.quant)
     runs = parse_methods(args.methods)
     tasks = held_out_tasks(args.held_out, args.prompts_per_task)
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0)
     meta = {
-        "target": TARGET,
+        "target": args.target,
         "target_weights": args.quant or "float",
         "eagle_dir": str(args.eagle_dir) if args.eagle_dir else "shipped",
         "prompts": "held out",
@@ -110,7 +110,8 @@ def main() -> None:
     parser.add_argument("--held-out", type=Path, help="held-out prompt files (to measure)")
     parser.add_argument("--methods", help="as quickdraft bench --methods (to measure)")
     parser.add_argument("--eagle-dir", type=Path, default=None)
-    parser.add_argument("--quant", choices=["int8"], default="int8")
+    parser.add_argument("--target", default=TARGET, help="a target with a shipped drafter")
+    parser.add_argument("--quant", choices=["int8", "q4"], default="int8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompts-per-task", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=96)
