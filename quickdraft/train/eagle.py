@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -37,6 +38,7 @@ from quickdraft.train.eagle_features import (
     draft_vocabulary,
     extract,
     feature_bytes,
+    sequence_key,
 )
 from quickdraft.train.eagle_objective import (
     EagleTraining,
@@ -273,7 +275,10 @@ def train_eagle(
         shown = progress if processes.is_main_process else None
         features = extract(target, sample, config.feature_layers, context, folder, shown)
     vocab = draft_vocabulary(features, settings.draft_vocab, target.vocab_size)
-    key = fingerprint({**feature_settings, **_settings_record(settings)})
+    # The checkpoints' key names the sample's content too: a corpus file that grew between
+    # sessions is another run, not this one resumed over other sequences.
+    contents = hashlib.sha256("".join(map(sequence_key, sample)).encode()).hexdigest()[:16]
+    key = fingerprint({**feature_settings, **_settings_record(settings), "sample": contents})
     embed = target.embed.float()
     lm_head = target.head_weight.float()[: target.vocab_size]
     net, metrics = train_net(
