@@ -82,8 +82,9 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "--draft-int8",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="int8 weights for the draft model, or the trained Medusa/EAGLE drafter, on CPU "
-        "(default on; the output stays exact, only acceptance can change)",
+        help="quantized weights for the draft model (int8), or the trained Medusa/EAGLE "
+        "drafter (4-bit codes on the compiled kernels, else int8), on CPU (default on; the "
+        "output stays exact, only acceptance can change)",
     )
     generate.add_argument(
         "--shortlist",

@@ -31,7 +31,8 @@ class EagleOptions(MethodOptions):
         with the network alone, None uses ``DEFAULT_LOOKUP``. Exact like any tree.
     draft_shortlist, shortlist_dir: the drafter scores these rows of the target's head
         (``ShortlistChoice``); None uses the drafter's own artifacts, else the target's.
-    drafter_int8: int8 weights for the drafter's layers and head rows, on CPU; exact, only
+    drafter_int8: quantized weights for the drafter's layers and head rows on CPU
+        (``ops.draft_linear``: 4-bit codes on the compiled kernels, else int8); exact, only
         the proposals can shift. Ignored on other devices.
     suffix_first: suffix decoding in front (``drafters.suffix.hybrid``): a step whose suffix
         draft is expected to beat this drafter's uses it alone. Exact like any draft.

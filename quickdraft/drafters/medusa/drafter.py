@@ -184,7 +184,7 @@ def build_medusa(
     shortlist: Shortlist | None = None,
 ) -> MedusaDrafter:
     """A drafter from the heads saved in ``folder``; ``tree`` as in ``parse_tree``; ``int8``:
-    int8 weights for the rows of a frequent-token head on CPU; ``shortlist``: each head
+    quantized weights for the rows of a frequent-token head on CPU; ``shortlist``: each head
     ranks that shortlist's rows of the target's head instead."""
     heads = load_heads(folder)
     if heads.config.vocab_size != target.vocab_size:

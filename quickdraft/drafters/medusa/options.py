@@ -19,8 +19,9 @@ class MedusaOptions(MethodOptions):
         ``fit:N`` or sibling counts per depth such as ``4,2,1``.
     draft_shortlist, shortlist_dir: the heads score these rows of the target's head
         (``ShortlistChoice``); None uses the artifacts shipped for the target.
-    drafter_int8: int8 weights (per output channel) for the heads and their head rows, on
-        CPU; exact, only the proposals can shift. Ignored on other devices.
+    drafter_int8: quantized weights for the heads' rows of the target's head, on CPU
+        (``ops.draft_linear``: 4-bit codes on the compiled kernels, else int8 per output
+        channel); exact, only the proposals can shift. Ignored on other devices.
     """
 
     medusa_dir: str | None = None
