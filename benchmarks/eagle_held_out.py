@@ -32,6 +32,7 @@ from quickdraft.models.loading import load_model
 from quickdraft.train.sources import code_prompts, document_prompts
 
 GENERATED = {"code", "summarization", "rag"}
+ROWS = ("network alone", "with the graft")  # beside plain decoding
 
 
 def held_out(per_kind: int) -> dict[str, list[list[dict]]]:
@@ -65,7 +66,7 @@ def main() -> None:
         temperature=0, max_new_tokens=args.max_new_tokens, stop_token_ids=tokenizer.eos_token_ids
     )
     rows = {"plain": None}
-    for name, lookup in (("network alone", 0), ("with the graft", None)):
+    for name, lookup in zip(ROWS, (0, None), strict=True):
         spec = make_spec(method="eagle", eagle_dir=args.eagle_dir, eagle_lookup=lookup)
         rows[name] = (spec, build_drafter(spec, target, None, same_tokenizer=True))
     prompts = [(kind, chat) for kind, chats in held_out(args.per_kind).items() for chat in chats]
@@ -82,19 +83,21 @@ def main() -> None:
                 "per_forward": stats.new_tokens / max(1, stats.target_forwards),
                 "rate": stats.decode_tokens_per_second,
             })  # fmt: skip
-    lines = [
-        f"# EAGLE on held-out prompts: {args.target} ({args.quant}), drafter "
-        f"{args.eagle_dir or 'shipped'}",
-        "",
-        f"{describe_machine()}, {args.threads} threads; {args.per_kind} prompts a kind, "
-        f"{args.max_new_tokens} new tokens, greedy. Tokens per target forward (bonus "
-        "included), means over prompts; decode tokens/s, medians; = plain: outputs equal to "
-        "plain decoding.",
-        "",
-        "| kind | plain tokens/s | network alone: tokens a forward | tokens/s | with the graft: "
-        "tokens a forward | tokens/s | = plain |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    meta = {"target": args.target, "quant": args.quant, "eagle_dir": args.eagle_dir,
+            "machine": describe_machine(), "threads": args.threads,
+            "per_kind": args.per_kind, "max_new_tokens": args.max_new_tokens}  # fmt: skip
+    result = {"meta": meta, "summary": summarize(results)}
+    report = render(result)
+    print(report)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "report.md").write_text(report)
+        (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def summarize(results: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per kind and over all: plain's median rate; per row, mean tokens a forward, median
+    rate, and how many of its outputs equal plain decoding's."""
     summary = {}
     for kind in (*TASK_KINDS, "all"):
 
@@ -103,32 +106,45 @@ def main() -> None:
 
         if not pick("plain"):
             continue
-        row = {"plain_rate": statistics.median(r["rate"] for r in pick("plain"))}
-        same = 0
-        for name in ("network alone", "with the graft"):
+        row: dict = {"plain_rate": statistics.median(r["rate"] for r in pick("plain"))}
+        for name in ROWS:
+            pairs = list(zip(pick(name), pick("plain"), strict=True))
             row[name] = {
                 "per_forward": statistics.mean(r["per_forward"] for r in pick(name)),
                 "rate": statistics.median(r["rate"] for r in pick(name)),
+                "identical": sum(a["tokens"] == b["tokens"] for a, b in pairs),
+                "runs": len(pairs),
             }
-            pairs = zip(pick(name), pick("plain"), strict=True)
-            same += sum(a["tokens"] == b["tokens"] for a, b in pairs)
         summary[kind] = row
-        alone, graft = row["network alone"], row["with the graft"]
+    return summary
+
+
+def render(result: dict) -> str:
+    """The report, from what ``results.json`` holds."""
+    meta = result["meta"]
+    lines = [
+        f"# EAGLE on held-out prompts: {meta['target']} ({meta['quant']}), drafter "
+        f"{meta['eagle_dir'] or 'shipped'}",
+        "",
+        f"{meta['machine']}, {meta['threads']} threads; {meta['per_kind']} prompts a kind, "
+        f"{meta['max_new_tokens']} new tokens, greedy. Tokens per target forward (bonus "
+        "included), means over prompts; decode tokens/s, medians; = plain: outputs equal to "
+        "plain decoding.",
+        "",
+        "| kind | plain tokens/s | network alone: tokens a forward | tokens/s | with the graft: "
+        "tokens a forward | tokens/s | = plain |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for kind, row in result["summary"].items():
+        alone, graft = (row[name] for name in ROWS)
+        same = sum(row[name]["identical"] for name in ROWS)
+        runs = sum(row[name]["runs"] for name in ROWS)
         lines.append(
             f"| {kind} | {row['plain_rate']:.1f} | {alone['per_forward']:.2f} | "
             f"{alone['rate']:.1f} | {graft['per_forward']:.2f} | {graft['rate']:.1f} | "
-            f"{same}/{2 * len(pick('plain'))} |"
+            f"{same}/{runs} |"
         )
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "report.md").write_text(report)
-        meta = {"target": args.target, "quant": args.quant, "eagle_dir": args.eagle_dir,
-                "machine": describe_machine(), "threads": args.threads}  # fmt: skip
-        (args.out / "results.json").write_text(
-            json.dumps({"meta": meta, "summary": summary}, indent=2) + "\n"
-        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

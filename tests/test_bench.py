@@ -1,4 +1,5 @@
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,10 @@ def _renderers() -> dict:
 
     from quickdraft.bench.report import markdown
 
+    benchmarks = str(REPO / "benchmarks")
+    if benchmarks not in sys.path:  # scripts import their siblings, as `python benchmarks/x.py` can
+        sys.path.insert(0, benchmarks)
+
     def script(name: str):
         path = REPO / "benchmarks" / f"{name}.py"
         spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
@@ -238,6 +243,7 @@ def _renderers() -> dict:
         "eagle_tree_sweep": script("eagle_tree_sweep").render,
         "engine_batch_ab": script("engine_batch_ab").render,
         "regenerate_rate": script("regenerate_rate").render,
+        "eagle_held_out": script("eagle_held_out").render,
         "bench": lambda r: markdown(r["results"], r["meta"]),
     }
 
