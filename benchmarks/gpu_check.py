@@ -13,6 +13,7 @@ weights shaped like real models for cost.
 
     python benchmarks/gpu_check.py --device cuda --out $OUT/gpu_check.json
     python benchmarks/gpu_check.py --device cpu --quick     # a smoke test anywhere
+    python benchmarks/gpu_check.py --render results/gpu_check_h200.json  # its report
 """
 
 from __future__ import annotations
@@ -263,13 +264,62 @@ def methods_on(name: str, device: str, dtype: torch.dtype, quick: bool) -> dict:
     return result
 
 
+def render(report: dict) -> str:
+    """A markdown summary of a report: the checks, then each shape's verify/decode ratios."""
+    checks = report["correctness"]
+    lines = [
+        f"# Device check: {report['device']}, torch {report['torch']}",
+        "",
+        "Random weights shaped like each model (bf16), 512-token context; medians of 10.",
+        "",
+        "Greedy identity through the engine: "
+        + ", ".join(f"{m} {'ok' if v else 'FAILED'}" for m, v in checks["greedy_identity"].items())
+        + ". Seeded batch invariance: "
+        + ", ".join(
+            f"{m} {'ok' if v else 'FAILED'}" for m, v in checks["seeded_batch_invariance"].items()
+        )
+        + ". Conformance (chi-square on the joint first tokens): "
+        + ", ".join(f"{c} p={v['p_value']:.3f}" for c, v in checks["conformance"].items())
+        + ".",
+        "",
+        "| shape | batch | decode ms | " + " | ".join(f"{w} tokens" for w in WIDTHS) + " |",
+        "|---|---|---|" + "---|" * len(WIDTHS),
+    ]
+    for name, cost in report["costs"].items():
+        for batch in ("batch 1", "batch 8"):
+            times = cost["verify_ms"][batch]
+            ratios = [f"{times[str(w)] / times['1']:.2f}x" for w in WIDTHS if str(w) in times]
+            lines.append(
+                f"| {name} | {batch[6:]} | {times['1']:.1f} | " + " | ".join(ratios) + " |"
+            )
+    lines += ["", "EAGLE propose() for the device's default tree: " + ", ".join(
+        f"{name} {cost['eagle_propose_ms']:.1f} ms ({cost['eagle_tree']})"
+        for name, cost in report["costs"].items()
+    ) + ".", "", "Methods on SmolLM2-135M's shape (random weights accept little; the step costs "
+        "are the point):", "", "| method | ms a step | tokens a step | tokens/s |",
+        "|---|---|---|---|"]  # fmt: skip
+    for method, row in report["methods_smollm2_shape"].items():
+        lines.append(
+            f"| {method} | {row['ms_per_step']:.1f} | {row['tokens_per_step']:.2f} | "
+            f"{row['tokens_per_second']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--render", type=Path, default=None, help="print a saved report's summary")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.render is not None:
+        print(render(json.loads(args.render.read_text())), end="")
+        return
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     started = time.perf_counter()
     report: dict = {
