@@ -702,6 +702,53 @@ def test_regenerate_leaves_out_prompts_longer_than_the_context(tmp_path, smollm2
     assert edge + 64 > 512 and counts["tokens"] == 64 + (512 - edge)  # the edge: up to the end
 
 
+def test_regenerate_stores_the_eagle_features_extraction_would(tmp_path, smollm2):
+    """With --eagle-features the replies' EAGLE-3 features land in the store `train eagle`
+    reads, under the keys of the sequences their records make: training then extracts
+    nothing, and what it reads is what a prefill would give (tokens up to the reply's last,
+    features within an fp16 step of a prefill's)."""
+    from quickdraft.cli import main
+    from quickdraft.drafters.eagle.net import EagleConfig
+    from quickdraft.models.loading import load_model
+    from quickdraft.train.eagle_features import extract, store_folder
+
+    folder, _ = tiny_folder_and_corpus(tmp_path, smollm2, "llama-tied")
+    prompts = tmp_path / "prompts.jsonl"
+    texts = ["def f():", "hello there, how are you today?", "sum 1 and 2", "x" * 40, "why"]
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    out, cache = tmp_path / "replies.jsonl", tmp_path / "cache"
+    argv = ["data", "regenerate", "--target", str(folder), "--prompts", str(prompts), "--out",
+            str(out), "--max-new-tokens", "7", "--batch-size", "2", "--eagle-features",
+            "--context", "4", "--cache", str(cache)]  # fmt: skip
+    assert main(argv) == 0
+    model, tokenizer = load_model(folder)
+    layers = EagleConfig.for_target(model.config, "eagle3", 1).feature_layers
+    store = store_folder(cache, str(folder), 4, layers, None)
+    shards = sorted(store.glob("shard-*.pt"))
+    assert len(shards) == 1
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    sequences = [tokenize(r, tokenizer, 512) for r in records]
+    recorded = extract(model, sequences, layers, 4, store)
+    assert sorted(store.glob("shard-*.pt")) == shards  # nothing left to extract
+    # What a prefill of the ids the target was fed gives: the prompt, then the reply but its
+    # last token (a random model's reply need not tokenize back to the ids it generated).
+    fed = []
+    for record, sequence, tokens in zip(records, sequences, recorded.tokens, strict=True):
+        prompt = tokenizer.apply_chat(record["messages"][:-1])
+        assert sequence.start == len(prompt) and len(tokens) > 4  # reply tokens were kept
+        fed.append(Sequence(prompt[: len(prompt) - 4] + tokens.tolist(), len(prompt), "k"))
+    fresh = extract(model, fed, layers, 4, tmp_path / "fresh")
+    for i in range(len(fed)):
+        assert recorded.start[i] == fresh.start[i] == 4
+        assert torch.equal(recorded.tokens[i], fresh.tokens[i])
+        for field in ("hidden", "taps"):
+            torch.testing.assert_close(
+                getattr(recorded, field)[i].float(), getattr(fresh, field)[i].float(),
+                atol=1e-3, rtol=1e-3,
+            )  # fmt: skip: within an fp16 step
+    assert main([*argv, "--context", "-1"]) == 2  # one line naming the flag
+
+
 def test_code_prompts_are_standard_library_functions_the_tasks_do_not_quote(tmp_path):
     """HumanEval-form prompts from a standard library (here a tiny one): public functions
     with a docstring only, none from a file the task sets quote, the same for the same seed."""

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from quickdraft.cli.common import (
+    DEFAULT_CACHE,
     _positive_int,
     _progress_columns,
     _threads,
@@ -108,6 +109,18 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     )
     regenerate.add_argument("--seed", type=strict_int, default=0)
     regenerate.add_argument("--threads", type=_threads, default=None)
+    features = regenerate.add_argument_group(
+        "EAGLE features",
+        "with --eagle-features the target's EAGLE-3 features of every reply are stored as it is "
+        "written, in the store `train eagle` reads (give it the same --context, --max-tokens, "
+        "--cache and --quant): no separate extraction pass later",
+    )
+    features.add_argument("--eagle-features", action="store_true")
+    features.add_argument(
+        "--context", type=strict_int, default=None, help="as train eagle's (default: --max-tokens)"
+    )
+    features.add_argument("--max-tokens", type=_positive_int, default=512)
+    features.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -150,6 +163,7 @@ def _regenerate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     prompts = read_prompts(args.prompts)[: args.limit]
     model, tokenizer = load_model(args.target, quant=args.quant)
+    recorder = _feature_recorder(args, model) if args.eagle_features else None
     sampling = SamplingParams(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
         stop_token_ids=tokenizer.eos_token_ids,
@@ -163,19 +177,39 @@ def _regenerate(args: argparse.Namespace) -> int:
 
         counts = regenerate(
             model, tokenizer, prompts, args.out_file, sampling, name=args.target,
-            batch_size=args.batch_size, progress=replied,
+            batch_size=args.batch_size, progress=replied, features=recorder,
         )  # fmt: skip
     rate = counts["tokens"] / counts["seconds"] if counts["seconds"] else 0.0
     console.print(
         f"wrote {args.out_file}: {counts['answered']:,} replies ({counts['tokens']:,} tokens, "
         f"{rate:,.1f} tokens/s); {counts['skipped']:,} were there already"
     )
+    if recorder is not None:
+        console.print(
+            f"stored the EAGLE features of {counts['features']:,} replies in {recorder.folder}"
+        )
     if counts["too_long"]:
         console.print(
             f"left out {counts['too_long']:,} prompts longer than the model's context "
             f"({model.max_positions:,} tokens)"
         )
     return 0
+
+
+def _feature_recorder(args: argparse.Namespace, model):
+    """The recorder of EAGLE-3 features for ``train eagle`` with the same settings."""
+    from quickdraft.drafters.eagle.net import EagleConfig
+    from quickdraft.models.llama import LlamaRunner
+    from quickdraft.train.eagle_features import FeatureRecorder, store_folder
+
+    if not isinstance(model, LlamaRunner):
+        raise ValueError(f"--eagle-features: needs the native runner, got {type(model).__name__}")
+    context = args.max_tokens if args.context is None else args.context
+    if context < 0:
+        raise ValueError(f"--context must be >= 0, got {context}")
+    layers = EagleConfig.for_target(model.config, "eagle3", 1).feature_layers
+    folder = store_folder(args.cache, args.target, context, layers, args.quant)
+    return FeatureRecorder(model.vocab_size, layers, folder, context, args.max_tokens)
 
 
 def _corpus(args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ from quickdraft.train.eagle_features import (
     extract,
     feature_bytes,
     sequence_key,
+    store_folder,
 )
 from quickdraft.train.eagle_objective import (
     EagleTraining,
@@ -267,9 +268,7 @@ def train_eagle(
     }
     if quant is not None:  # float features keep the fingerprints they always had
         feature_settings["quant"] = quant
-    # The store is shared by every corpus and sample of this target, layers and context.
-    store = {k: feature_settings.get(k) for k in ("target", "context", "layers", "quant")}
-    folder = cache / f"eagle-features-{fingerprint({**store, 'store': 2})}"
+    folder = store_folder(cache, target_name, context, config.feature_layers, quant)
     processes = running_processes()
     with processes.main_process_first():
         shown = progress if processes.is_main_process else None

@@ -10,6 +10,13 @@ only the sequences the store lacks, so an interrupted extraction resumes, and a 
 grows between sessions (training data made over several) reuses everything extracted
 before. Shards are read memory-mapped: a million-token store of a 1.5B target (about 12 GB)
 is paged in as training reads it, not held in memory.
+
+Two writers fill a store, one at a time: ``extract`` (a prefill per sequence, at the target's
+prefill rate) and ``FeatureRecorder``, which ``data regenerate --eagle-features`` runs as the
+engine's drafter while the replies are generated, so the target's features come with its
+replies at no extra forward pass. The feature at a token depends only on the tokens before
+it, so both give the same features up to the float rounding of a decode step against a
+prefill (the q4 kernel is batch-invariant; attention's sums are not).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.artifacts import ArtifactError, read_checkpoint
+from quickdraft.drafters.base import Draft, Needs, Stateless, StepResult
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.train.corpus import Sequence
 
@@ -60,6 +68,17 @@ def sequence_key(sequence: Sequence) -> str:
     return digest.hexdigest()[:24]
 
 
+def store_folder(
+    cache: Path, target: str, context: int, layers: tuple[int, ...], quant: str | None
+) -> Path:
+    """The store of a target (by name), its quantization, feature layers and context, under
+    ``cache``: every corpus and sample of those shares it."""
+    from quickdraft.train.medusa import fingerprint
+
+    settings = {"target": target, "context": context, "layers": list(layers), "quant": quant}
+    return cache / f"eagle-features-{fingerprint({**settings, 'store': 2})}"
+
+
 def _index(folder: Path) -> tuple[dict[str, tuple[int, int]], list[dict]]:
     """Every stored sequence's (shard, position) and the shards, memory-mapped."""
     shards, index = [], {}
@@ -91,8 +110,6 @@ def extract(
     index, _ = _index(folder)
     missing = list({k: s for k, s in zip(keys, sequences, strict=True) if k not in index}.items())
     done = len(sequences) - len(missing)
-    numbers = [int(p.stem.split("-")[1]) for p in folder.glob("shard-*.pt")]
-    following = max(numbers, default=-1) + 1
     for first in range(0, len(missing), SHARD):
         shard: dict[str, list] = {key: [] for key in (*FIELDS, "keys")}
         for key, sequence in missing[first : first + SHARD]:
@@ -102,17 +119,12 @@ def extract(
             hidden, tapped_states = tapped.body(
                 tokens, torch.arange(length).unsqueeze(0), tapped.new_cache(1, length)
             )
-            keep = max(0, sequence.start - context)
-            shard["keys"].append(key)
-            shard["tokens"].append(tokens[0, keep:].clone())
-            shard["hidden"].append(hidden[0, keep:].half().clone())
-            taps = [tapped_states[layer - 1][0, keep:] for layer in layers]
-            shard["taps"].append(torch.stack(taps, 1).half().clone() if taps else None)
-            shard["start"].append(sequence.start - keep)
-        path = folder / f"shard-{following:05d}.pt"
-        following += 1
-        torch.save(shard, path.with_suffix(".tmp"))
-        path.with_suffix(".tmp").rename(path)
+            taps = [tapped_states[layer - 1][0] for layer in layers]
+            entry = _entry(tokens[0], hidden[0], torch.stack(taps, 1) if taps else None,
+                           sequence.start, context)  # fmt: skip
+            for field, value in zip(("keys", *FIELDS), (key, *entry), strict=True):
+                shard[field].append(value)
+        write_shard(folder, shard)
         if progress is not None:
             progress("features", done + min(first + SHARD, len(missing)), len(sequences))
     index, shards = _index(folder)
@@ -124,6 +136,112 @@ def extract(
     if progress is not None:
         progress("features", len(sequences), len(sequences))
     return EagleFeatures(**merged)
+
+
+def _entry(
+    tokens: torch.Tensor, hidden: torch.Tensor, taps: torch.Tensor | None, start: int,
+    context: int,
+) -> tuple:  # fmt: skip
+    """A sequence's stored fields from ``context`` tokens before its reply on, fp16."""
+    keep = max(0, start - context)
+    return (
+        tokens[keep:].clone(),
+        hidden[keep:].half().clone(),
+        None if taps is None else taps[keep:].half().clone(),
+        start - keep,
+    )
+
+
+def write_shard(folder: Path, shard: dict[str, list]) -> None:
+    """``shard`` (lists of the keys and FIELDS) as the store's next shard, whole or not at
+    all (written aside, then renamed)."""
+    numbers = [int(p.stem.split("-")[1]) for p in folder.glob("shard-*.pt")]
+    path = folder / f"shard-{max(numbers, default=-1) + 1:05d}.pt"
+    torch.save(shard, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").rename(path)
+
+
+class FeatureRecorder(Stateless):
+    """A drafter that proposes nothing and keeps the target's features at every token the
+    target is fed, per request: run as the engine's drafter while replies are generated, it
+    fills the store that ``extract`` would, without another forward pass.
+
+    A request's features cover its prompt and reply but the reply's last token (never fed).
+    ``save`` stores them under the key of the training sequence the chat record will make
+    (``corpus.tokenize``), with the ids the target was fed: they differ from that sequence
+    only in the chat template's closing tokens after the reply (which the drafter is never
+    asked to draft) or where the reply's text tokenizes otherwise than it was generated."""
+
+    head_rows = 0
+
+    def __init__(
+        self, vocab_size: int, layers: tuple[int, ...], folder: Path, context: int,
+        max_tokens: int,
+    ) -> None:  # fmt: skip
+        self.vocab_size, self.layers = vocab_size, layers
+        self.needs = Needs(0, 0, hidden=True, taps=tuple(layer - 1 for layer in layers))
+        self.folder, self.context, self.max_tokens = folder, context, max_tokens
+        folder.mkdir(parents=True, exist_ok=True)
+        self._pieces: dict[int, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
+        self._finished: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self._fed: dict[int, torch.Tensor] = {}
+        self._shard: dict[str, list] = {key: [] for key in ("keys", *FIELDS)}
+        self.saved = 0
+
+    def describe(self) -> str:
+        return "records the target's features, drafts nothing"
+
+    def propose(self, batch) -> Draft:
+        return Draft.empty(batch.size, batch.tokens.device)
+
+    def begin(self, start: StepResult) -> None:
+        for slot in start.batch.slots.host:
+            self._pieces[slot] = []
+        self._keep(start)
+
+    def observe(self, result: StepResult) -> None:
+        self._keep(result)
+
+    def _keep(self, result: StepResult) -> None:
+        assert result.hidden is not None  # declared in needs
+        for row, slot in enumerate(result.batch.slots.host):
+            count = int(result.kept[row])
+            taps = [result.taps[layer - 1][row, :count] for layer in self.layers]
+            self._pieces[slot].append(
+                (result.hidden[row, :count].half(), torch.stack(taps, 1).half() if taps else None)
+            )
+            self._fed[slot] = result.batch.tokens[row, : int(result.batch.lengths[row])]
+
+    def release(self, slot: int, completed: bool) -> None:
+        pieces, fed = self._pieces.pop(slot, []), self._fed.pop(slot, None)
+        if completed and pieces and fed is not None:
+            hidden = torch.cat([h for h, _ in pieces])
+            taps = torch.cat([t for _, t in pieces]) if pieces[0][1] is not None else None
+            self._finished[tuple(fed.tolist())] = (hidden, taps)
+
+    def save(self, sequence: Sequence, ids: list[int]) -> bool:
+        """Store the features of the finished request fed ``ids`` (its prompt and reply)
+        under ``sequence``'s key; False when no such request finished here."""
+        found = self._finished.pop(tuple(ids), None)
+        if found is None:
+            return False
+        hidden, taps = found  # one row per fed token: all of ``ids`` but the last
+        length = min(hidden.shape[0], self.max_tokens)
+        tokens = torch.tensor(ids[:length])
+        entry = _entry(tokens, hidden[:length], None if taps is None else taps[:length],
+                       min(sequence.start, length), self.context)  # fmt: skip
+        for field, value in zip(("keys", *FIELDS), (sequence_key(sequence), *entry), strict=True):
+            self._shard[field].append(value)
+        self.saved += 1
+        if len(self._shard["keys"]) >= SHARD:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Write the sequences saved since the last shard (call it when the run ends)."""
+        if self._shard["keys"]:
+            write_shard(self.folder, self._shard)
+            self._shard = {key: [] for key in ("keys", *FIELDS)}
 
 
 def draft_vocabulary(features: EagleFeatures, size: int, vocab_size: int) -> torch.Tensor:

@@ -30,7 +30,8 @@ from pathlib import Path
 from quickdraft.config import SamplingParams
 from quickdraft.engine import Engine
 from quickdraft.models.base import Model
-from quickdraft.train.corpus import jsonl_objects
+from quickdraft.train.corpus import jsonl_objects, tokenize
+from quickdraft.train.eagle_features import FeatureRecorder
 
 Progress = Callable[[int, int, int, float], None]  # (done, total, tokens, seconds)
 
@@ -106,11 +107,14 @@ def regenerate(
     name: str,
     batch_size: int = 16,
     progress: Progress | None = None,
+    features: FeatureRecorder | None = None,
 ) -> dict:
     """Answer every prompt not yet in ``out`` and append the chats; returns counts (prompts,
-    skipped, answered, tokens, seconds). With sampling (temperature > 0) each prompt draws from
-    a generator seeded with ``sampling.seed`` plus its index, so a resumed run draws what an
-    uninterrupted one would."""
+    skipped, answered, tokens, seconds, and with ``features`` the replies whose EAGLE features
+    it stored). With sampling (temperature > 0) each prompt draws from a generator seeded
+    with ``sampling.seed`` plus its index, so a resumed run draws what an uninterrupted one
+    would. ``features``: run as the engine's drafter, it stores the target's features of
+    each reply as it is written."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     done = answered(out)
@@ -135,7 +139,7 @@ def regenerate(
         return counts | {"tokens": 0, "seconds": 0.0}
     longest = max(map(len, rows)) + sampling.max_new_tokens
     engine = Engine(
-        model, tokenizer=tokenizer, max_batch=min(batch_size, len(todo)),
+        model, features, tokenizer=tokenizer, max_batch=min(batch_size, len(todo)),
         max_model_len=min(longest, model.max_positions), seed=sampling.seed,
     )  # fmt: skip
     for prompt, row in zip(todo, rows, strict=True):
@@ -147,22 +151,30 @@ def regenerate(
         engine.add_request(row, own, request_id=str(prompt["index"]))
     replies: dict[int, list[int]] = {}
     written = 0  # todo[:written] are in the file
-    while engine.has_unfinished():
-        for report in engine.step():
-            if report.finished:
-                replies[int(report.request_id)] = report.token_ids
-                tokens += len(report.token_ids)
-        lines = []
-        while written < len(todo) and todo[written]["index"] in replies:
-            prompt = todo[written]
-            ids = replies.pop(prompt["index"])
-            lines.append(_chat_line(prompt, ids, tokenizer, name, sampling))
-            written += 1
-        if lines:
-            with out.open("a", encoding="utf-8") as sink:
-                sink.write("".join(lines))
-        if progress is not None:
-            progress(done_here + written, len(prompts), tokens, time.perf_counter() - start)
+    try:
+        while engine.has_unfinished():
+            for report in engine.step():
+                if report.finished:
+                    replies[int(report.request_id)] = report.token_ids
+                    tokens += len(report.token_ids)
+            lines = []
+            while written < len(todo) and todo[written]["index"] in replies:
+                prompt = todo[written]
+                ids = replies.pop(prompt["index"])
+                lines.append(_chat_line(prompt, ids, tokenizer, name, sampling))
+                if features is not None:
+                    sequence = tokenize(json.loads(lines[-1]), tokenizer, features.max_tokens)
+                    features.save(sequence, rows[written] + ids)
+                written += 1
+            if lines:
+                with out.open("a", encoding="utf-8") as sink:
+                    sink.write("".join(lines))
+            if progress is not None:
+                progress(done_here + written, len(prompts), tokens, time.perf_counter() - start)
+    finally:
+        if features is not None:
+            features.flush()
+            counts["features"] = features.saved
     return counts | {"tokens": tokens, "seconds": time.perf_counter() - start}
 
 
