@@ -743,10 +743,48 @@ def test_regenerate_stores_the_eagle_features_extraction_would(tmp_path, smollm2
         assert torch.equal(recorded.tokens[i], fresh.tokens[i])
         for field in ("hidden", "taps"):
             torch.testing.assert_close(
-                getattr(recorded, field)[i].float(), getattr(fresh, field)[i].float(),
-                atol=1e-3, rtol=1e-3,
+                getattr(recorded, field)[i].float(),
+                getattr(fresh, field)[i].float(),
+                atol=1e-3,
+                rtol=1e-3,
             )  # fmt: skip: within an fp16 step
     assert main([*argv, "--context", "-1"]) == 2  # one line naming the flag
+
+
+def test_regenerate_stopped_by_sigterm_keeps_what_it_wrote(tmp_path, smollm2):
+    """A background run stopped with SIGTERM (the shell ignores SIGINT there) exits as Ctrl-C
+    does (130), and the store holds the features of every reply the output file holds."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from quickdraft.drafters.eagle.net import EagleConfig
+    from quickdraft.models.loading import load_model
+    from quickdraft.train.eagle_features import _index, sequence_key, store_folder
+
+    folder, _ = tiny_folder_and_corpus(tmp_path, smollm2, "llama-tied")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"tell me {i}"}) + "\n" for i in range(40)))
+    out, cache = tmp_path / "replies.jsonl", tmp_path / "cache"
+    argv = [sys.executable, "-m", "quickdraft", "data", "regenerate", "--target", str(folder),
+            "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "300",
+            "--batch-size", "2", "--eagle-features", "--context", "4",
+            "--cache", str(cache)]  # fmt: skip
+    run = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (out.exists() and out.read_text().count("\n") >= 2) and run.poll() is None:
+        assert time.monotonic() < deadline, "no reply written in time"
+        time.sleep(0.2)
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=120) == 130, run.stderr.read()
+    lines = out.read_text().splitlines()
+    assert 2 <= len(lines) < 40
+    model, tokenizer = load_model(folder)
+    layers = EagleConfig.for_target(model.config, "eagle3", 1).feature_layers
+    index, _ = _index(store_folder(cache, str(folder), 4, layers, None))
+    for line in lines:
+        assert sequence_key(tokenize(json.loads(line), tokenizer, 512)) in index
 
 
 def test_code_prompts_are_standard_library_functions_the_tasks_do_not_quote(tmp_path):

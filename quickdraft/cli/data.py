@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 from quickdraft.cli.common import (
@@ -168,7 +171,10 @@ def _regenerate(args: argparse.Namespace) -> int:
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
         stop_token_ids=tokenizer.eos_token_ids,
     )  # fmt: skip
-    with Progress(*_progress_columns(), console=console, transient=True) as progress:
+    with (
+        _terminate_as_interrupt(),
+        Progress(*_progress_columns(), console=console, transient=True) as progress,
+    ):
         task = progress.add_task("replies", total=len(prompts))
 
         def replied(done: int, total: int, tokens: int, seconds: float) -> None:
@@ -194,6 +200,22 @@ def _regenerate(args: argparse.Namespace) -> int:
             f"({model.max_positions:,} tokens)"
         )
     return 0
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``; a background job, for which the shell ignores Ctrl-C's SIGINT) ends
+    the run as Ctrl-C does: through the ``finally`` blocks, so the replies' features saved so
+    far are written and nothing the output file holds is lost."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _feature_recorder(args: argparse.Namespace, model):
