@@ -317,7 +317,7 @@ def test_train_eagle_extracts_features_from_the_quantized_target(tmp_path, smoll
     features = json.loads((tmp_path / "q4" / "metrics.json").read_text())["features"]
     assert features["quant"] == "q4"
     # the float features of the same settings would be cached under another name
-    from quickdraft.train.medusa import fingerprint
+    from quickdraft.train.common import fingerprint
 
     store = {k: features[k] for k in ("target", "context", "layers")}
     cached = {p.name for p in (tmp_path / "cache").glob("eagle-features-*")}

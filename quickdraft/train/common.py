@@ -17,6 +17,7 @@ change the objective; the slicing here does not.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 PRECISIONS = ("auto", "no", "bf16", "fp16")
+
+
+def fingerprint(settings: dict) -> str:
+    """A short stable key of JSON-able settings: cache folders and checkpoints are named by it."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def check_settings(settings: object, counts: Sequence[str]) -> None:

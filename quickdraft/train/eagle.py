@@ -32,7 +32,14 @@ import torch
 
 from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
 from quickdraft.models.llama import LlamaRunner
-from quickdraft.train.common import Run, Scaling, global_batches, one_cycle, running_processes
+from quickdraft.train.common import (
+    Run,
+    Scaling,
+    fingerprint,
+    global_batches,
+    one_cycle,
+    running_processes,
+)
 from quickdraft.train.eagle_features import (
     EagleFeatures,
     draft_vocabulary,
@@ -48,7 +55,6 @@ from quickdraft.train.eagle_objective import (
     scored_counts,
     step_losses,
 )
-from quickdraft.train.medusa import fingerprint
 
 Progress = Callable[[str, int, int], None]
 

@@ -73,7 +73,7 @@ def store_folder(
 ) -> Path:
     """The store of a target (by name), its quantization, feature layers and context, under
     ``cache``: every corpus and sample of those shares it."""
-    from quickdraft.train.medusa import fingerprint
+    from quickdraft.train.common import fingerprint
 
     settings = {"target": target, "context": context, "layers": list(layers), "quant": quant}
     return cache / f"eagle-features-{fingerprint({**settings, 'store': 2})}"

@@ -10,7 +10,6 @@ often a shortlist keeps the drafter's choice.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from safetensors.torch import save_file
 from quickdraft.artifacts import read_json, read_safetensors
 from quickdraft.drafters.eagle.net import EagleNet, check_fits
 from quickdraft.models.base import FeatureModel, Model
+from quickdraft.train.common import fingerprint
 from quickdraft.train.corpus import Sequence
 
 SHARD_SEQUENCES = 16
@@ -40,10 +40,6 @@ class Features:
 
     def subset(self, mask: torch.Tensor) -> Features:
         return Features(*(getattr(self, f)[mask] for f in self.__slots__))
-
-
-def fingerprint(settings: dict) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class DrafterSource:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -31,6 +30,7 @@ from quickdraft.train.common import (
     Run,
     Scaling,
     check_settings,
+    fingerprint,
     global_batches,
     one_cycle,
     running_processes,
@@ -89,10 +89,6 @@ class HeadFeatures:
 
     def __len__(self) -> int:
         return self.choice.numel()
-
-
-def fingerprint(settings: dict) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @torch.inference_mode()

@@ -278,8 +278,9 @@ def build_artifacts(
     """Frequency list, clusters and router for ``settings.draft`` into ``out``."""
     from quickdraft.drafters.eagle.io import load_eagle
     from quickdraft.models.loading import load_model
+    from quickdraft.train.common import fingerprint
     from quickdraft.train.corpus import balanced_sample, read_records, tokenize
-    from quickdraft.train.features import DrafterSource, EagleSource, extract, fingerprint
+    from quickdraft.train.features import DrafterSource, EagleSource, extract
     from quickdraft.vocab.clusters import spherical_kmeans
     from quickdraft.vocab.shortlist import (
         load_frequency,
