@@ -122,7 +122,7 @@ def test_bad_medusa_settings_name_the_field(targets, tmp_path):
 
 
 def test_head_labels_are_the_targets_later_choices_within_a_sequence():
-    from quickdraft.train.medusa import HeadFeatures, head_labels
+    from quickdraft.train.medusa_features import HeadFeatures, head_labels
 
     features = HeadFeatures(
         hidden=torch.zeros(5, 4, dtype=torch.half),
@@ -139,7 +139,7 @@ def test_head_labels_are_the_targets_later_choices_within_a_sequence():
 def synthetic_features(count=3000, hidden=16, vocab=40, seed=0):
     """Random hidden states; the target's next choice after each is what a random teacher
     head (a residual block with the same LM head) predicts from it: learnable by head 1."""
-    from quickdraft.train.medusa import HeadFeatures
+    from quickdraft.train.medusa_features import HeadFeatures
 
     generator = torch.Generator().manual_seed(seed)
     lm_head = torch.randn(vocab, hidden, generator=generator)
