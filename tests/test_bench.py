@@ -244,6 +244,7 @@ def _renderers() -> dict:
         "engine_batch_ab": script("engine_batch_ab").render,
         "regenerate_rate": script("regenerate_rate").render,
         "eagle_held_out": script("eagle_held_out").render,
+        "quant_agreement": script("quant_agreement").render,
         "bench": lambda r: markdown(r["results"], r["meta"]),
     }
 

@@ -176,7 +176,7 @@ def _train_frequency(args: argparse.Namespace) -> int:
 
     from quickdraft.models.loading import load_model
     from quickdraft.train.corpus import read_records, tokenize
-    from quickdraft.train.router import token_frequency
+    from quickdraft.train.shortlist_artifacts import token_frequency
     from quickdraft.vocab.shortlist import save_frequency
 
     records = read_records(list(args.data))
@@ -239,7 +239,8 @@ def _train_medusa(args: argparse.Namespace) -> int:
 def _train_router(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from quickdraft.train.router import ArtifactSettings, RouterTraining, build_artifacts
+    from quickdraft.train.router import RouterTraining
+    from quickdraft.train.shortlist_artifacts import ArtifactSettings, build_artifacts
 
     settings = ArtifactSettings(
         draft=args.draft,
