@@ -25,6 +25,13 @@ EXACT_ERROR = 0.005
 # Q6_K's groups of 16 again (relative weight error 0.016 against 0.005 at 8 bits), which cost
 # Qwen2.5-Coder-0.5B a relative logit error of 0.036 against 0.026 on the load's probe.
 EXACT_FALLBACK_BITS = 8
+# Those fallback tensors (a GGUF's Q5_0 and Q8_0, which a Q4_K_M file holds where a K-quant's
+# 256 does not divide the width: most of Qwen2.5-Coder-0.5B's projections) take the groups
+# layout, activations quantized per 32 inputs as llama.cpp's Q8_0 does for them: per 256 doubled
+# their output error (the 0.5B's gate/up 0.0098 relative against 0.0051, q/k/v 0.0091 against
+# 0.0047, on the float model's inputs) and left its top-1 agreement with float at 98.3% against
+# llama.cpp's 99.1% (``benchmarks/quant_agreement.py``). K-quant tensors keep superblocks,
+# whose activation scale per 256 is llama.cpp's Q8_K for them too.
 # The quantized layers' layouts (``Linear.quantize_q4``), the fast one first.
 LAYOUTS = ("superblock", "groups")
 QuantWeights = superblock.SuperWeights | groups.GroupWeights
@@ -120,6 +127,8 @@ class Linear:
         if module is groups and bits == 6:
             bits = 8  # the groups layout has no 6-bit codes
         codes = _exact_codes(module, weight, bits) if exact_only else module.quantize(weight, bits)
+        if module is superblock and exact_only and codes.bits == EXACT_FALLBACK_BITS:
+            codes, layout = groups.quantize(weight, EXACT_FALLBACK_BITS), "groups"
         if layout == "superblock":
             self._quant = superblock.SuperWeights.build(codes, self.bias)
         else:
