@@ -251,3 +251,25 @@ def test_smollm2_quantized_targets_pass_their_check_on_every_host(quant):
     expected = generate(model, prompt, sampling=GREEDY).token_ids
     eagle = build_drafter(make_spec("eagle"), model, target_name="smollm2-135m")
     assert generate(model, prompt, sampling=GREEDY, draft=eagle).token_ids == expected
+
+
+def test_a_4bit_targets_8bit_fallback_tensors_take_the_groups_layout():
+    """A quantized file's tensor that neither 4-bit codes nor the Q6_K form reproduce (a
+    GGUF's Q8_0) takes 8-bit codes in groups, activations per 32 as llama.cpp multiplies
+    them, on a 4-bit target; an 8-bit target ("int8") keeps superblocks, and so does a
+    tensor 4-bit codes reproduce. Each layer's output follows its float weights."""
+    from quickdraft.models.ops import Linear, layout_of
+
+    generator = torch.Generator().manual_seed(0)
+    scales = torch.rand(48, 64 // 32, generator=generator).repeat_interleave(32, 1) * 0.01 + 1e-3
+    q8_0 = torch.randint(-127, 128, (48, 64), generator=generator).float() * scales
+    four = torch.randint(0, 16, (48, 64), generator=generator).float() * scales - 8 * scales
+    x = torch.randn(3, 64, generator=generator)
+    for weight, fallback, expected in (
+        (q8_0, True, "groups"), (q8_0, False, "superblock"), (four, True, "superblock"),
+    ):  # fmt: skip
+        layer = Linear(weight.clone(), None, prepack=False)
+        layer.quantize_q4(4, exact_only=True, groups_fallback=fallback)
+        assert layout_of(layer.quantized_weights) == expected
+        reference = x @ weight.T
+        assert (layer(x) - reference).norm() / reference.norm() < 0.02

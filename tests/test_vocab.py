@@ -748,7 +748,10 @@ def test_regenerate_stores_the_eagle_features_extraction_would(tmp_path, smollm2
                 atol=1e-3,
                 rtol=1e-3,
             )  # fmt: skip: within an fp16 step
-    assert main([*argv, "--context", "-1"]) == 2  # one line naming the flag
+    assert main([*argv, "--context", "-1"]) == 2  # one line naming the flag, before loading
+    assert main([*argv[:-5], "--context", "4"]) == 2  # --context without --eagle-features
+    # A finished run has nothing to answer: it says so, with no features stored.
+    assert main(argv) == 0 and sorted(store.glob("shard-*.pt")) == shards
 
 
 def test_regenerate_stopped_by_sigterm_keeps_what_it_wrote(tmp_path, smollm2):

@@ -122,8 +122,8 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     features.add_argument(
         "--context", type=strict_int, default=None, help="as train eagle's (default: --max-tokens)"
     )
-    features.add_argument("--max-tokens", type=_positive_int, default=512)
-    features.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    features.add_argument("--max-tokens", type=_positive_int, default=None, help="default 512")
+    features.add_argument("--cache", type=Path, default=None, help=f"default {DEFAULT_CACHE}")
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -162,6 +162,7 @@ def _regenerate(args: argparse.Namespace) -> int:
     from quickdraft.train.replies import read_prompts, regenerate
 
     check_output(args.out_file)
+    _check_feature_flags(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     prompts = read_prompts(args.prompts)[: args.limit]
@@ -218,6 +219,22 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _check_feature_flags(args: argparse.Namespace) -> None:
+    """--context, --max-tokens and --cache belong to --eagle-features; checked before loading."""
+    if not args.eagle_features:
+        for flag in ("context", "max_tokens", "cache"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')}: only with --eagle-features")
+        return
+    args.max_tokens = 512 if args.max_tokens is None else args.max_tokens
+    args.cache = DEFAULT_CACHE if args.cache is None else args.cache
+    if args.max_tokens < 2:
+        raise ValueError(f"--max-tokens must be >= 2, got {args.max_tokens}")
+    args.context = args.max_tokens if args.context is None else args.context
+    if args.context < 0:
+        raise ValueError(f"--context must be >= 0, got {args.context}")
+
+
 def _feature_recorder(args: argparse.Namespace, model):
     """The recorder of EAGLE-3 features for ``train eagle`` with the same settings."""
     from quickdraft.drafters.eagle.net import EagleConfig
@@ -226,9 +243,7 @@ def _feature_recorder(args: argparse.Namespace, model):
 
     if not isinstance(model, LlamaRunner):
         raise ValueError(f"--eagle-features: needs the native runner, got {type(model).__name__}")
-    context = args.max_tokens if args.context is None else args.context
-    if context < 0:
-        raise ValueError(f"--context must be >= 0, got {context}")
+    context = args.context
     layers = EagleConfig.for_target(model.config, "eagle3", 1).feature_layers
     folder = store_folder(args.cache, args.target, context, layers, args.quant)
     return FeatureRecorder(model.vocab_size, layers, folder, context, args.max_tokens)

@@ -185,9 +185,11 @@ class LlamaRunner:
 
     def _quantize_q4(self, bits: int, exact_only: bool, layout: str) -> None:
         self._stacks.clear()
-        self.head.quantize_q4(bits=HEAD_BITS, exact_only=exact_only, layout=layout)
+        # A 4-bit target's 8-bit fallbacks multiply activations per 32, as llama.cpp's do.
+        fallback = bits == 4
+        self.head.quantize_q4(HEAD_BITS, exact_only, layout, groups_fallback=fallback)
         for linear_layer in self._projections()[1:]:
-            linear_layer.quantize_q4(bits=bits, exact_only=exact_only, layout=layout)
+            linear_layer.quantize_q4(bits, exact_only, layout, groups_fallback=fallback)
 
     def _projections(self) -> list[Linear]:
         """Every linear layer: the head, then each layer's q/k/v, o, gate/up and down."""
@@ -393,6 +395,6 @@ class LlamaRunner:
 
 
 def quant_layout(model: object) -> str | None:
-    """The kernel layout a quantized native model's layers use ("superblock", "groups"), for
-    reports; None for any other model."""
+    """The kernel layout a quantized native model's layers use ("superblock", "groups",
+    "superblock+groups"), for reports; None for any other model."""
     return model.quant_layout if isinstance(model, LlamaRunner) else None

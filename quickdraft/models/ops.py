@@ -103,8 +103,9 @@ class Linear:
         self.weight = None
 
     def quantize_q4(
-        self, bits: int = 4, exact_only: bool = False, layout: str = "superblock"
-    ) -> None:
+        self, bits: int = 4, exact_only: bool = False, layout: str = "superblock",
+        groups_fallback: bool = False,
+    ) -> None:  # fmt: skip
         """To 4-bit (or 8-bit) weights in place: batch-invariant by construction, and needing
         no calibration. ``layout``: "superblock" (``kernels.superblock``: activations quantized
         per row and 256 inputs, integer sub-scales; the fast one) or "groups"
@@ -112,7 +113,9 @@ class Linear:
         ``exact_only``: weights that came from a quantized file take the narrowest form that
         reproduces them (within ``EXACT_ERROR``): ``bits`` if 4, then on superblocks the Q6_K
         form, else ``EXACT_FALLBACK_BITS``; so a GGUF's 6- and 8-bit tensors are not rounded
-        again to 4. It may run again with another layout until ``release_dense``.
+        again to 4; with ``groups_fallback`` (a 4-bit target) the 8-bit fallback takes the
+        groups layout (``EXACT_FALLBACK_BITS`` says why). It may run again with another layout
+        until ``release_dense``.
         CPU float32 layers only (others stay as they are); a width that is not a multiple of
         32 raises ValueError."""
         weight = self.weight if self.weight is not None else self._dense
@@ -126,9 +129,13 @@ class Linear:
         module = superblock if layout == "superblock" else groups
         if module is groups and bits == 6:
             bits = 8  # the groups layout has no 6-bit codes
-        codes = _exact_codes(module, weight, bits) if exact_only else module.quantize(weight, bits)
-        if module is superblock and exact_only and codes.bits == EXACT_FALLBACK_BITS:
-            codes, layout = groups.quantize(weight, EXACT_FALLBACK_BITS), "groups"
+        if exact_only:
+            fallback = groups if groups_fallback else module
+            codes = _exact_codes(module, weight, bits, fallback)
+        else:
+            codes = module.quantize(weight, bits)
+        if isinstance(codes, groups.GroupCodes):
+            layout = "groups"
         if layout == "superblock":
             self._quant = superblock.SuperWeights.build(codes, self.bias)
         else:
@@ -167,9 +174,9 @@ class Linear:
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def _exact_codes(module: Any, weight: torch.Tensor, bits: int) -> Any:
+def _exact_codes(module: Any, weight: torch.Tensor, bits: int, fallback: Any) -> Any:
     """The narrowest codes that reproduce a quantized file's weights: ``bits`` when 4, the Q6_K
-    form on superblocks, else 8 bits (``Linear.quantize_q4``)."""
+    form on superblocks, else 8 bits in the layout ``fallback`` (``Linear.quantize_q4``)."""
     tries = [lambda: module.quantize(weight, bits)] if bits == 4 else []
     if module is superblock:
         tries.append(lambda: superblock.quantize_q6k(weight))
@@ -178,7 +185,7 @@ def _exact_codes(module: Any, weight: torch.Tensor, bits: int) -> Any:
         codes = make()
         if (codes.dequantize() - weight).norm() / norm <= EXACT_ERROR:
             return codes
-    return module.quantize(weight, EXACT_FALLBACK_BITS if module is superblock else 8)
+    return fallback.quantize(weight, EXACT_FALLBACK_BITS if fallback is superblock else 8)
 
 
 def side_by_side(x: torch.Tensor, parts: Sequence[Linear]) -> torch.Tensor:

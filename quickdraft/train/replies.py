@@ -130,7 +130,7 @@ def regenerate(
     todo, rows = [p for p, _ in kept], [row for _, row in kept]
     counts = {
         "prompts": len(prompts), "skipped": done_here, "answered": len(todo),
-        "too_long": too_long,
+        "too_long": too_long, **({"features": 0} if features is not None else {}),
     }  # fmt: skip
     tokens, start = 0, time.perf_counter()
     if progress is not None:
