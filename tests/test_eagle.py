@@ -1,6 +1,9 @@
 """EAGLE drafters: token identity with plain decoding, the draft cache against training's
 unrolled passes, save/load, export, and the training pipeline on a tiny model."""
 
+import os
+import signal
+
 import pytest
 import torch
 from conftest import (
@@ -482,6 +485,34 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_net(targets,
         net.state_dict().items(), resumed.state_dict().items(), strict=True
     ):
         torch.testing.assert_close(a, b, msg=name)
+
+    # SIGTERM (how a background run is stopped) stops it after the step in progress, that
+    # step saved: nothing is redone on resume, and every epoch's loss is kept.
+    def terminate_at_step_17(stage, done, total):
+        if done == 17:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        train_net(
+            features,
+            config,
+            vocab,
+            embed,
+            head,
+            settings,
+            tmp_path / "stopped",
+            terminate_at_step_17,
+        )
+    assert (tmp_path / "stopped" / "latest").read_text().strip() == "step-0000017"
+    assert signal.getsignal(signal.SIGTERM) is handler  # the run's own handler is gone
+    resumed, again = train_net(features, config, vocab, embed, head, settings, tmp_path / "stopped")
+    for (name, a), (_, b) in zip(
+        net.state_dict().items(), resumed.state_dict().items(), strict=True
+    ):
+        torch.testing.assert_close(a, b, msg=name)
+    assert [h["epoch"] for h in again["history"]] == list(range(1, 7))
+
     other = EagleTraining(steps=1, draft_vocab=101, epochs=6, batch_size=4, checkpoint_every=7)
     with pytest.raises(ValueError, match="checkpoint"):
         train_net(features, config, vocab, embed, head, other, tmp_path / "b")

@@ -13,15 +13,24 @@ with batch 8 and two with 4 each take the same steps.
 accelerate's prepared data loader is not used: its ``split_batches`` needs every batch
 divisible by the process count and pads an uneven one by repeating samples, which would
 change the objective; the slicing here does not.
+
+A run is stopped between steps, never inside one: inside ``Run.stoppable()`` the first Ctrl-C
+or SIGTERM (how a background job is stopped: its shell ignores SIGINT) asks for a stop, and
+``Run.after_step`` then saves the step just finished and raises KeyboardInterrupt, so a run
+that spans sessions loses nothing when it is stopped, not up to ``checkpoint_every`` steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Sequence
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -156,6 +165,7 @@ class Run:
         self.scaling = scaling
         self.history: list[dict] = []
         self.step = 0
+        self._stop_asked = False
 
     @property
     def device(self) -> torch.device:
@@ -209,6 +219,45 @@ class Run:
                     self.schedule.step()
                     self.optimizer.zero_grad(set_to_none=True)
         return float(self.accelerator.reduce(total, reduction="sum")) / self.scale
+
+    @contextlib.contextmanager
+    def stoppable(self) -> Iterator[None]:
+        """While inside, the first Ctrl-C or SIGTERM asks the run to stop after the step in
+        progress (``after_step`` saves it); a second one stops it at once, as before. Signals
+        are the main thread's: from another thread this changes nothing."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def ask(signum: int, frame: object) -> None:
+            if self._stop_asked:
+                raise KeyboardInterrupt
+            self._stop_asked = True
+            print(
+                "stopping after this step, once its checkpoint is saved (again to stop now)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        previous = {sig: signal.signal(sig, ask) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def after_step(self, step: int, every: int, last: bool = False) -> None:
+        """After optimizer step ``step`` (counted from 1): save every ``every`` steps and at an
+        epoch's ``last`` step, and when a stop was asked on any process, save and raise
+        KeyboardInterrupt on all of them."""
+        asked = self._stop_asked
+        if self.accelerator.num_processes > 1:  # all stop at the same step, or none does
+            flag = torch.tensor([float(asked)], device=self.device)
+            asked = bool(self.accelerator.reduce(flag, reduction="sum").item() > 0)
+        if asked or last or step % every == 0:
+            self.save(step)
+        if asked:
+            raise KeyboardInterrupt
 
     def resume(self) -> None:
         """Load the saved state, when there is one made with the same identity."""

@@ -149,27 +149,28 @@ def train_heads(
         return run.model(hidden, wanted.to(device), mask.to(device), loss_head, weights, run.scale)
 
     generator = torch.Generator().manual_seed(settings.seed)
-    for epoch in range(settings.epochs):
-        order = rows[torch.randperm(rows.numel(), generator=generator)]  # same shuffles on resume
-        batches = global_batches(order.tolist(), settings.batch_size)
-        run.check(batches)
-        run.model.train()
-        running, counted = 0.0, 0
-        for step, batch in enumerate(batches):
-            global_step = epoch * steps_per_epoch + step
-            if global_step < done:
-                continue
-            # Each head's valid positions over the whole global batch: the mean's divisor.
-            counts = valid[batch].sum(0).float().clamp_min(1)
-            running += run.update(batch, partial(loss_of, counts=counts))
-            counted += 1
-            if progress is not None and run.is_main:
-                progress("heads", global_step + 1, total)
-            if (global_step + 1) % settings.checkpoint_every == 0:
-                run.save(global_step + 1)
-        if (epoch + 1) * steps_per_epoch > done:
-            history.append({"epoch": epoch + 1, "train_loss": running / max(counted, 1)})
-            run.save((epoch + 1) * steps_per_epoch)
+    with run.stoppable():  # Ctrl-C or SIGTERM: stop after a step, saved
+        for epoch in range(settings.epochs):
+            # the same shuffles on resume
+            order = rows[torch.randperm(rows.numel(), generator=generator)]
+            batches = global_batches(order.tolist(), settings.batch_size)
+            run.check(batches)
+            run.model.train()
+            running, counted = 0.0, 0
+            for step, batch in enumerate(batches):
+                global_step = epoch * steps_per_epoch + step
+                if global_step < done:
+                    continue
+                # Each head's valid positions over the whole global batch: the mean's divisor.
+                counts = valid[batch].sum(0).float().clamp_min(1)
+                running += run.update(batch, partial(loss_of, counts=counts))
+                counted += 1
+                if progress is not None and run.is_main:
+                    progress("heads", global_step + 1, total)
+                last = step + 1 == steps_per_epoch
+                if last:  # recorded before the epoch's state is saved, so a stop keeps it
+                    history.append({"epoch": epoch + 1, "train_loss": running / max(counted, 1)})
+                run.after_step(global_step + 1, settings.checkpoint_every, last)
     heads = run.module.heads.cpu().eval()
     metrics = {
         "history": history,
