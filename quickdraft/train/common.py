@@ -259,6 +259,42 @@ class Run:
         if asked:
             raise KeyboardInterrupt
 
+    def train(
+        self,
+        epochs: int,
+        batches_of: Callable[[int], list[list[T]]],
+        step: Callable[[list[T]], float],
+        every: int,
+        progress: Callable[[str, int, int], None] | None = None,
+        stage: str = "training",
+    ) -> list[dict]:
+        """The epochs from the resumed step on. ``batches_of(epoch)``: that epoch's global
+        batches, as many every epoch; it is called for every epoch in order, skipped ones
+        too, so seeded shuffles repeat on resume. ``step(batch)``: one optimizer step
+        (``update``), returning its loss. Saves every ``every`` steps and at each epoch's end;
+        Ctrl-C or SIGTERM stop it after a step, saved. Returns the history: each epoch's mean
+        training loss (over the steps this run took of it)."""
+        done = self.step
+        with self.stoppable():
+            for epoch in range(epochs):
+                batches = batches_of(epoch)
+                self.check(batches)
+                self.model.train()
+                running, counted, total = 0.0, 0, epochs * len(batches)
+                for index, batch in enumerate(batches):
+                    global_step = epoch * len(batches) + index
+                    if global_step < done:
+                        continue
+                    running += step(batch)
+                    counted += 1
+                    if progress is not None and self.is_main:
+                        progress(stage, global_step + 1, total)
+                    last = index + 1 == len(batches)
+                    if last:  # recorded before the epoch's state is saved, so a stop keeps it
+                        self.history.append({"epoch": epoch + 1, "train_loss": running / counted})
+                    self.after_step(global_step + 1, every, last)
+        return self.history
+
     def resume(self) -> None:
         """Load the saved state, when there is one made with the same identity."""
         pointer = self.folder / "latest"

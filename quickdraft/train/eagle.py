@@ -25,7 +25,6 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -107,33 +106,26 @@ def train_net(
         clip=settings.clip,
     )  # fmt: skip
     run.resume()
-    history, done = run.history, run.step
     device = run.device
     embed, head = embed.to(device), lm_head[draft_vocab].to(device)
 
-    def loss_of(piece: list[int], counts: torch.Tensor) -> torch.Tensor:
-        batch = collate(features, piece, settings.steps, device)
-        return run.model(batch, embed, head, counts.to(device), run.scale)
+    def step(batch_ids: list[int]) -> float:
+        counts = scored_counts(features, batch_ids, settings.steps).clamp_min(1).to(device)
+        return run.update(
+            batch_ids,
+            lambda piece: run.model(
+                collate(features, piece, settings.steps, device), embed, head, counts, run.scale
+            ),
+        )
 
-    with run.stoppable():  # Ctrl-C or SIGTERM: stop after a step, saved
-        for epoch in range(settings.epochs):
-            batches = _batches(lengths, train_ids, settings.batch_size, settings.seed + epoch)
-            run.check(batches)
-            run.model.train()
-            running, counted = 0.0, 0
-            for step, batch_ids in enumerate(batches):
-                global_step = epoch * per_epoch + step
-                if global_step < done:
-                    continue
-                counts = scored_counts(features, batch_ids, settings.steps).clamp_min(1)
-                running += run.update(batch_ids, partial(loss_of, counts=counts))
-                counted += 1
-                if progress is not None and run.is_main:
-                    progress("draft layer", global_step + 1, total)
-                last = step + 1 == per_epoch
-                if last:  # recorded before the epoch's state is saved, so a stop keeps it
-                    history.append({"epoch": epoch + 1, "train_loss": running / max(counted, 1)})
-                run.after_step(global_step + 1, settings.checkpoint_every, last)
+    history = run.train(
+        settings.epochs,
+        lambda epoch: _batches(lengths, train_ids, settings.batch_size, settings.seed + epoch),
+        step,
+        settings.checkpoint_every,
+        progress,
+        "draft layer",
+    )
     net = run.module.net.eval()
     held = evaluate(net, features, held_ids, embed, lm_head.to(device), settings, device)
     metrics = {

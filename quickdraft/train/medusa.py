@@ -134,7 +134,6 @@ def train_heads(
     identity = {"settings": asdict(settings), "positions": len(features)}
     run = Run(_Objective(heads), optimizer, schedule, checkpoint, identity, scaling or Scaling())
     run.resume()
-    history, done = run.history, run.step
     device = run.device
     loss_head, weights = loss_head.to(device), weights.to(device)
 
@@ -148,29 +147,20 @@ def train_heads(
         hidden = features.hidden[batch].float().to(device)
         return run.model(hidden, wanted.to(device), mask.to(device), loss_head, weights, run.scale)
 
+    def step(batch: list[int]) -> float:
+        # Each head's valid positions over the whole global batch: the mean's divisor.
+        counts = valid[batch].sum(0).float().clamp_min(1)
+        return run.update(batch, partial(loss_of, counts=counts))
+
     generator = torch.Generator().manual_seed(settings.seed)
-    with run.stoppable():  # Ctrl-C or SIGTERM: stop after a step, saved
-        for epoch in range(settings.epochs):
-            # the same shuffles on resume
-            order = rows[torch.randperm(rows.numel(), generator=generator)]
-            batches = global_batches(order.tolist(), settings.batch_size)
-            run.check(batches)
-            run.model.train()
-            running, counted = 0.0, 0
-            for step, batch in enumerate(batches):
-                global_step = epoch * steps_per_epoch + step
-                if global_step < done:
-                    continue
-                # Each head's valid positions over the whole global batch: the mean's divisor.
-                counts = valid[batch].sum(0).float().clamp_min(1)
-                running += run.update(batch, partial(loss_of, counts=counts))
-                counted += 1
-                if progress is not None and run.is_main:
-                    progress("heads", global_step + 1, total)
-                last = step + 1 == steps_per_epoch
-                if last:  # recorded before the epoch's state is saved, so a stop keeps it
-                    history.append({"epoch": epoch + 1, "train_loss": running / max(counted, 1)})
-                run.after_step(global_step + 1, settings.checkpoint_every, last)
+
+    def batches_of(epoch: int) -> list[list[int]]:  # the same shuffles on resume
+        order = rows[torch.randperm(rows.numel(), generator=generator)]
+        return global_batches(order.tolist(), settings.batch_size)
+
+    history = run.train(
+        settings.epochs, batches_of, step, settings.checkpoint_every, progress, "heads"
+    )
     heads = run.module.heads.cpu().eval()
     metrics = {
         "history": history,
