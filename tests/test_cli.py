@@ -113,3 +113,29 @@ def test_a_drafter_is_held_back_from_auto_only_by_its_config(tmp_path):
     (tmp_path / CONFIG_FILE).write_text(json.dumps({**shipped, "auto": "no"}))
     with pytest.raises(ArtifactError, match="auto"):
         offered_by_auto(tmp_path)
+
+
+def test_progress_in_a_log_is_a_line_a_minute_with_the_time_left(monkeypatch):
+    """A background run's output goes to a file, where rich draws no bar: progress comes as
+    plain lines (a stage's first report, one a minute, its last), and none on a terminal."""
+    import io
+
+    from rich.console import Console
+
+    from quickdraft.cli import common
+
+    clock = iter([0.0, 30.0, 61.0, 62.0, 90.0])
+    monkeypatch.setattr(common.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    lines = common.LogLines(Console(file=out, width=200))
+    for done in (0, 5, 10, 11, 20):  # at 0 s, 30 s, 61 s, 62 s and 90 s
+        lines("draft layer", done, 20)
+    assert out.getvalue().splitlines() == [
+        "draft layer: 0/20",
+        "draft layer: 10/20 (50%), about 61 s left",  # 10 steps in 61 s: 10 more in 61 s
+        "draft layer: 20/20 (100%)",
+    ]
+    terminal = io.StringIO()
+    live = common.LogLines(Console(file=terminal, force_terminal=True))
+    live("draft layer", 0, 20)
+    assert terminal.getvalue() == ""

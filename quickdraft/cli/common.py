@@ -7,6 +7,7 @@ import argparse
 import math
 import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,14 +136,51 @@ def _progress_columns() -> tuple:
     )
 
 
+class LogLines:
+    """Progress as plain lines where rich shows no bar (output to a log file or a pipe, as a
+    background run's is): a stage's first report, then one every ``every`` seconds, and its
+    last, each with the rate since the first and the time left. Silent on a terminal."""
+
+    def __init__(self, console: Console, every: float = 60.0):
+        self.console, self.every = console, every
+        self.seen: dict[str, tuple[float, int, float]] = {}  # stage: first time, done, last
+
+    def __call__(self, stage: str, done: int, total: int, note: str = "") -> None:
+        if self.console.is_terminal:
+            return
+        now = time.monotonic()
+        if stage not in self.seen:
+            self.seen[stage] = (now, done, now)
+            self.console.print(f"{stage}: {done:,}/{total:,}{note}")
+            return
+        start, first, last = self.seen[stage]
+        if now - last < self.every and done < total:
+            return
+        self.seen[stage] = (start, first, now)
+        rate = (done - first) / max(now - start, 1e-9)
+        left = ""
+        if rate > 0 and done < total:
+            left = f", about {_duration((total - done) / rate)} left"
+        self.console.print(f"{stage}: {done:,}/{total:,} ({done / max(total, 1):.0%}){note}{left}")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
 def _stages(progress: Any) -> Callable[[str, int, int], None]:
-    """A progress callback (stage, done, total) with one bar per stage."""
+    """A progress callback (stage, done, total) with one bar per stage (lines in a log)."""
     tasks: dict[str, int] = {}
+    lines = LogLines(progress.console)
 
     def advance(stage: str, done: int, total: int) -> None:
         if stage not in tasks:
             tasks[stage] = progress.add_task(stage, total=total)
         progress.update(tasks[stage], completed=done)
+        lines(stage, done, total)
 
     return advance
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from quickdraft.cli.common import (
     DEFAULT_CACHE,
+    LogLines,
     _positive_int,
     _progress_columns,
     _threads,
@@ -177,10 +178,12 @@ def _regenerate(args: argparse.Namespace) -> int:
         Progress(*_progress_columns(), console=console, transient=True) as progress,
     ):
         task = progress.add_task("replies", total=len(prompts))
+        lines = LogLines(console)
 
         def replied(done: int, total: int, tokens: int, seconds: float) -> None:
             rate = f"{tokens / seconds:,.0f} tokens/s" if seconds > 0 else "starting"
             progress.update(task, completed=done, description=f"replies ({rate})")
+            lines("replies", done, total, f", {rate}")
 
         counts = regenerate(
             model, tokenizer, prompts, args.out_file, sampling, name=args.target,
