@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -207,7 +208,44 @@ def _add_scaling(parser: argparse.ArgumentParser) -> None:
 
 def _scaling(args: argparse.Namespace) -> tuple[Scaling, bool]:
     """The run's scaling, and whether this process is the one that writes and reports."""
+    import torch
+
     from quickdraft.train.common import Scaling, running_processes
 
     scaling = Scaling(args.accumulation_steps, args.mixed_precision)
-    return scaling, running_processes().is_main_process
+    reporting = running_processes().is_main_process
+    note = allocator_note(os.environ, JEMALLOC_PATHS, torch.cuda.is_available())
+    if reporting and note:
+        console.print(note)
+    return scaling, reporting
+
+
+# Where Debian's and Red Hat's packages put jemalloc.
+JEMALLOC_PATHS = (
+    Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+    Path("/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"),
+    Path("/usr/lib64/libjemalloc.so.2"),
+)
+KEEP_FREED = "MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1"
+
+
+def allocator_note(environ: Mapping[str, str], paths: Sequence[Path], gpu: bool) -> str | None:
+    """A line for a CPU training run under the C library's allocator. Each training step
+    allocates and frees tensors of tens of MB; glibc returns them to the kernel, which zeroes
+    every page again on the next step: on the 1.5B's EAGLE run (AMD EPYC, 2 threads) a third
+    of the CPU time went to the kernel, and the steps a minute rose from about 10.5 to 16 under
+    jemalloc told to keep freed memory. An allocator is a process's own, chosen before it
+    starts, so this says how rather than doing it."""
+    if gpu or sys.platform != "linux" or "malloc" in environ.get("LD_PRELOAD", ""):
+        return None
+    found = next((p for p in paths if p.exists()), None)
+    run = (
+        f"LD_PRELOAD={found} {KEEP_FREED} quickdraft train ..."
+        if found
+        else "install jemalloc (Debian: apt-get install libjemalloc2), then LD_PRELOAD it "
+        f"with {KEEP_FREED}"
+    )
+    return (
+        "note: CPU training spends about a third of its time zeroing memory glibc gave back; "
+        f"about 1.5x the steps a minute with jemalloc keeping it: {run}"
+    )
