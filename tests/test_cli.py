@@ -139,20 +139,3 @@ def test_progress_in_a_log_is_a_line_a_minute_with_the_time_left(monkeypatch):
     live = common.LogLines(Console(file=terminal, force_terminal=True))
     live("draft layer", 0, 20)
     assert terminal.getvalue() == ""
-
-
-def test_cpu_training_says_how_to_keep_the_allocator_from_zeroing_pages(tmp_path):
-    """On Linux without a GPU, a training run not under jemalloc or tcmalloc gets one line
-    saying how to run it so (the library's path when it is installed); otherwise none."""
-    from quickdraft.cli.common import allocator_note
-
-    library = tmp_path / "libjemalloc.so.2"
-    assert allocator_note({}, [library], gpu=False).endswith(  # not installed
-        "then LD_PRELOAD it with MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1"
-    )
-    library.touch()
-    note = allocator_note({"LD_PRELOAD": ""}, [library], gpu=False)
-    assert f"LD_PRELOAD={library} MALLOC_CONF=dirty_decay_ms:-1" in note
-    assert allocator_note({"LD_PRELOAD": str(library)}, [library], gpu=False) is None
-    assert allocator_note({"LD_PRELOAD": "/lib/libtcmalloc.so.4"}, [library], gpu=False) is None
-    assert allocator_note({}, [library], gpu=True) is None

@@ -108,3 +108,20 @@ def test_bf16_mixed_precision_trains_on_cpu_too(tmp_path):
     assert metrics["held_out"][0]["top1"] > untrained[0]["top1"] + 0.3, (metrics, untrained)
     saved = json.loads(next((tmp_path / "bf16").glob("step-*/progress.json")).read_text())
     assert saved["identity"]["mixed_precision"] == "bf16"
+
+
+def test_cpu_training_says_how_to_keep_the_allocator_from_zeroing_pages(tmp_path):
+    """On Linux without a GPU, a training run not under jemalloc or tcmalloc gets one line
+    saying how to run it so (the library's path when it is installed); otherwise none."""
+    from quickdraft.train.common import allocator_note
+
+    library = tmp_path / "libjemalloc.so.2"
+    assert allocator_note({}, [library], gpu=False).endswith(  # not installed
+        "then LD_PRELOAD it with MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1"
+    )
+    library.touch()
+    note = allocator_note({"LD_PRELOAD": ""}, [library], gpu=False)
+    assert f"LD_PRELOAD={library} MALLOC_CONF=dirty_decay_ms:-1" in note
+    assert allocator_note({"LD_PRELOAD": str(library)}, [library], gpu=False) is None
+    assert allocator_note({"LD_PRELOAD": "/lib/libtcmalloc.so.4"}, [library], gpu=False) is None
+    assert allocator_note({}, [library], gpu=True) is None

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,8 @@ if TYPE_CHECKING:
 
 # Wide enough for the tables when the output is a file or a pipe (rich assumes 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 120)
+# Progress in a log goes to stderr, so that stdout stays the result (--json).
+log_console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
 def strict_int(text: str) -> int:
@@ -142,7 +143,7 @@ class LogLines:
     background run's is): a stage's first report, then one every ``every`` seconds, and its
     last, each with the rate since the first and the time left. Silent on a terminal."""
 
-    def __init__(self, console: Console, every: float = 60.0):
+    def __init__(self, console: Console = log_console, every: float = 60.0):
         self.console, self.every = console, every
         self.seen: dict[str, tuple[float, int, float]] = {}  # stage: first time, done, last
 
@@ -175,7 +176,7 @@ def _duration(seconds: float) -> str:
 def _stages(progress: Any) -> Callable[[str, int, int], None]:
     """A progress callback (stage, done, total) with one bar per stage (lines in a log)."""
     tasks: dict[str, int] = {}
-    lines = LogLines(progress.console)
+    lines = LogLines()
 
     def advance(stage: str, done: int, total: int) -> None:
         if stage not in tasks:
@@ -208,44 +209,7 @@ def _add_scaling(parser: argparse.ArgumentParser) -> None:
 
 def _scaling(args: argparse.Namespace) -> tuple[Scaling, bool]:
     """The run's scaling, and whether this process is the one that writes and reports."""
-    import torch
-
     from quickdraft.train.common import Scaling, running_processes
 
     scaling = Scaling(args.accumulation_steps, args.mixed_precision)
-    reporting = running_processes().is_main_process
-    note = allocator_note(os.environ, JEMALLOC_PATHS, torch.cuda.is_available())
-    if reporting and note:
-        console.print(note)
-    return scaling, reporting
-
-
-# Where Debian's and Red Hat's packages put jemalloc.
-JEMALLOC_PATHS = (
-    Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
-    Path("/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"),
-    Path("/usr/lib64/libjemalloc.so.2"),
-)
-KEEP_FREED = "MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1"
-
-
-def allocator_note(environ: Mapping[str, str], paths: Sequence[Path], gpu: bool) -> str | None:
-    """A line for a CPU training run under the C library's allocator. Each training step
-    allocates and frees tensors of tens of MB; glibc returns them to the kernel, which zeroes
-    every page again on the next step: on the 1.5B's EAGLE run (AMD EPYC, 2 threads) a third
-    of the CPU time went to the kernel, and the steps a minute rose from about 10.5 to 16 under
-    jemalloc told to keep freed memory. An allocator is a process's own, chosen before it
-    starts, so this says how rather than doing it."""
-    if gpu or sys.platform != "linux" or "malloc" in environ.get("LD_PRELOAD", ""):
-        return None
-    found = next((p for p in paths if p.exists()), None)
-    run = (
-        f"LD_PRELOAD={found} {KEEP_FREED} quickdraft train ..."
-        if found
-        else "install jemalloc (Debian: apt-get install libjemalloc2), then LD_PRELOAD it "
-        f"with {KEEP_FREED}"
-    )
-    return (
-        "note: CPU training spends about a third of its time zeroing memory glibc gave back; "
-        f"about 1.5x the steps a minute with jemalloc keeping it: {run}"
-    )
+    return scaling, running_processes().is_main_process

@@ -178,7 +178,7 @@ def _regenerate(args: argparse.Namespace) -> int:
         Progress(*_progress_columns(), console=console, transient=True) as progress,
     ):
         task = progress.add_task("replies", total=len(prompts))
-        lines = LogLines(console)
+        lines = LogLines()
 
         def replied(done: int, total: int, tokens: int, seconds: float) -> None:
             rate = f"{tokens / seconds:,.0f} tokens/s" if seconds > 0 else "starting"

@@ -30,7 +30,8 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -125,6 +126,37 @@ class Scaling:
         return "bf16" if gpu else "no"
 
 
+# Where Debian's and Red Hat's packages put jemalloc.
+JEMALLOC_PATHS = (
+    Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+    Path("/usr/lib/aarch64-linux-gnu/libjemalloc.so.2"),
+    Path("/usr/lib64/libjemalloc.so.2"),
+)
+KEEP_FREED = "MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1"
+
+
+def allocator_note(environ: Mapping[str, str], paths: Sequence[Path], gpu: bool) -> str | None:
+    """A line for a CPU training run under the C library's allocator. Each training step
+    allocates and frees tensors of tens of MB; glibc returns them to the kernel, which zeroes
+    every page again on the next step: on the 1.5B's EAGLE run (AMD EPYC, 2 threads) a third
+    of the CPU time went to the kernel, and the steps a minute rose from about 10.5 to 16 under
+    jemalloc told to keep freed memory. An allocator is a process's own, chosen before it
+    starts, so this says how rather than doing it."""
+    if gpu or sys.platform != "linux" or "malloc" in environ.get("LD_PRELOAD", ""):
+        return None
+    found = next((p for p in paths if p.exists()), None)
+    run = (
+        f"LD_PRELOAD={found} {KEEP_FREED} quickdraft train ..."
+        if found
+        else "install jemalloc (Debian: apt-get install libjemalloc2), then LD_PRELOAD it "
+        f"with {KEEP_FREED}"
+    )
+    return (
+        "CPU training spends about a third of its time zeroing memory glibc gave back; about "
+        f"1.5x the steps a minute with jemalloc keeping it: {run}"
+    )
+
+
 class Run:
     """One training run of ``module`` (whose forward returns the loss of a piece) through
     accelerate. Its state (weights, optimizer, schedule, every process's random state, the
@@ -162,6 +194,9 @@ class Run:
         # Stored as JSON, compared as JSON (tuples read back as lists).
         self.identity = json.loads(json.dumps({**identity, "mixed_precision": precision}))
         self.folder, self.clip = folder, clip
+        note = allocator_note(os.environ, JEMALLOC_PATHS, self.device.type != "cpu")
+        if note is not None and self.is_main:
+            warnings.warn(note, stacklevel=2)
         self.scaling = scaling
         self.history: list[dict] = []
         self.step = 0
