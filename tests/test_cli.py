@@ -135,6 +135,13 @@ def test_progress_in_a_log_is_a_line_a_minute_with_the_time_left(monkeypatch):
         "draft layer: 10/20 (50%), about 61 s left",  # 10 steps in 61 s: 10 more in 61 s
         "draft layer: 20/20 (100%)",
     ]
+    # A pause (SIGSTOP) slows the line after it, not every line after that.
+    clock = iter([0.0, 600.0, 661.0])
+    paused = io.StringIO()
+    lines = common.LogLines(Console(file=paused, width=200))
+    for done in (0, 10, 20):
+        lines("draft layer", done, 40)
+    assert paused.getvalue().splitlines()[-1] == "draft layer: 20/40 (50%), about 2 min left"
     terminal = io.StringIO()
     live = common.LogLines(Console(file=terminal, force_terminal=True))
     live("draft layer", 0, 20)

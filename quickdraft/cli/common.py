@@ -141,25 +141,26 @@ def _progress_columns() -> tuple:
 class LogLines:
     """Progress as plain lines where rich shows no bar (output to a log file or a pipe, as a
     background run's is): a stage's first report, then one every ``every`` seconds, and its
-    last, each with the rate since the first and the time left. Silent on a terminal."""
+    last, each with the time left at the rate since the line before (a run paused with
+    SIGSTOP in between is not counted as slow ever after). Silent on a terminal."""
 
     def __init__(self, console: Console = log_console, every: float = 60.0):
         self.console, self.every = console, every
-        self.seen: dict[str, tuple[float, int, float]] = {}  # stage: first time, done, last
+        self.last: dict[str, tuple[float, int]] = {}  # stage: time and count of its last line
 
     def __call__(self, stage: str, done: int, total: int, note: str = "") -> None:
         if self.console.is_terminal:
             return
         now = time.monotonic()
-        if stage not in self.seen:
-            self.seen[stage] = (now, done, now)
+        if stage not in self.last:
+            self.last[stage] = (now, done)
             self.console.print(f"{stage}: {done:,}/{total:,}{note}")
             return
-        start, first, last = self.seen[stage]
-        if now - last < self.every and done < total:
+        then, before = self.last[stage]
+        if now - then < self.every and done < total:
             return
-        self.seen[stage] = (start, first, now)
-        rate = (done - first) / max(now - start, 1e-9)
+        self.last[stage] = (now, done)
+        rate = (done - before) / max(now - then, 1e-9)
         left = ""
         if rate > 0 and done < total:
             left = f", about {_duration((total - done) / rate)} left"
