@@ -310,10 +310,14 @@ def test_corpus_reading_and_balanced_sampling(tmp_path, smollm2):
     prefix = tokenizer.apply_chat([records[0]["messages"][0]])
     assert chat.start == len(prefix) and chat.tokens[: chat.start] == prefix
     assert tokenizer.decode(chat.tokens[chat.start :]).strip().startswith("Hello there")
-    sequences = [Sequence(list(range(20)), 1, kind) for kind in "aab" for _ in range(5)]
+    sequences = [Sequence(list(range(i, i + 20)), 1, kind) for i, kind in enumerate("aab" * 5)]
     chosen = balanced_sample(sequences, 60)
     by_kind = {k: sum(19 for s in chosen if s.kind == k) for k in "ab"}
     assert by_kind["a"] >= 30 and by_kind["b"] >= 30
+    # A repeated sequence is taken once, whatever the budget.
+    repeated = [Sequence(list(range(20)), 1, "a") for _ in range(4)] + sequences[1:3]
+    chosen = balanced_sample(repeated, 10_000)
+    assert len(chosen) == 3 and sum(s.tokens == list(range(20)) for s in chosen) == 1
     with pytest.raises(ValueError, match="data"):
         read_records([tmp_path / "missing.jsonl"])
     (tmp_path / "bad.jsonl").write_text('{"other": 1}\n')
@@ -676,6 +680,12 @@ def test_data_regenerate_writes_the_targets_replies_and_resumes(tmp_path, smollm
     assert main(argv) == 0
     turns = [json.dumps(json.loads(line)["messages"][:-1]) for line in out.read_text().splitlines()]
     assert len(turns) == 7 == len(set(turns)) and '"new"' in turns[-1]
+    # A prompt repeated in the file (the corpora repeat some turns) is asked once when greedy.
+    twice = {"kind": "chat", "prompt": "twice"}
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in [twice, *records, twice]))
+    assert main(argv) == 0
+    turns = [json.dumps(json.loads(line)["messages"][:-1]) for line in out.read_text().splitlines()]
+    assert len(turns) == 8 == len(set(turns)) and '"twice"' in turns[-1]
     assert main([*argv[:5], str(tmp_path / "none.jsonl"), *argv[6:]]) == 2
 
 
@@ -823,6 +833,43 @@ def test_code_prompts_are_standard_library_functions_the_tasks_do_not_quote(tmp_
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(written) == 4 and all(r["prompt"].startswith("Complete the") for r in written)
     assert main(["data", "code-prompts", "--out", str(tmp_path), "--count", "4"]) == 2
+
+
+def test_guide_prompts_ask_the_python_faq_and_about_its_guides(tmp_path):
+    """The FAQ's questions as they are (qa) and chat requests about tutorial, HOWTO and
+    library sections (conversation), alternately, titles read from the reST with their markup
+    dropped; the same for the same seed; a missing documentation tree is one clear error."""
+    from quickdraft.cli import main
+    from quickdraft.train.sources import CHAT_FORMS, guide_prompts
+
+    docs = tmp_path / "_sources"
+    for folder in ("faq", "library", "tutorial", "whatsnew"):
+        (docs / folder).mkdir(parents=True)
+    (docs / "faq" / "general.rst.txt").write_text(
+        "General FAQ\n===========\n\nWhy is it called Python at all?\n"
+        "-------------------------------\n\nBecause.\n\nShort?\n------\n"
+    )
+    (docs / "library" / "json.rst.txt").write_text(
+        ":mod:`!json` --- JSON encoder and decoder\n"
+        "=========================================\n\nBasic Usage\n-----------\n"
+    )
+    (docs / "tutorial" / "intro.rst.txt").write_text("Using ``for`` loops\n*******************\n")
+    (docs / "whatsnew" / "3.11.rst.txt").write_text("What's New\n==========\n")
+    prompts = guide_prompts(10, task_dir=tmp_path, seed=3, root=docs)
+    assert prompts[0] == {"kind": "qa", "prompt": "Why is it called Python at all?",
+                          "source": "Doc/faq/general.rst.txt"}  # fmt: skip
+    assert [p["kind"] for p in prompts] == ["qa", "conversation", "conversation", "conversation"]
+    topics = {"json", "basic usage in the json module", "Using for loops"}
+    asked = {p["prompt"] for p in prompts[1:]}
+    assert len(asked) == 3 and asked <= {f.format(topic=t) for f in CHAT_FORMS for t in topics}
+    assert {t for t in topics if any(f"{t} " in a or f"{t}?" in a for a in asked)} == topics
+    assert guide_prompts(10, task_dir=tmp_path, seed=3, root=docs) == prompts
+    with pytest.raises(ValueError, match=r"python3\.11-doc"):
+        guide_prompts(1, task_dir=tmp_path, root=tmp_path / "missing")
+    out = tmp_path / "guide.jsonl"
+    if Path("/usr/share/doc/python3.11/html/_sources").is_dir():
+        assert main(["data", "guide-prompts", "--out", str(out), "--count", "4"]) == 0
+        assert len(out.read_text().splitlines()) == 4
 
 
 def test_doc_prompts_ask_about_passages_the_tasks_do_not_quote(tmp_path):

@@ -63,6 +63,13 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
             "standard-library docstrings and man pages' DESCRIPTION sections,",
             "which passages are taken",
         ),
+        "guide-prompts": (
+            "questions and chat requests over the Python documentation (python3.11-doc)",
+            "over the Python documentation (apt-get install python3.11-doc), alternately: its "
+            "FAQ's questions as they are (kind qa) and requests to explain a section of its "
+            "tutorial, HOWTOs or library pages (kind conversation),",
+            "which questions and sections are taken",
+        ),
     }
     for name, (summary, form, seed_help) in prompt_kinds.items():
         prompts = kinds.add_parser(
@@ -130,7 +137,7 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
 def _data(args: argparse.Namespace) -> int:
     if args.data_kind == "regenerate":
         return _regenerate(args)
-    if args.data_kind in ("code-prompts", "doc-prompts"):
+    if args.data_kind in ("code-prompts", "doc-prompts", "guide-prompts"):
         return _prompts(args)
     return _corpus(args)
 
@@ -139,12 +146,12 @@ def _prompts(args: argparse.Namespace) -> int:
     import json
 
     from quickdraft.artifacts import check_output
-    from quickdraft.train.sources import code_prompts, document_prompts
+    from quickdraft.bench.tasks import TASK_DIR
+    from quickdraft.train.sources import code_prompts, document_prompts, guide_prompts
 
     check_output(args.out_file)
-    make = code_prompts if args.data_kind == "code-prompts" else document_prompts
-    from quickdraft.bench.tasks import TASK_DIR
-
+    make = {"code-prompts": code_prompts, "doc-prompts": document_prompts,
+            "guide-prompts": guide_prompts}[args.data_kind]  # fmt: skip
     records = make(args.count, task_dir=TASK_DIR, seed=args.seed)
     args.out_file.parent.mkdir(parents=True, exist_ok=True)
     args.out_file.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
@@ -197,6 +204,10 @@ def _regenerate(args: argparse.Namespace) -> int:
     if recorder is not None:
         console.print(
             f"stored the EAGLE features of {counts['features']:,} replies in {recorder.folder}"
+        )
+    if counts["repeated"]:
+        console.print(
+            f"asked {counts['repeated']:,} repeated prompts once (greedy: the same reply twice)"
         )
     if counts["too_long"]:
         console.print(

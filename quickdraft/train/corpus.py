@@ -113,10 +113,16 @@ def tokenize(record: dict, tokenizer: Tokenizer, max_tokens: int) -> Sequence:
 
 def balanced_sample(sequences: list[Sequence], budget: int, seed: int = 0) -> list[Sequence]:
     """About ``budget`` scored positions, split evenly across kinds (a kind with less text
-    gives all it has and the rest go to the others), sequences shuffled within each kind."""
+    gives all it has and the rest go to the others), sequences shuffled within each kind.
+    A sequence repeated (the same tokens scored from the same position) is taken once: a copy
+    teaches nothing new and would sit on both sides of a held-out split."""
     by_kind: dict[str, list[Sequence]] = {}
+    seen: set[tuple[tuple[int, ...], int]] = set()
     for sequence in sequences:
-        by_kind.setdefault(sequence.kind, []).append(sequence)
+        identity = (tuple(sequence.tokens), sequence.start)
+        if identity not in seen:
+            seen.add(identity)
+            by_kind.setdefault(sequence.kind, []).append(sequence)
     rng = random.Random(seed)
     for group in by_kind.values():
         rng.shuffle(group)

@@ -120,6 +120,16 @@ def regenerate(
     done = answered(out)
     todo = [p for p in prompts if _key(p["messages"]) not in done]
     done_here = len(prompts) - len(todo)  # answered in ``out`` and asked here
+    repeated = 0
+    if sampling.temperature == 0:
+        # A greedy reply to a prompt asked twice is the same reply twice: one copy adds
+        # nothing to train on, and two put the same text on both sides of a held-out split
+        # (the corpora repeat some turns: "What is AI?", or "Write the next part of Python's
+        # argparse module." 56 times over). Sampled replies differ, so those are all asked.
+        first = {}
+        for prompt in todo:
+            first.setdefault(_key(prompt["messages"]), prompt)
+        repeated, todo = len(todo) - len(first), list(first.values())
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = [tokenizer.apply_chat(p["messages"]) for p in todo]
     # A prompt with no room for a reply in the model's context is left out (counted, and
@@ -129,10 +139,12 @@ def regenerate(
     too_long = len(todo) - len(kept)
     todo, rows = [p for p, _ in kept], [row for _, row in kept]
     counts = {
-        "prompts": len(prompts), "skipped": done_here, "answered": len(todo),
-        "too_long": too_long, **({"features": 0} if features is not None else {}),
+        "prompts": len(prompts), "skipped": done_here, "repeated": repeated,
+        "answered": len(todo), "too_long": too_long,
+        **({"features": 0} if features is not None else {}),
     }  # fmt: skip
     tokens, start = 0, time.perf_counter()
+    done_here += repeated  # counted as done: progress still ends at len(prompts)
     if progress is not None:
         progress(done_here, len(prompts), 0, 0.0)
     if not todo:

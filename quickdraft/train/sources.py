@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import gzip
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -211,6 +212,9 @@ def code_prompts(
         for where, header in _function_headers(path, root)
     ]
     random.Random(seed).shuffle(found)
+    # One prompt per header: some functions are written out the same in several modules.
+    first = {header: where for where, header in reversed(found)}
+    found = [(first[header], header) for header in dict.fromkeys(h for _, h in found)]
     return [
         {"kind": "code", "prompt": CODE_PROMPT.format(header=header), "source": f"Lib/{where}"}
         for where, header in found[:count]
@@ -320,3 +324,72 @@ def document_prompts(
         )
         records.append({"kind": kind, "prompt": prompt, "source": where})
     return records
+
+
+PYTHON_DOCS = Path("/usr/share/doc/python3.11/html/_sources")
+_UNDERLINE = re.compile(r"^([=\-~^*#+\"'])\1{2,}$")
+_ROLE = re.compile(r":[\w:]+:`[~!]?([^`<]*?)(?:\s*<[^>]*>)?`")
+CHAT_FORMS = (
+    "Can you explain {topic} in Python? Keep it short and give an example.",
+    "I'm learning Python. What should I know about {topic}?",
+    "How do I use {topic}? Show me a small example.",
+)
+
+
+def _plain(title: str) -> str:
+    """A reST title as plain text: roles to their text, markup quotes and dashes dropped."""
+    text = _ROLE.sub(r"\1", title).replace("``", "").replace("**", "")
+    return re.sub(r"\s+", " ", text.split(" --- ")[0].split(" — ")[0]).strip(" .:")
+
+
+def _titles(path: Path) -> list[str]:
+    """A reST page's section titles in order (a title is a line over a line of one repeated
+    punctuation character at least as long)."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return [
+        _plain(line)
+        for line, under in itertools.pairwise(lines)
+        if line.strip() and _UNDERLINE.match(under.strip()) and len(under) >= len(line.strip())
+        and not _UNDERLINE.match(line.strip())
+    ]  # fmt: skip
+
+
+def guide_prompts(
+    count: int, *, task_dir: Path, seed: int = 0, root: Path = PYTHON_DOCS
+) -> list[dict]:
+    """``count`` questions over the Python documentation (``apt-get install python3.11-doc``),
+    which the bench's task sets do not quote: the FAQ's own questions asked as they are
+    (kind ``qa``), and requests to explain a section of the tutorial, the HOWTOs or a library
+    page in one of ``CHAT_FORMS`` (kind ``conversation``), alternately. Records are
+    ``{"kind", "prompt", "source"}`` for ``data regenerate``; a seeded shuffle picks them.
+    ``task_dir`` is taken for the other prompt makers' signature: nothing here is quoted."""
+    del task_dir
+    if not root.is_dir():
+        raise ValueError(f"{root}: the Python documentation is missing (apt-get install "
+                         "python3.11-doc)")  # fmt: skip
+    questions, topics = [], []
+    for path in sorted(root.rglob("*.rst.txt")):
+        where = path.relative_to(root).as_posix()
+        titles = _titles(path)
+        if where.startswith("faq/"):
+            questions += [(where, t) for t in titles if t.endswith("?") and len(t) > 15]
+        elif where.startswith(("tutorial/", "howto/", "library/")) and titles:
+            page = titles[0]
+            topics.append((where, page))
+            if where.startswith("library/"):
+                home = f"the {page} module" if " " not in page else page
+                topics += [(where, f"{t.lower()} in {home}") for t in titles[1:] if len(t) > 3]
+            else:
+                topics += [(where, t) for t in titles[1:] if len(t) > 3]
+    rng = random.Random(seed)
+    rng.shuffle(questions)
+    rng.shuffle(topics)
+    asked = [{"kind": "qa", "prompt": q, "source": f"Doc/{w}"} for w, q in dict.fromkeys(questions)]
+    chats = [
+        {"kind": "conversation", "prompt": CHAT_FORMS[i % len(CHAT_FORMS)].format(topic=topic),
+         "source": f"Doc/{where}"}
+        for i, (where, topic) in enumerate(dict.fromkeys(topics))
+    ]  # fmt: skip
+    mixed = [p for pair in zip(asked, chats, strict=False) for p in pair]
+    mixed += asked[len(mixed) // 2 :] + chats[len(mixed) // 2 :]
+    return mixed[:count]
