@@ -838,7 +838,9 @@ def test_code_prompts_are_standard_library_functions_the_tasks_do_not_quote(tmp_
 def test_guide_prompts_ask_the_python_faq_and_about_its_guides(tmp_path):
     """The FAQ's questions as they are (qa) and chat requests about tutorial, HOWTO and
     library sections (conversation), alternately, titles read from the reST with their markup
-    dropped; the same for the same seed; a missing documentation tree is one clear error."""
+    dropped and never from an indented example or comment; generic sections and the pages of
+    modules the task sets quote are left out; the same for the same seed; a missing
+    documentation tree is one clear error."""
     from quickdraft.cli import main
     from quickdraft.train.sources import CHAT_FORMS, guide_prompts
 
@@ -848,24 +850,33 @@ def test_guide_prompts_ask_the_python_faq_and_about_its_guides(tmp_path):
     (docs / "faq" / "general.rst.txt").write_text(
         "General FAQ\n===========\n\nWhy is it called Python at all?\n"
         "-------------------------------\n\nBecause.\n\nShort?\n------\n"
+        "\n.. XXX an old question\n   Is this one obsolete now, really?\n"
+        "   ----------------------------------\n"
     )
     (docs / "library" / "json.rst.txt").write_text(
         ":mod:`!json` --- JSON encoder and decoder\n"
-        "=========================================\n\nBasic Usage\n-----------\n"
+        "=========================================\n\nBasic Usage\n-----------\n\n"
+        "Examples\n--------\n\n.. code-block:: python\n\n    def f():\n"
+        '        """\n        A docstring\n        """\n'
     )
+    (docs / "library" / "quoted.rst.txt").write_text(":mod:`quoted`\n=============\n")
     (docs / "tutorial" / "intro.rst.txt").write_text("Using ``for`` loops\n*******************\n")
     (docs / "whatsnew" / "3.11.rst.txt").write_text("What's New\n==========\n")
-    prompts = guide_prompts(10, task_dir=tmp_path, seed=3, root=docs)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "code.jsonl").write_text(json.dumps({"source": "cpython==3.11 Lib/quoted.py"}) + "\n")
+    prompts = guide_prompts(10, task_dir=tasks, seed=3, root=docs)
     assert prompts[0] == {"kind": "qa", "prompt": "Why is it called Python at all?",
                           "source": "Doc/faq/general.rst.txt"}  # fmt: skip
     assert [p["kind"] for p in prompts] == ["qa", "conversation", "conversation", "conversation"]
-    topics = {"json", "basic usage in the json module", "Using for loops"}
+    topics = {"the json module", "basic Usage in the json module", "using for loops"}
     asked = {p["prompt"] for p in prompts[1:]}
     assert len(asked) == 3 and asked <= {f.format(topic=t) for f in CHAT_FORMS for t in topics}
     assert {t for t in topics if any(f"{t} " in a or f"{t}?" in a for a in asked)} == topics
-    assert guide_prompts(10, task_dir=tmp_path, seed=3, root=docs) == prompts
-    with pytest.raises(ValueError, match=r"python3\.11-doc"):
-        guide_prompts(1, task_dir=tmp_path, root=tmp_path / "missing")
+    assert guide_prompts(10, task_dir=tasks, seed=3, root=docs) == prompts
+    for missing in (tmp_path / "missing", tasks):
+        with pytest.raises(ValueError, match=r"python3\.11-doc"):
+            guide_prompts(1, task_dir=tasks, root=missing)
     out = tmp_path / "guide.jsonl"
     if Path("/usr/share/doc/python3.11/html/_sources").is_dir():
         assert main(["data", "guide-prompts", "--out", str(out), "--count", "4"]) == 0

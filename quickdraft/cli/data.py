@@ -207,7 +207,8 @@ def _regenerate(args: argparse.Namespace) -> int:
         )
     if counts["repeated"]:
         console.print(
-            f"asked {counts['repeated']:,} repeated prompts once (greedy: the same reply twice)"
+            f"left out {counts['repeated']:,} further copies of repeated prompts (greedy: "
+            "each copy would get the same reply)"
         )
     if counts["too_long"]:
         console.print(

@@ -102,7 +102,8 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
         default=None,
         help="extract the features with the target's quantized weights (the target the "
         "drafter will draft for; on the 1.5B, 2-core EPYC: q4 124 tokens/s, float 76) or "
-        "with bf16 ones (569 tokens/s on a 2-core Xeon with AMX, against q4's 190)",
+        "with bf16 ones (569 tokens/s on a 2-core Xeon with AMX, against q4's 190; slow on "
+        "a CPU without AMX or AVX-512 bf16)",
     )
     _add_scaling(eagle)
 

@@ -225,7 +225,8 @@ def train_eagle(
     features ("q4", "int8": the target the drafter will draft for; "bf16": float weights in
     bfloat16; None: float32). Measured prefill rates on the 1.5B, 2 cores: on an AMD EPYC
     (Zen 4, VNNI) q4 124 tokens/s, float32 76; on an Intel Xeon with AMX, q4 190 and bf16
-    569, so bf16 features are the fast way there and on a GPU. A drafter trained on float
+    569, so bf16 features are the fast way there; on a CPU without AMX or AVX-512 bf16 they
+    are slow (0.3 GFLOP/s on an AVX2 EPYC): take q4 there. A drafter trained on float
     features drafts for the q4 target as well as vLLM's bf16-trained drafters do for
     quantized ones: the two agree on 98.9% of greedy tokens."""
     from quickdraft.drafters.eagle.io import save_eagle

@@ -110,7 +110,8 @@ def regenerate(
     features: FeatureRecorder | None = None,
 ) -> dict:
     """Answer every prompt not yet in ``out`` and append the chats; returns counts (prompts,
-    skipped, answered, tokens, seconds, and with ``features`` the replies whose EAGLE features
+    skipped, repeated: further copies of a greedy prompt, asked once; answered, too_long,
+    tokens, seconds, and with ``features`` the replies whose EAGLE features
     it stored). With sampling (temperature > 0) each prompt draws from a generator seeded
     with ``sampling.seed`` plus its index, so a resumed run draws what an uninterrupted one
     would. ``features``: run as the engine's drafter, it stores the target's features of
@@ -126,7 +127,7 @@ def regenerate(
         # nothing to train on, and two put the same text on both sides of a held-out split
         # (the corpora repeat some turns: "What is AI?", or "Write the next part of Python's
         # argparse module." 56 times over). Sampled replies differ, so those are all asked.
-        first = {}
+        first: dict[str, dict] = {}
         for prompt in todo:
             first.setdefault(_key(prompt["messages"]), prompt)
         repeated, todo = len(todo) - len(first), list(first.values())
@@ -144,7 +145,7 @@ def regenerate(
         **({"features": 0} if features is not None else {}),
     }  # fmt: skip
     tokens, start = 0, time.perf_counter()
-    done_here += repeated  # counted as done: progress still ends at len(prompts)
+    done_here += repeated + too_long  # counted as done: progress ends at len(prompts)
     if progress is not None:
         progress(done_here, len(prompts), 0, 0.0)
     if not todo:
