@@ -842,7 +842,7 @@ def test_guide_prompts_ask_the_python_faq_and_about_its_guides(tmp_path):
     modules the task sets quote are left out; the same for the same seed; a missing
     documentation tree is one clear error."""
     from quickdraft.cli import main
-    from quickdraft.train.sources import CHAT_FORMS, guide_prompts
+    from quickdraft.train.guide_prompts import CHAT_FORMS, guide_prompts
 
     docs = tmp_path / "_sources"
     for folder in ("faq", "library", "tutorial", "whatsnew"):

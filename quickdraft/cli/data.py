@@ -147,7 +147,8 @@ def _prompts(args: argparse.Namespace) -> int:
 
     from quickdraft.artifacts import check_output
     from quickdraft.bench.tasks import TASK_DIR
-    from quickdraft.train.sources import code_prompts, document_prompts, guide_prompts
+    from quickdraft.train.guide_prompts import guide_prompts
+    from quickdraft.train.sources import code_prompts, document_prompts
 
     check_output(args.out_file)
     make = {"code-prompts": code_prompts, "doc-prompts": document_prompts,
