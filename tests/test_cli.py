@@ -3,6 +3,7 @@ import json
 import pytest
 
 from quickdraft.cli import main
+from quickdraft.drafters import registry
 
 
 def test_demo_runs_and_prints_statistics(capsys):
@@ -83,22 +84,27 @@ def test_auto_method_is_eagle_where_a_drafter_ships_else_prompt_lookup(tmp_path)
     assert auto("qwen2.5-coder-0.5b") == "eagle"
 
 
-def test_an_eagle_drafter_names_the_shortlist_it_runs_with_unless_one_is_asked_for(tmp_path):
+def test_an_eagle_drafter_runs_with_its_own_shortlist_unless_one_is_asked_for(tmp_path):
+    """One rule for the Python API, the command line and the server: the builder resolves the
+    option, so ``make_spec("eagle")`` and ``quickdraft generate --method eagle`` agree."""
     from quickdraft.artifacts import ArtifactError
-    from quickdraft.cli.common import default_shortlist
-    from quickdraft.drafters.eagle.io import CONFIG_FILE, eagle_folder
+    from quickdraft.drafters.eagle.io import CONFIG_FILE, eagle_folder, shortlist_choice
 
-    assert default_shortlist("eagle", "smollm2-135m") == "full"  # its config names none
-    assert default_shortlist("ngram", "qwen2.5-coder-0.5b") == "full"
-    assert default_shortlist("eagle", "qwen2.5-coder-0.5b") == "fr:38818"  # its bench's fastest
-    assert default_shortlist("eagle", "no-such-model") == "full"  # building it reports that
+    def own(target: str, folder: str | None = None, **options) -> str:
+        spec = registry.make_spec("eagle", **options)
+        return str(shortlist_choice(spec.options.draft_shortlist, eagle_folder(target, folder)))
+
+    assert own("smollm2-135m") == "full"  # its config names none
+    assert own("qwen2.5-coder-0.5b") == "fr:38818"  # its bench's fastest
+    assert own("qwen2.5-coder-0.5b", draft_shortlist="full") == "full"  # asked for
+    assert own("qwen2.5-coder-0.5b", draft_shortlist="dyna-pa:4") == "dyna-pa:4"
     shipped = json.loads((eagle_folder("smollm2-135m") / CONFIG_FILE).read_text())
     (tmp_path / CONFIG_FILE).write_text(json.dumps({**shipped, "shortlist": "dyna-pa:4"}))
-    assert default_shortlist("eagle", "smollm2-135m", str(tmp_path)) == "dyna-pa:4"
+    assert own("smollm2-135m", str(tmp_path)) == "dyna-pa:4"
     for wrong in ("top:3", 4):
         (tmp_path / CONFIG_FILE).write_text(json.dumps({**shipped, "shortlist": wrong}))
         with pytest.raises(ArtifactError, match=f"{CONFIG_FILE}.*'shortlist'"):
-            default_shortlist("eagle", "smollm2-135m", str(tmp_path))
+            own("smollm2-135m", str(tmp_path))
 
 
 def test_a_drafter_is_held_back_from_auto_only_by_its_config(tmp_path):

@@ -138,7 +138,7 @@ def label_of(spec: SpecConfig) -> str:
         text = "" if shape is None else f"{shape.depth}.{shape.topk}.{shape.tokens}"
         text += f"p{shape.min_prob!r}" if shape is not None and shape.min_prob else ""
         text += "" if lookup is None else f"+{lookup}"
-        text += "" if shortlist.full else f"+{shortlist}"
+        text += "" if shortlist is None or shortlist.full else f"+{shortlist}"
         text += "+suffix" if options.suffix_first else ""
         return _eagle(text, None)[0]
     if isinstance(options, MedusaOptions):

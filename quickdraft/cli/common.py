@@ -73,22 +73,6 @@ def auto_method(target: str, draft: str | None = None, backend: str = "auto") ->
     return "eagle" if target in shipped and backend != "hf" else "ngram"
 
 
-def default_shortlist(method: str, target: str, eagle_dir: str | None = None) -> str:
-    """The drafter head's shortlist when ``--shortlist`` is not given: an EAGLE drafter's own
-    (``drafters.eagle.io.shipped_shortlist``: FR-Spec's 38,818 rows for Qwen2.5-Coder-0.5B's, the
-    fastest head in its seven-task bench), else the full head. Exact either way; only the
-    drafter's cost and acceptance change."""
-    from quickdraft.drafters.eagle.io import eagle_folder, shipped_shortlist
-
-    if method != "eagle":
-        return "full"
-    try:
-        folder = eagle_folder(target, eagle_dir)
-    except ValueError:  # no drafter: building it says so, with the remedy
-        return "full"
-    return str(shipped_shortlist(folder))
-
-
 def load_speculation(
     target_name: str,
     spec: SpecConfig,

@@ -201,7 +201,6 @@ def _generate(args: argparse.Namespace) -> int:
 
     import torch
 
-    from quickdraft.cli.common import default_shortlist
     from quickdraft.config import SamplingParams
     from quickdraft.drafters import registry
     from quickdraft.engine import generate
@@ -213,15 +212,12 @@ def _generate(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     method = auto_method(args.target, args.draft, args.backend)
     entry = registry.get(method if args.method == "auto" else args.method)
-    shortlist = args.shortlist
-    if shortlist is None and "draft_shortlist" in entry.option_names():
-        shortlist = default_shortlist(entry.name, args.target, args.eagle_dir)
     options = registry.given_options(
         {
             "draft_temperature": args.draft_temperature,
             "prompt_lookup_min": args.prompt_lookup_min,
             "prompt_lookup_max": args.prompt_lookup_max,
-            "draft_shortlist": shortlist,
+            "draft_shortlist": args.shortlist,
             "shortlist_dir": args.shortlist_dir,
             "medusa_dir": args.medusa_dir,
             "tree": args.tree,

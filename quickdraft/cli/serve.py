@@ -16,7 +16,6 @@ from quickdraft.cli.common import (
     add_quant,
     auto_method,
     console,
-    default_shortlist,
     finite_float,
     load_speculation,
     strict_int,
@@ -179,8 +178,6 @@ def speculative_config(
     owned = "drafter_int8" in entry.option_names()
     int8 = data.get("drafter_int8", True) if owned else data.pop("drafter_int8", True)
     check_flag("drafter_int8", int8)  # for a draft model: how it loads
-    if "draft_shortlist" not in data and "draft_shortlist" in entry.option_names():
-        data["draft_shortlist"] = default_shortlist(entry.name, target, data.get("eagle_dir"))
     # Options of other methods at their defaults are no error, as on the command line.
     spec = registry.make_spec(entry.name, **own, **registry.given_options(data))
     return spec, draft, int8

@@ -315,7 +315,7 @@ def _medusa(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
 
 
 def _eagle(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
-    from quickdraft.drafters.eagle.io import eagle_folder, read_eagle_config
+    from quickdraft.drafters.eagle.io import eagle_folder, read_eagle_config, shortlist_choice
     from quickdraft.drafters.eagle.options import EagleOptions
 
     options = spec.options
@@ -336,9 +336,10 @@ def _eagle(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
     token_map = config.variant == "eagle1" and (
         config.draft_vocab_size < config.vocab_size or (folder / "token_map.pt").exists()
     )
+    shortlist = shortlist_choice(options.draft_shortlist, folder)
     return eagle(
         config.variant, tree.depth, tree.topk, tree.tokens, export,
-        str(options.draft_shortlist), token_map=token_map, lookup=options.lookup,
+        str(shortlist), token_map=token_map, lookup=options.lookup,
         suffix_first=options.suffix_first,
     )  # fmt: skip
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from quickdraft.config import SpecConfig
 from quickdraft.drafters.base import BuildContext
 from quickdraft.drafters.eagle.drafter import EagleDrafter
-from quickdraft.drafters.eagle.io import eagle_folder, load_eagle
+from quickdraft.drafters.eagle.io import eagle_folder, load_eagle, shortlist_choice
 from quickdraft.drafters.eagle.options import EagleOptions
 from quickdraft.drafters.eagle.tree import DynamicTree, EagleTree
 from quickdraft.drafters.suffix.hybrid import SuffixFirst, suffix_first
@@ -49,7 +49,7 @@ def build(spec: SpecConfig, context: BuildContext) -> EagleDrafter | SuffixFirst
     folder = eagle_folder(context.target_name, options.eagle_dir)
     tree = options.tree.resolve(context.target.device.type)
     shortlist = shortlist_for(
-        options.draft_shortlist,
+        shortlist_choice(options.draft_shortlist, folder),
         options.shortlist_dir,
         context.target_name,
         tree.depth,

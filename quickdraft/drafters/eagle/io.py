@@ -155,6 +155,13 @@ def shipped_shortlist(folder: str | Path) -> ShortlistChoice:
         ) from None
 
 
+def shortlist_choice(asked: ShortlistChoice | None, folder: str | Path) -> ShortlistChoice:
+    """The head shortlist a drafter runs with: the one asked for (the ``draft_shortlist``
+    option), else its own (``shipped_shortlist``). One rule for the Python API, the command
+    line and the server."""
+    return shipped_shortlist(folder) if asked is None else asked
+
+
 def eagle_folder(target_name: str | None, folder: str | Path | None = None) -> Path:
     """The explicit folder, else the drafter shipped for ``target_name``."""
     return shipped_folder(ARTIFACTS, target_name, folder, "eagle_dir", "EAGLE drafters, eagle")

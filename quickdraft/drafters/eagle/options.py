@@ -15,7 +15,7 @@ from quickdraft.config import (
 )
 from quickdraft.drafters.eagle.tree import DEFAULT_LOOKUP, DEFAULT_TREES, EagleTree
 from quickdraft.drafters.ngram import check_lookup_ngram
-from quickdraft.vocab.choice import FULL, ShortlistChoice
+from quickdraft.vocab.choice import ShortlistChoice
 
 DEFAULT = EagleTree()  # the device's measured tree
 
@@ -29,8 +29,10 @@ class EagleOptions(MethodOptions):
     eagle_lookup: the most tokens of prompt lookup (``prompt_lookup_min``..``_max``-gram
         matches, as method ngram) grafted onto each draft tree as one more branch; 0 drafts
         with the network alone, None uses ``DEFAULT_LOOKUP``. Exact like any tree.
-    draft_shortlist, shortlist_dir: the drafter scores these rows of the target's head
-        (``ShortlistChoice``); None uses the drafter's own artifacts, else the target's.
+    draft_shortlist: the drafter scores these rows of the target's head (``ShortlistChoice``);
+        None (the default) the one its ``eagle.json`` names (``shipped_shortlist``: where a
+        bench measured one faster than the full head), else the full head.
+    shortlist_dir: the shortlist's artifacts; None uses the drafter's own, else the target's.
     drafter_int8: quantized weights for the drafter's layers and head rows on CPU
         (``ops.draft_linear``: 4-bit codes on the compiled kernels, else int8); exact, only
         the proposals can shift. Ignored on other devices.
@@ -43,7 +45,7 @@ class EagleOptions(MethodOptions):
     eagle_lookup: int | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 3
-    draft_shortlist: ShortlistChoice = FULL
+    draft_shortlist: ShortlistChoice | None = None
     shortlist_dir: str | None = None
     drafter_int8: bool = True
     suffix_first: bool = False
@@ -55,7 +57,8 @@ class EagleOptions(MethodOptions):
         if self.eagle_lookup is not None:
             check_range("eagle_lookup", self.eagle_lookup, 0, MAX_SPECULATIVE_TOKENS, integer=True)
         check_lookup_ngram(self.prompt_lookup_min, self.prompt_lookup_max)
-        parse_field(self, "draft_shortlist", ShortlistChoice)
+        if self.draft_shortlist is not None:
+            parse_field(self, "draft_shortlist", ShortlistChoice)
         check_path("shortlist_dir", self.shortlist_dir)
         check_flag("drafter_int8", self.drafter_int8)
         tokens = max(self.tree.resolve(device).tokens for device in DEFAULT_TREES)
