@@ -1,0 +1,315 @@
+// The superblock layer's tiles, one per code path: a block of 16 outputs for up to kTile rows,
+// each row's integer sums exact in int32 and the same float operations after them on every
+// path (superblock.cpp), so a row's bits never depend on the path or the rows beside it.
+#pragma once
+
+#include <immintrin.h>
+
+#include "superblock.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace quickdraft_superblock {
+
+// A superblock's integer sums S (one vector a row, from either tile) to floats, added to out:
+// the minimums' sums M in int8 pairs against the activation sums in pairs (4 pairs of groups,
+// or for kQ6K a pair of halves for each group: its sub-scales), then
+// (d * float(S) + dmin * float(M)) * a, in that order.
+template <int Form, int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) inline void
+add_superblock(
+    const uint8_t* meta, const Activations& a, int64_t first, int64_t s, int64_t n,
+    const __m512i* S, float* out) {
+  constexpr int64_t kPairs = Form == kQ6K ? kSuper : kSuper / 2;
+  const uint8_t* minimums = Form == kQ6K ? meta : meta + 128;
+  const int64_t used = Form == kQ6K ? n : (n + 1) / 2;
+  __m512i mn[kPairs];
+  for (int64_t pair = 0; pair < kPairs; ++pair) {
+    mn[pair] = _mm512_cvtepi8_epi16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(minimums + 32 * pair)));
+  }
+  const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 256));
+  const __m512 dmin = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 320));
+  for (int r = 0; r < R; ++r) {
+    const int16_t* sums = &a.sums[((first + r) * a.supers + s) * a.per];
+    __m512i M = _mm512_setzero_si512();
+    for (int64_t pair = 0; pair < used; ++pair) {
+      int32_t two;
+      std::memcpy(&two, sums + 2 * pair, 4);
+      M = _mm512_dpwssd_epi32(M, mn[pair], _mm512_set1_epi32(two));
+    }
+    const __m512 t = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(S[r])),
+                                   _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(M)));
+    float* acc = out + r * kLanes;
+    _mm512_storeu_ps(acc, _mm512_add_ps(_mm512_loadu_ps(acc),
+                                        _mm512_mul_ps(t, _mm512_set1_ps(a.scale[(first + r) * a.supers + s]))));
+  }
+}
+
+// One block of 16 outputs for rows [first, first + R), added to out[r * 16 + lane] (zero on
+// entry) superblock by superblock. 4-bit codes: chunk c (of 4) holds inputs 8c..8c+3 in its
+// low nibbles, 8c+4..8c+7 in its high ones; 8-bit codes: chunk c (of 8) holds inputs 4c..4c+3.
+// kQ6K: each group's two halves times their own sub-scales, which are also the minimums'.
+template <int Form, int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile_avx512_vnni(
+    const uint8_t* block, const Activations& a, int64_t first, int64_t k, float* out,
+    const uint8_t* next) {
+  const int64_t groups = k / kGroup;
+  const uint8_t* record = block;
+  for (int64_t s = 0; s < a.supers; ++s) {
+    const int64_t n = std::min(kSuper, groups - s * kSuper);
+    constexpr int64_t kCodeBytes = code_bytes<Form>();
+    constexpr int Bits = kBits<Form>;
+    const uint8_t* meta = record + n * kCodeBytes;
+    __m512i S[R];
+    for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* codes = record + j * kCodeBytes;
+      if (next != nullptr) {  // the next block's group, into L1 while this one computes
+        const char* ahead = reinterpret_cast<const char*>(next + (codes - block));
+        for (int line = 0; line < kCodeBytes / 64; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
+      }
+      __m512i w[8];
+      load_codes<Bits>(codes, w);
+      const int8_t* p = a.codes.data() + first * k + (s * kSuper + j) * kGroup;
+      if constexpr (Form == kQ6K) {
+        // Group j's sub-scales, lane by lane (int8 pairs): the first half's in the low 16 bits.
+        const __m512i pairs = _mm512_cvtepi8_epi16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(meta + 32 * j)));
+        const __m512i first_sc = _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16);
+        const __m512i second_sc = _mm512_srai_epi32(pairs, 16);
+        for (int r = 0; r < R; ++r) {
+          __m512i lo, hi;
+          dot_avx512_halves(w, p + r * k, lo, hi);
+          S[r] = _mm512_add_epi32(S[r], _mm512_add_epi32(_mm512_mullo_epi32(lo, first_sc),
+                                                         _mm512_mullo_epi32(hi, second_sc)));
+        }
+        continue;
+      }
+      const __m512i sc =
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(meta + 16 * j)));
+      for (int r = 0; r < R; ++r) {
+        // Several rows keep the multipliers busy with one chain a row; one or two rows take
+        // two (a chain of 8 dependent products would wait on their latency).
+        const __m512i dot =
+            R >= 4 ? dot_avx512_chain<Bits>(w, p + r * k) : dot_avx512<Bits>(w, p + r * k);
+        S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot, sc));
+      }
+    }
+    add_superblock<Form, R>(meta, a, first, s, n, S, out);
+    record = meta + kMetaBytes;
+  }
+}
+
+// The same sums with the dot products on AMX tiles (kAvx512Amx), for R >= kAmxRows rows. A
+// unit of K inputs (a group of 32, or for kQ6K a half of 16) is one TDPBSUD: tile B its codes
+// as ``load_codes`` gives them (K / 4 rows of 64 bytes: 16 outputs x 4 inputs), tile A the
+// rows' activation codes (R rows of K bytes, read in place with stride k), tile C the R x 16
+// dot products ``dot_avx512`` computes row by row, exactly in int32. A superblock goes in three
+// passes so that no pass waits on another's latency: its codes unpacked into a buffer, its
+// units' products (two sets of tiles in turn, so consecutive units overlap) stored, then the
+// sub-scales applied. Everything after the integer sums is the VNNI tile's code, so a row's
+// output has the same bits on either path and at any row count.
+constexpr int kAmxRows = 12;
+
+// Tiles 0-2 (A, B, C) and 3-5 for the units in turn; GCC's tile intrinsics take literal numbers.
+template <int Form, int R>
+inline TileConfig amx_config() {
+  constexpr int kUnit = Form == kQ6K ? kGroup / 2 : kGroup;  // inputs a product
+  TileConfig config;
+  for (int set = 0; set < 2; ++set) {
+    config.rows[3 * set] = R;
+    config.colsb[3 * set] = kUnit;
+    config.rows[3 * set + 1] = kUnit / 4;
+    config.colsb[3 * set + 1] = 4 * kLanes;
+    config.rows[3 * set + 2] = R;
+    config.colsb[3 * set + 2] = 4 * kLanes;
+  }
+  return config;
+}
+
+template <int Form, int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8"))) void tile_amx(
+    const uint8_t* block, const Activations& a, int64_t first, int64_t k, float* out,
+    const uint8_t* next) {
+  static_assert(R >= 1 && R <= kTile);
+  constexpr bool kHalves = Form == kQ6K;
+  constexpr int64_t kUnit = kHalves ? kGroup / 2 : kGroup;
+  constexpr int64_t kUnits = kSuper * kGroup / kUnit;  // units a superblock
+  constexpr int64_t kCodeBytes = code_bytes<Form>();
+  constexpr int Bits = kBits<Form>;
+  // Loaded and released each call: other code on this thread (oneDNN) configures tiles too.
+  const TileConfig config = amx_config<Form, R>();
+  _tile_loadconfig(&config);
+  alignas(64) uint8_t codes_b[kSuper][8 * 64];
+  alignas(64) int32_t dots[kUnits][R * kLanes];
+  const int64_t groups = k / kGroup;
+  const uint8_t* record = block;
+  for (int64_t s = 0; s < a.supers; ++s) {
+    const int64_t n = std::min(kSuper, groups - s * kSuper);
+    const uint8_t* meta = record + n * kCodeBytes;
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* codes = record + j * kCodeBytes;
+      if (next != nullptr) {  // the next block's group, into L1 while this one computes
+        const char* ahead = reinterpret_cast<const char*>(next + (codes - block));
+        for (int line = 0; line < kCodeBytes / 64; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
+      }
+      __m512i w[8];
+      load_codes<Bits>(codes, w);
+      for (int i = 0; i < 8; ++i) _mm512_store_si512(codes_b[j] + 64 * i, w[i]);
+    }
+    const int8_t* p = a.codes.data() + first * k + s * kSuper * kGroup;
+    const int64_t units = n * kGroup / kUnit;
+    int64_t u = 0;
+    for (; u + 1 < units; u += 2) {
+      _tile_loadd(0, p + u * kUnit, k);
+      _tile_loadd(1, codes_b[0] + u * kUnit * kLanes, 64);
+      _tile_zero(2);
+      _tile_loadd(3, p + (u + 1) * kUnit, k);
+      _tile_loadd(4, codes_b[0] + (u + 1) * kUnit * kLanes, 64);
+      _tile_zero(5);
+      _tile_dpbsud(2, 0, 1);
+      _tile_dpbsud(5, 3, 4);
+      _tile_stored(2, dots[u], 4 * kLanes);
+      _tile_stored(5, dots[u + 1], 4 * kLanes);
+    }
+    if (u < units) {
+      _tile_loadd(0, p + u * kUnit, k);
+      _tile_loadd(1, codes_b[0] + u * kUnit * kLanes, 64);
+      _tile_zero(2);
+      _tile_dpbsud(2, 0, 1);
+      _tile_stored(2, dots[u], 4 * kLanes);
+    }
+    __m512i S[R];
+    for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < n; ++j) {
+      if constexpr (kHalves) {  // each half times its own sub-scale (int8 pairs, lane by lane)
+        const __m512i pairs = _mm512_cvtepi8_epi16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(meta + 32 * j)));
+        const __m512i first_sc = _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16);
+        const __m512i second_sc = _mm512_srai_epi32(pairs, 16);
+        for (int r = 0; r < R; ++r) {
+          const __m512i lo = _mm512_load_si512(dots[2 * j] + r * kLanes);
+          const __m512i hi = _mm512_load_si512(dots[2 * j + 1] + r * kLanes);
+          S[r] = _mm512_add_epi32(S[r], _mm512_add_epi32(_mm512_mullo_epi32(lo, first_sc),
+                                                         _mm512_mullo_epi32(hi, second_sc)));
+        }
+      } else {
+        const __m512i sc = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(meta + 16 * j)));
+        for (int r = 0; r < R; ++r) {
+          S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(_mm512_load_si512(dots[j] + r * kLanes), sc));
+        }
+      }
+    }
+    add_superblock<Form, R>(meta, a, first, s, n, S, out);
+    record = meta + kMetaBytes;
+  }
+  _tile_release();
+}
+
+// The same sums with AVX2, 8 outputs (half a block) at a time (``dot_avx2``).
+template <int Form, int R>
+__attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* block,
+                                                               const Activations& a,
+                                                               int64_t first, int64_t k,
+                                                               float* out) {
+  const int64_t groups = k / kGroup;
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    const uint8_t* record = block;
+    for (int64_t s = 0; s < a.supers; ++s) {
+      const int64_t n = std::min(kSuper, groups - s * kSuper);
+      constexpr int64_t kCodeBytes = code_bytes<Form>();
+      constexpr int Bits = kBits<Form>;
+      const uint8_t* meta = record + n * kCodeBytes;
+      __m256i S[R], M[R];
+      for (int r = 0; r < R; ++r) S[r] = M[r] = _mm256_setzero_si256();
+      for (int64_t j = 0; j < n; ++j) {
+        const uint8_t* codes = record + j * kCodeBytes;
+        __m256i lo[kAvx2Chunks<Bits>], hi[kAvx2Chunks<Bits>];
+        load_codes_avx2<Bits>(codes, half, lo, hi);
+        if constexpr (Form == kQ6K) {  // as the AVX-512 tile: the halves' own sub-scales
+          const __m256i pairs = _mm256_cvtepi8_epi16(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(meta + 32 * j + 16 * half)));
+          const __m256i first_sc = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 16);
+          const __m256i second_sc = _mm256_srai_epi32(pairs, 16);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* p = a.codes.data() + (first + r) * k + (s * kSuper + j) * kGroup;
+            const __m256i both =
+                _mm256_add_epi32(_mm256_mullo_epi32(dot_avx2_chunks(lo, hi, p, 0, 2), first_sc),
+                                 _mm256_mullo_epi32(dot_avx2_chunks(lo, hi, p, 2, 4), second_sc));
+            S[r] = _mm256_add_epi32(S[r], both);
+          }
+          continue;
+        }
+        const __m256i sc = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta + 16 * j + 8 * half)));
+        for (int r = 0; r < R; ++r) {
+          const int8_t* p = a.codes.data() + (first + r) * k + (s * kSuper + j) * kGroup;
+          const __m256i d = dot_avx2<Bits>(lo, hi, p);
+          S[r] = _mm256_add_epi32(S[r], _mm256_mullo_epi32(d, sc));
+        }
+      }
+      const uint8_t* minimums = Form == kQ6K ? meta : meta + 128;
+      const int64_t used = Form == kQ6K ? n : (n + 1) / 2;
+      for (int64_t pair = 0; pair < used; ++pair) {
+        const __m256i mn = _mm256_cvtepi8_epi16(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(minimums + 32 * pair + 16 * half)));
+        for (int r = 0; r < R; ++r) {
+          int32_t sums;
+          std::memcpy(&sums, &a.sums[((first + r) * a.supers + s) * a.per + 2 * pair], 4);
+          M[r] = _mm256_add_epi32(M[r], _mm256_madd_epi16(mn, _mm256_set1_epi32(sums)));
+        }
+      }
+      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(meta + 256) + 8 * half);
+      const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(meta + 320) + 8 * half);
+      for (int r = 0; r < R; ++r) {
+        const __m256 t = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(S[r])),
+                                       _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(M[r])));
+        acc[r] = _mm256_add_ps(
+            acc[r], _mm256_mul_ps(t, _mm256_set1_ps(a.scale[(first + r) * a.supers + s])));
+      }
+      record = meta + kMetaBytes;
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * kLanes + 8 * half, acc[r]);
+  }
+}
+
+// A path's tile: up to kRows rows at once (as many as its vector registers hold).
+template <int Bits, int R>
+struct Avx512Vnni {
+  static constexpr int kRows = kTile;
+  static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out,
+                  const uint8_t* next) {
+    tile_avx512_vnni<Bits, R>(b, a, first, k, out, next);
+  }
+};
+
+// Fewer than kAmxRows rows stream the weights at the memory rate on the VNNI tile already.
+template <int Bits, int R>
+struct Amx {
+  static constexpr int kRows = kTile;
+  static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out,
+                  const uint8_t* next) {
+    if constexpr (R >= kAmxRows) {
+      tile_amx<Bits, R>(b, a, first, k, out, next);
+    } else {
+      tile_avx512_vnni<Bits, R>(b, a, first, k, out, next);
+    }
+  }
+};
+
+template <int Bits, int R>
+struct Avx2 {
+  static constexpr int kRows = 8;  // 16 registers of 256 bits
+  static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out,
+                  const uint8_t*) {
+    tile_avx2<Bits, R>(b, a, first, k, out);
+  }
+};
+
+}  // namespace quickdraft_superblock
