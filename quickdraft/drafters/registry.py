@@ -107,9 +107,33 @@ def get(name: Any) -> MethodEntry:
 
 def options_for(entry: MethodEntry, fields: dict[str, Any]) -> MethodOptions:
     """``entry``'s options from flat fields (text or typed values); a field of another
-    method's options is an error naming the methods it belongs to."""
+    method's options is an error naming the methods it belongs to, unless it is at a default
+    of a method that takes it (``draft_shortlist="full"`` for ngram), as on the command line."""
+    own = set(entry.option_names())
+    fields = {
+        name: value
+        for name, value in fields.items()
+        if name in own or not _at_a_default(name, value)
+    }
     check_option_names(entry, fields)
     return entry.options(**fields)
+
+
+def _at_a_default(name: str, value: Any) -> bool:
+    try:
+        text = str(value)
+    except ValueError:  # an integer too long to print is nobody's default
+        return False
+    return text in _defaults().get(name, set())
+
+
+def _defaults() -> dict[str, set[str]]:
+    """Each option's defaults as text, over the methods that take it."""
+    defaults: dict[str, set[str]] = {}
+    for entry in entries():
+        for field in dataclasses.fields(entry.options):
+            defaults.setdefault(field.name, set()).add(str(field.default))
+    return defaults
 
 
 def check_option_names(entry: MethodEntry, fields: dict[str, Any]) -> None:
@@ -131,10 +155,7 @@ def given_options(fields: dict[str, Any]) -> dict[str, Any]:
     method that takes them (``tree="default"``, ``draft_shortlist="full"``) are dropped, so a
     command line that passes each of its flags names only the ones the user gave; such a flag
     of another method is then an error from ``make_spec``."""
-    defaults: dict[str, set[str]] = {}
-    for entry in entries():
-        for field in dataclasses.fields(entry.options):
-            defaults.setdefault(field.name, set()).add(str(field.default))
+    defaults = _defaults()
     return {
         name: value
         for name, value in fields.items()
