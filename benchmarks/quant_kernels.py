@@ -17,6 +17,7 @@ Small projections stay in cache across repeated calls here; ``weight_stream.py``
 the rate at which weights stream from memory.
 
     python benchmarks/quant_kernels.py --threads 2
+    python benchmarks/quant_kernels.py --kernels "quickdraft q4" --out results/quant_kernels_q4.json
 """
 
 from __future__ import annotations
@@ -103,6 +104,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--slow-ms", type=float, default=500.0)
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        default=None,
+        help="only the candidates whose name contains one of these, e.g. 'quickdraft q4' for "
+        "the 4-bit kernel on every path this CPU runs",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "quant_kernels.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -112,6 +120,8 @@ def main() -> None:
     for name, out, inner, _ in SHAPES:
         weight = torch.randn(out, inner) * 0.02
         calls = candidates(weight)
+        if args.kernels:
+            calls = {k: call for k, call in calls.items() if any(f in k for f in args.kernels)}
         inputs = {n: torch.randn(n, inner) for n in args.rows}
         samples: dict[tuple[str, int], list[float]] = {}
         slow: set[str] = set()

@@ -865,3 +865,14 @@ def test_training_skips_prompt_anchors_without_changing_a_loss(targets, variant)
         assert torch.equal(seen[j]["target"], teacher.argmax(-1))
     with pytest.raises(ValueError, match="first"):
         net.unroll(embeds, fused, 1, ~real[:, :anchors], first=anchors)
+
+
+def test_the_held_out_argmax_in_chunks_is_the_argmax_of_the_whole():
+    from quickdraft.train.eagle import head_argmax
+
+    generator = torch.Generator().manual_seed(0)
+    states, head = (
+        torch.randn(37, 16, generator=generator),
+        torch.randn(300, 16, generator=generator),
+    )
+    assert torch.equal(head_argmax(states, head, chunk=8), (states @ head.T).argmax(-1))

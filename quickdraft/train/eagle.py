@@ -164,6 +164,14 @@ def _settings_record(settings: EagleTraining) -> dict:
     return record
 
 
+def head_argmax(states: torch.Tensor, head: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """The top row of ``head`` [V, d] for each of ``states`` [n, d], ``chunk`` states at a time:
+    a batch's logits over a 151,936-token vocabulary at once are GBs (fp32), and an allocator
+    that keeps what it frees (jemalloc, as training wants) kept them until the 1.5B's
+    evaluation ran out of memory."""
+    return torch.cat([(piece @ head.T).argmax(-1) for piece in states.split(chunk)])
+
+
 @torch.inference_mode()
 def evaluate(
     net: EagleNet,
@@ -190,7 +198,7 @@ def evaluate(
         _, seen = step_losses(net, embed, head, batch, settings, noise=False)
         for record in seen:
             j = record["step"]
-            choice = (record["teacher"] @ lm_head.T).argmax(-1)  # the target's own token
+            choice = head_argmax(record["teacher"], lm_head)  # the target's own token
             hits[j] += float((vocab[record["draft"]] == choice).sum())
             inside[j] += float(torch.isin(choice, vocab).sum())
             counts[j] += choice.numel()
