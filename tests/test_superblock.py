@@ -165,7 +165,7 @@ def test_the_integer_sums_do_not_overflow_at_the_extremes(path, bits):
                 6,
                 16,
             )
-            x = torch.ones(6, inner)  # 6 rows: AMX's tile too
+            x = torch.ones(6, inner)
             x[1::2] = -1.0
             y = sb.linear(x, sb.SuperWeights.build(q6k, path=path))
             assert torch.equal(y, sb.reference(x, q6k))
@@ -182,9 +182,8 @@ def test_the_integer_sums_do_not_overflow_at_the_extremes(path, bits):
 @pytest.mark.parametrize("bits", FORMS)
 @pytest.mark.parametrize("path", PATHS)
 def test_a_row_is_the_same_alone_or_in_any_batch(path, bits):
-    """Whole tiles (16 rows with VNNI and AMX, 8 with AVX2) and remainders of every size (AMX
-    multiplies 4 rows or more on tiles, fewer on VNNI): a row's bits never depend on its
-    neighbours."""
+    """Whole tiles (16 rows with VNNI, 8 with AVX2) and remainders of every size: a row's bits
+    never depend on its neighbours."""
     generator = torch.Generator().manual_seed(2)
     codes = random_codes(50, 288, seed=2, bits=bits)
     layer = sb.SuperWeights.build(codes, torch.randn(50, generator=generator), path=path)

@@ -35,12 +35,8 @@ HEADERS = [
     for name in ("simd.h", "entry.h", "superblock.h", "superblock_tiles.h")
 ]
 # Which code path runs the 4-bit product: the compiled kernel's instruction sets, best first,
-# then the PyTorch reference (``kernels.superblock.reference``), which every CPU runs. The same
-# bits on every path. avx512-amx is avx512-vnni with the integer products of 12 rows or more
-# on AMX tiles, where the CPU lists AMX-INT8 and a probe shows Linux lets it run: on a 2-core
-# Xeon, the 1.5B's projections at 16 rows took 14% less time than on VNNI, at 32 rows 21%
-# less, at 12 or fewer the same (so they stay on VNNI).
-PATHS = {"avx512-amx": 3, "avx512-vnni": 1, "avx2": 2}
+# then the PyTorch reference (``kernels.superblock.reference``), which every CPU runs.
+PATHS = {"avx512-vnni": 1, "avx2": 2}
 REFERENCE = "pytorch"
 STALE_SECONDS = 24 * 3600
 
@@ -130,7 +126,7 @@ def check_path(path: str) -> str:
 def attention_path() -> int:
     """The compiled attention kernel's instruction set for this CPU (1: AVX-512, 2: AVX2), or
     0 where there is none."""
-    return {"avx512-amx": 1, "avx512-vnni": 1, "avx2": 2}.get(best_path(), 0)
+    return {"avx512-vnni": 1, "avx2": 2}.get(best_path(), 0)
 
 
 def describe_weights(quant: str | None, layout: str | None = None) -> str:

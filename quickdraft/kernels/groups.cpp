@@ -220,7 +220,7 @@ void group_product(const float* x, int64_t rows, const uint8_t* packed, int64_t 
     std::vector<float> acc(rows * kLanes);
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* records = packed + block * groups * record;
-      if (vector_path(path) == kAvx512Vnni) {
+      if (path == kAvx512Vnni) {
         (bits == 4 ? run_block<Avx512Vnni, 4> : run_block<Avx512Vnni, 8>)(records, a, rows, k,
                                                                           acc.data());
       } else {

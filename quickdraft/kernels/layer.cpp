@@ -128,9 +128,8 @@ std::vector<at::Tensor> decoder_layers(
     const at::Tensor& write_slots, const at::Tensor& query_tokens, const at::Tensor& query_rows,
     const at::Tensor& slots, const at::Tensor& counts, int64_t heads, int64_t kv_heads,
     at::IntArrayRef taps, int64_t path) {
-  TORCH_CHECK(path == quickdraft_simd::kAvx512Vnni || path == quickdraft_simd::kAvx2 ||
-                  path == quickdraft_simd::kAvx512Amx,
-              "decoder_layers: path must be 1, 2 or 3");
+  TORCH_CHECK(path == quickdraft_simd::kAvx512Vnni || path == quickdraft_simd::kAvx2,
+              "decoder_layers: path must be 1 or 2");
   TORCH_CHECK(quickdraft_simd::supported(path), "decoder_layers: this CPU cannot run path ", path);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "decoder_layers: x must be contiguous float32 [tokens, hidden]");
@@ -257,7 +256,7 @@ std::vector<at::Tensor> decoder_layers(
                             count, h.get(), tokens, heads, kv_heads, dim, width, qkv_width,
                             q_width, keys.stride(1), keys.stride(2), values.stride(1),
                             values.stride(2), 1.0f / std::sqrt(static_cast<float>(dim))};
-    quickdraft_kernels::attend_queries(problem, quickdraft_simd::vector_path(path));
+    quickdraft_kernels::attend_queries(problem, path);
     run(p[1], h.get(), tokens, path, out.get());
     each_row(tokens, hidden, [&](int64_t i) {
       float* row = state + i * hidden;

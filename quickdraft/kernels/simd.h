@@ -4,11 +4,7 @@
 // that need one (attention.cpp, layer.cpp).
 #pragma once
 
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -19,70 +15,11 @@ namespace quickdraft_simd {
 constexpr int64_t kGroup = 32;  // inputs a group
 constexpr int64_t kLanes = 16;  // outputs a block
 
-// kAvx512Amx is kAvx512Vnni with the superblock product's integer dot products of 4 rows or
-// more on AMX tiles (superblock.cpp): the same exact int32 sums, so the same bits; everything
-// else (groups.cpp, attention, the fused layer's element-wise parts) runs as kAvx512Vnni.
-enum Path : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2 = 2, kAvx512Amx = 3 };
-
-// The vector instruction set a path uses outside the superblock product.
-inline int64_t vector_path(int64_t path) { return path == kAvx512Amx ? kAvx512Vnni : path; }
-
-// A tile configuration (palette 1): tile t with rows[t] rows of colsb[t] bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// One int8 tile product in a forked child: whether AMX really runs here. The CPU can list
-// AMX while the kernel or hypervisor does not enable its state, and then the first tile
-// instruction faults; the child takes that fault instead of this process.
-__attribute__((target("amx-tile,amx-int8"))) inline bool amx_runs() {
-  const pid_t child = fork();
-  if (child < 0) return false;
-  if (child == 0) {
-    TileConfig config;
-    for (int t = 0; t < 3; ++t) {
-      config.colsb[t] = 64;
-      config.rows[t] = 16;
-    }
-    alignas(64) int8_t data[16 * 64] = {1};
-    alignas(64) int32_t out[16 * 16];
-    _tile_loadconfig(&config);
-    _tile_loadd(0, data, 64);
-    _tile_loadd(1, data, 64);
-    _tile_zero(2);
-    _tile_dpbsud(2, 0, 1);
-    _tile_stored(2, out, 64);
-    _tile_release();
-    _exit(out[0] == 1 ? 0 : 1);
-  }
-  int status = 0;
-  return waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
-// AMX int8 usable by this process: listed by the CPU (CPUID 7: AMX-TILE, AMX-INT8), its tile
-// state granted by Linux (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, as oneDNN asks), and a
-// tile product that runs. Asked once.
-inline bool amx_usable() {
-  static const bool usable = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return false;
-    constexpr long kRequestPermission = 0x1023, kTileData = 18;
-    if (syscall(SYS_arch_prctl, kRequestPermission, kTileData) != 0) return false;
-    return amx_runs();
-  }();
-  return usable;
-}
+enum Path : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2 = 2 };
 
 inline bool supported(int64_t path) {
   __builtin_cpu_init();
   switch (path) {
-    case kAvx512Amx:
-      return supported(kAvx512Vnni) && amx_usable();
     case kAvx512Vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");

@@ -125,7 +125,6 @@ void run_block(const uint8_t* block, const Activations& a, int64_t rows, int64_t
 
 // The fastest path this CPU runs (0: none, use the PyTorch reference).
 int64_t best_path() {
-  if (supported(kAvx512Amx)) return kAvx512Amx;
   if (supported(kAvx512Vnni)) return kAvx512Vnni;
   if (supported(kAvx2)) return kAvx2;
   return kAuto;
@@ -153,12 +152,7 @@ void superblock_product(const float* x, int64_t rows, const uint8_t* packed, int
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* records = packed + block * stride;
       const uint8_t* next = block + 1 < end && rows >= kPrefetchRows ? records + stride : nullptr;
-      const auto run = path == kAvx512Amx
-                           ? (q6k         ? run_block<Amx, kQ6K>
-                              : bits == 4 ? run_block<Amx, 4>
-                              : bits == 6 ? run_block<Amx, 6>
-                                          : run_block<Amx, 8>)
-                       : path == kAvx512Vnni
+      const auto run = path == kAvx512Vnni
                            ? (q6k         ? run_block<Avx512Vnni, kQ6K>
                               : bits == 4 ? run_block<Avx512Vnni, 4>
                               : bits == 6 ? run_block<Avx512Vnni, 6>

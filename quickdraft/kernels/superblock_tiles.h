@@ -13,7 +13,7 @@
 
 namespace quickdraft_superblock {
 
-// A superblock's integer sums S (one vector a row, from either tile) to floats, added to out:
+// A superblock's integer sums S (one vector a row) to floats, added to out:
 // the minimums' sums M in int8 pairs against the activation sums in pairs (4 pairs of groups,
 // or for kQ6K a pair of halves for each group: its sub-scales), then
 // (d * float(S) + dmin * float(M)) * a, in that order.
@@ -103,113 +103,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
   }
 }
 
-// The same sums with the dot products on AMX tiles (kAvx512Amx), for R >= kAmxRows rows. A
-// unit of K inputs (a group of 32, or for kQ6K a half of 16) is one TDPBSUD: tile B its codes
-// as ``load_codes`` gives them (K / 4 rows of 64 bytes: 16 outputs x 4 inputs), tile A the
-// rows' activation codes (R rows of K bytes, read in place with stride k), tile C the R x 16
-// dot products ``dot_avx512`` computes row by row, exactly in int32. A superblock goes in three
-// passes so that no pass waits on another's latency: its codes unpacked into a buffer, its
-// units' products (two sets of tiles in turn, so consecutive units overlap) stored, then the
-// sub-scales applied. Everything after the integer sums is the VNNI tile's code, so a row's
-// output has the same bits on either path and at any row count.
-constexpr int kAmxRows = 12;
-
-// Tiles 0-2 (A, B, C) and 3-5 for the units in turn; GCC's tile intrinsics take literal numbers.
-template <int Form, int R>
-inline TileConfig amx_config() {
-  constexpr int kUnit = Form == kQ6K ? kGroup / 2 : kGroup;  // inputs a product
-  TileConfig config;
-  for (int set = 0; set < 2; ++set) {
-    config.rows[3 * set] = R;
-    config.colsb[3 * set] = kUnit;
-    config.rows[3 * set + 1] = kUnit / 4;
-    config.colsb[3 * set + 1] = 4 * kLanes;
-    config.rows[3 * set + 2] = R;
-    config.colsb[3 * set + 2] = 4 * kLanes;
-  }
-  return config;
-}
-
-template <int Form, int R>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8"))) void tile_amx(
-    const uint8_t* block, const Activations& a, int64_t first, int64_t k, float* out,
-    const uint8_t* next) {
-  static_assert(R >= 1 && R <= kTile);
-  constexpr bool kHalves = Form == kQ6K;
-  constexpr int64_t kUnit = kHalves ? kGroup / 2 : kGroup;
-  constexpr int64_t kUnits = kSuper * kGroup / kUnit;  // units a superblock
-  constexpr int64_t kCodeBytes = code_bytes<Form>();
-  constexpr int Bits = kBits<Form>;
-  // Loaded and released each call: other code on this thread (oneDNN) configures tiles too.
-  const TileConfig config = amx_config<Form, R>();
-  _tile_loadconfig(&config);
-  alignas(64) uint8_t codes_b[kSuper][8 * 64];
-  alignas(64) int32_t dots[kUnits][R * kLanes];
-  const int64_t groups = k / kGroup;
-  const uint8_t* record = block;
-  for (int64_t s = 0; s < a.supers; ++s) {
-    const int64_t n = std::min(kSuper, groups - s * kSuper);
-    const uint8_t* meta = record + n * kCodeBytes;
-    for (int64_t j = 0; j < n; ++j) {
-      const uint8_t* codes = record + j * kCodeBytes;
-      if (next != nullptr) {  // the next block's group, into L1 while this one computes
-        const char* ahead = reinterpret_cast<const char*>(next + (codes - block));
-        for (int line = 0; line < kCodeBytes / 64; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
-      }
-      __m512i w[8];
-      load_codes<Bits>(codes, w);
-      for (int i = 0; i < 8; ++i) _mm512_store_si512(codes_b[j] + 64 * i, w[i]);
-    }
-    const int8_t* p = a.codes.data() + first * k + s * kSuper * kGroup;
-    const int64_t units = n * kGroup / kUnit;
-    int64_t u = 0;
-    for (; u + 1 < units; u += 2) {
-      _tile_loadd(0, p + u * kUnit, k);
-      _tile_loadd(1, codes_b[0] + u * kUnit * kLanes, 64);
-      _tile_zero(2);
-      _tile_loadd(3, p + (u + 1) * kUnit, k);
-      _tile_loadd(4, codes_b[0] + (u + 1) * kUnit * kLanes, 64);
-      _tile_zero(5);
-      _tile_dpbsud(2, 0, 1);
-      _tile_dpbsud(5, 3, 4);
-      _tile_stored(2, dots[u], 4 * kLanes);
-      _tile_stored(5, dots[u + 1], 4 * kLanes);
-    }
-    if (u < units) {
-      _tile_loadd(0, p + u * kUnit, k);
-      _tile_loadd(1, codes_b[0] + u * kUnit * kLanes, 64);
-      _tile_zero(2);
-      _tile_dpbsud(2, 0, 1);
-      _tile_stored(2, dots[u], 4 * kLanes);
-    }
-    __m512i S[R];
-    for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_si512();
-    for (int64_t j = 0; j < n; ++j) {
-      if constexpr (kHalves) {  // each half times its own sub-scale (int8 pairs, lane by lane)
-        const __m512i pairs = _mm512_cvtepi8_epi16(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(meta + 32 * j)));
-        const __m512i first_sc = _mm512_srai_epi32(_mm512_slli_epi32(pairs, 16), 16);
-        const __m512i second_sc = _mm512_srai_epi32(pairs, 16);
-        for (int r = 0; r < R; ++r) {
-          const __m512i lo = _mm512_load_si512(dots[2 * j] + r * kLanes);
-          const __m512i hi = _mm512_load_si512(dots[2 * j + 1] + r * kLanes);
-          S[r] = _mm512_add_epi32(S[r], _mm512_add_epi32(_mm512_mullo_epi32(lo, first_sc),
-                                                         _mm512_mullo_epi32(hi, second_sc)));
-        }
-      } else {
-        const __m512i sc = _mm512_cvtepu8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(meta + 16 * j)));
-        for (int r = 0; r < R; ++r) {
-          S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(_mm512_load_si512(dots[j] + r * kLanes), sc));
-        }
-      }
-    }
-    add_superblock<Form, R>(meta, a, first, s, n, S, out);
-    record = meta + kMetaBytes;
-  }
-  _tile_release();
-}
-
 // The same sums with AVX2, 8 outputs (half a block) at a time (``dot_avx2``).
 template <int Form, int R>
 __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* block,
@@ -286,20 +179,6 @@ struct Avx512Vnni {
   static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out,
                   const uint8_t* next) {
     tile_avx512_vnni<Bits, R>(b, a, first, k, out, next);
-  }
-};
-
-// Fewer than kAmxRows rows stream the weights at the memory rate on the VNNI tile already.
-template <int Bits, int R>
-struct Amx {
-  static constexpr int kRows = kTile;
-  static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out,
-                  const uint8_t* next) {
-    if constexpr (R >= kAmxRows) {
-      tile_amx<Bits, R>(b, a, first, k, out, next);
-    } else {
-      tile_avx512_vnni<Bits, R>(b, a, first, k, out, next);
-    }
   }
 };
 
