@@ -109,22 +109,21 @@ def options_for(entry: MethodEntry, fields: dict[str, Any]) -> MethodOptions:
     """``entry``'s options from flat fields (text or typed values); a field of another
     method's options is an error naming the methods it belongs to, unless it is at a default
     of a method that takes it (``draft_shortlist="full"`` for ngram), as on the command line."""
-    own = set(entry.option_names())
+    own, defaults = set(entry.option_names()), _defaults()
     fields = {
         name: value
         for name, value in fields.items()
-        if name in own or not _at_a_default(name, value)
+        if name in own or not _at_a_default(value, defaults.get(name, set()))
     }
     check_option_names(entry, fields)
     return entry.options(**fields)
 
 
-def _at_a_default(name: str, value: Any) -> bool:
+def _at_a_default(value: Any, defaults: set[str]) -> bool:
     try:
-        text = str(value)
+        return str(value) in defaults
     except ValueError:  # an integer too long to print is nobody's default
         return False
-    return text in _defaults().get(name, set())
 
 
 def _defaults() -> dict[str, set[str]]:
@@ -151,16 +150,10 @@ def check_option_names(entry: MethodEntry, fields: dict[str, Any]) -> None:
 
 
 def given_options(fields: dict[str, Any]) -> dict[str, Any]:
-    """The fields a front end really set: those None (unset) or at the default of every
-    method that takes them (``tree="default"``, ``draft_shortlist="full"``) are dropped, so a
-    command line that passes each of its flags names only the ones the user gave; such a flag
-    of another method is then an error from ``make_spec``."""
-    defaults = _defaults()
-    return {
-        name: value
-        for name, value in fields.items()
-        if value is not None and {str(value)} != defaults.get(name)
-    }
+    """The fields a front end really set: those None (unset) are dropped. A command line
+    passes each of its flags; one of another method's options at a default is then dropped by
+    ``options_for``, and at any other value is an error from ``make_spec``."""
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def make_spec(
