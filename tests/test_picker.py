@@ -11,9 +11,10 @@ from quickdraft.cli import main
 from quickdraft.config import Method, NoOptions, SpecConfig
 from quickdraft.drafters import ngram, registry
 from quickdraft.drafters.registry import MethodEntry, make_spec
+from quickdraft.pick import costs
 from quickdraft.pick.candidates import PICK
 from quickdraft.pick.context import PickContext, PickSupport, StepPrior
-from quickdraft.pick.picker import Workload, options, pick
+from quickdraft.pick.picker import Workload, modelled_speedup, options, pick
 
 SMOLLM2 = PickContext(target="smollm2-135m")  # EAGLE drafter and Medusa heads ship for it
 
@@ -125,8 +126,8 @@ def test_higher_temperature_and_concurrency_never_raise_the_modelled_gain():
 
 def test_a_quantized_target_picks_shorter_cheaper_drafts():
     """A q4 target's step is cheaper and its verify pass grows faster per token (measured on
-    SmolLM2), so a drafter costs more of a step: every drafting option models less gain, the
-    chain gets no longer, and the reasons say why."""
+    SmolLM2: pick/costs.py), so a drafter costs more of a step: every drafting option models
+    less gain, the chain gets no longer, and the reasons say why."""
     context = PickContext(target="smollm2-135m", draft="org/draft")
     workload = Workload(task="code", methods=("ar", "draft_model", "ngram"))
     quantized = dataclasses.replace(workload, weights="q4")
@@ -137,6 +138,32 @@ def test_a_quantized_target_picks_shorter_cheaper_drafts():
     assert any("q4 target" in reason for reason in four.reasons) or four.label == "ar"
     with pytest.raises(ValueError, match="weights: q4 targets run on CPU"):
         Workload(weights="q4", device="gpu")
+
+
+def test_verify_costs_follow_the_deployed_target():
+    """The priors' own reference (float SmolLM2) leaves a prior as it is; another target's
+    measured curve replaces the reference's at the same number of tokens, keeping what the
+    prior adds above it; an unmeasured quantized target takes the 1.5B's figures."""
+    reference = costs.MEASURED[costs.REFERENCE]["float"][1]
+    assert costs.verify_cost(1.40, 16, "smollm2-135m", "float") == pytest.approx(1.40)
+    assert costs.verify_cost(1.40, 16, None, "float") == pytest.approx(1.40)
+    q4 = costs.MEASURED["qwen2.5-coder-1.5b"]["q4"][1]
+    assert costs.verify_cost(reference[16], 16, "qwen2.5-coder-1.5b", "q4") == pytest.approx(
+        q4[16]
+    )
+    assert costs.verify_cost(1.40, 12, "org/other", "q4") == pytest.approx(
+        costs.verify_cost(1.40, 12, "qwen2.5-coder-1.5b", "q4")
+    )
+    assert costs.at(q4, 12) == pytest.approx((q4[8] + q4[16]) / 2)
+    assert costs.at(q4, 24) == pytest.approx(q4[16] + (q4[16] - q4[8]))
+    assert costs.at(q4, 1) == 1.0
+    # A 16-token tree costs less of a step on the 1.5B's q4 kernel than on SmolLM2's, whose
+    # step is mostly overhead: the same prior models more gain there.
+    prior = StepPrior(2.5, 0.1, 1.40, 16, "test")
+    workload = Workload(task="code", weights="q4")
+    assert modelled_speedup(prior, workload, target="qwen2.5-coder-1.5b") > modelled_speedup(
+        prior, workload, target="smollm2-135m"
+    )
 
 
 @pytest.mark.parametrize(

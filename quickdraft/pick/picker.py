@@ -10,8 +10,10 @@ it. A method registered later shows up with a generic candidate and no change he
 
 The model of a step: with E expected tokens per target forward, a draft costing c and a verify
 pass costing v (both in target decode steps), speculation runs E / (c + v) times as fast as
-plain decoding. Temperature lowers E; concurrent requests make each extra verified token cost
-more. The tutorial's three rules come first: outputs of 1-5 tokens, very high temperature, and
+plain decoding. The priors are float SmolLM2 figures; the deployed target's measured step and
+verify costs (``pick.costs``) carry them to its size and weights (a q4 1.5B verifies 16 tokens
+for 2.1 of its steps, SmolLM2 for 2.5). Temperature lowers E; concurrent requests make each
+extra verified token cost more. The tutorial's three rules come first: outputs of 1-5 tokens, very high temperature, and
 no memory for a drafter.
 """
 
@@ -29,6 +31,7 @@ from quickdraft.config import MAX_BATCH, Method, SpecConfig
 from quickdraft.drafters import registry
 from quickdraft.drafters.draft_model.options import DraftModelOptions
 from quickdraft.interop.launch import NAMES, LaunchConfig, launch_configs
+from quickdraft.pick import costs
 from quickdraft.pick.candidates import support
 from quickdraft.pick.context import PickContext, StepPrior
 
@@ -39,17 +42,6 @@ TEMPERATURE_PENALTY = 0.25  # share of the extra tokens lost at temperature 1
 CONCURRENCY_SLOPE = 0.02  # extra verify cost per verified token and per extra request
 GPU_VERIFY_SLOPE = 0.01  # a GPU verifies a few more tokens almost for free
 MODELLED_BATCH = 256  # the batch threshold is searched up to this many requests
-# The priors are float targets' figures. A quantized target's step is cheaper, so a drafter
-# costs more of it, and its verify pass may grow at another rate per extra token. Measured in
-# one interleaved run on SmolLM2-135M after 200 tokens, 2 threads, AMD EPYC with AVX-512 VNNI,
-# the quantized layers fused into one call (``benchmarks/quant_targets.py``; README, "4-bit
-# targets"): a step of 35.7 ms in float, 6.6 in int8 and 5.0 in q4; a 16-token verify of 1.73
-# float steps, 3.20 int8 steps and 3.59 q4 steps (extra tokens cost 3.0x and 3.5x as much of a
-# step as in float: with the step's overhead gone, the products' rows are most of a verify).
-TARGET_STEP = {"float": 1.0, "int8": 0.18, "q4": 0.14}
-VERIFY_GROWTH = {"float": 1.0, "int8": 3.0, "q4": 3.5}
-
-
 # Workloads the picker knows: the bench's task kinds, agent sessions, and anything else.
 PICK_TASKS = (*TASK_KINDS, *SESSION_KINDS, "other")
 
@@ -94,9 +86,9 @@ class Workload:
                 raise ValueError(f"methods: unknown {unknown}; registered: {', '.join(registered)}")
         if self.device not in ("cpu", "gpu"):
             raise ValueError(f"device must be cpu or gpu, got {self.device!r}")
-        if self.weights not in TARGET_STEP:
+        if self.weights not in costs.WEIGHTS:
             raise ValueError(
-                f"weights must be one of {', '.join(TARGET_STEP)}, got {self.weights!r}"
+                f"weights must be one of {', '.join(costs.WEIGHTS)}, got {self.weights!r}"
             )
         if self.weights != "float" and self.device != "cpu":
             raise ValueError(f"weights: {self.weights} targets run on CPU kernels, not on a GPU")
@@ -118,26 +110,34 @@ def at_temperature(tokens: float, temperature: float) -> float:
     return 1.0 + (tokens - 1.0) * (1.0 - TEMPERATURE_PENALTY * min(temperature, 1.0))
 
 
-def modelled_speedup(prior: StepPrior, workload: Workload, concurrency: int | None = None) -> float:
-    """E / (draft + verify) for one step of ``prior`` under ``workload``."""
+def modelled_speedup(
+    prior: StepPrior, workload: Workload, concurrency: int | None = None, target: str | None = None
+) -> float:
+    """E / (draft + verify) for one step of ``prior`` under ``workload`` on ``target`` (an
+    alias; its measured step and verify costs, ``pick.costs``)."""
     if prior.verified_tokens <= 1 and prior.draft_cost == 0:
         return 1.0  # plain decoding
     requests = workload.concurrency if concurrency is None else concurrency
     extra = prior.verified_tokens - 1
-    verify = 1.0 + GPU_VERIFY_SLOPE * extra if workload.device == "gpu" else prior.verify_cost
-    verify = 1.0 + (verify - 1.0) * VERIFY_GROWTH[workload.weights]
+    if workload.device == "gpu":
+        verify, step = 1.0 + GPU_VERIFY_SLOPE * extra, 1.0
+    else:
+        verify = costs.verify_cost(
+            prior.verify_cost, prior.verified_tokens, target, workload.weights
+        )
+        step = costs.step_ratio(target, workload.weights)
     verify += CONCURRENCY_SLOPE * (requests - 1) * extra
     tokens = prior.expected_tokens
     if prior.temperature != workload.temperature:  # priors are greedy figures
         tokens = at_temperature(tokens, workload.temperature)
-    return tokens / (prior.draft_cost / TARGET_STEP[workload.weights] + verify)
+    return tokens / (prior.draft_cost / step + verify)
 
 
-def batch_threshold(prior: StepPrior, workload: Workload) -> int | None:
+def batch_threshold(prior: StepPrior, workload: Workload, target: str | None = None) -> int | None:
     """The most concurrent requests at which drafting still pays (the engine's
     ``disable_by_batch_size``); None if it still pays at ``MODELLED_BATCH``."""
     for requests in range(1, MODELLED_BATCH + 1):
-        if modelled_speedup(prior, workload, requests) < 1.0:
+        if modelled_speedup(prior, workload, requests, target) < 1.0:
             return max(requests - 1, 1)
     return None
 
@@ -250,7 +250,8 @@ def options(
             ]  # fmt: skip
         for label, spec in candidates:
             prior = method.prior(spec, workload.task)
-            found.append(Option(label, spec, prior, modelled_speedup(prior, workload)))
+            speedup = modelled_speedup(prior, workload, target=context.target)
+            found.append(Option(label, spec, prior, speedup))
         if entry.name in context.missing:
             reasons.append(f"{entry.name}: {context.missing[entry.name]}")
     found.sort(key=lambda o: (-o.speedup, o.label))
@@ -295,7 +296,7 @@ def choose(
         why = f"the best option, {best.label}, models only {best.speedup:.2f}x: decode plainly"
         return finish(Recommendation("ar", plain, 1.0, [*reasons, why], ranked), context)
     spec, notes = best.spec, []
-    threshold = batch_threshold(best.prior, workload)
+    threshold = batch_threshold(best.prior, workload, context.target)
     spec = dataclasses.replace(spec, disable_by_batch_size=threshold)
     notes.append(
         f"batch policy: draft while at most {threshold} requests decode together "
@@ -323,11 +324,13 @@ def choose(
         f"target forward, draft {best.prior.draft_cost:.2f} and verify "
         f"{best.prior.verify_cost:.2f} target steps ({best.prior.source})",
     ]
-    if workload.weights != "float":
+    if workload.weights != "float" and workload.device == "cpu":
+        tokens, weights = best.prior.verified_tokens, workload.weights
+        verify = costs.verify_cost(best.prior.verify_cost, tokens, context.target, weights)
         head.append(
-            f"{workload.weights} target: a step costs {TARGET_STEP[workload.weights]:.2f} of a "
-            f"float one and each extra verified token {VERIFY_GROWTH[workload.weights]:.1f}x "
-            "as much of it, so a drafter costs more of a step"
+            f"{weights} target: a step costs {costs.step_ratio(context.target, weights):.2f} "
+            f"of a float one, so a drafter costs more of it; verifying {tokens} tokens costs "
+            f"{verify:.2f} of its steps (measured verify costs, pick/costs.py)"
         )
     runner = next((o for o in speculative[1:] if o.spec.method != best.spec.method), None)
     if runner is not None:
