@@ -35,18 +35,30 @@ GENERATED = {"code", "summarization", "rag"}
 ROWS = ("network alone", "with the graft")  # beside plain decoding
 
 
-def held_out(per_kind: int) -> dict[str, list[list[dict]]]:
-    """Per kind, ``per_kind`` chats (their turns before the reply)."""
+# Per kind, the first EVALUATED prompts are this script's and the ones after them
+# calibrations' (the tree sweep's): of the generated prompts no training reply answers, in
+# order (data generation leaves out the first 16: benchmarks/data/README.md), and of the task
+# sets' items from FIRST_CHAT_ITEM on (items before it are the bench's own).
+EVALUATED = 8
+
+
+def held_out(per_kind: int, calibration: bool = False) -> dict[str, list[list[dict]]]:
+    """Per kind, ``per_kind`` chats (their turns before the reply). ``calibration``: the
+    prompts tuning may use instead, none of them evaluated here nor the bench's own."""
+    if not calibration and per_kind > EVALUATED:
+        raise SystemExit(f"--per-kind: at most {EVALUATED} (the rest are calibration prompts)")
     answered = answered_turns()
     made = code_prompts(100_000, task_dir=TASK_DIR) + document_prompts(100_000, task_dir=TASK_DIR)
-    chosen: dict[str, list[list[dict]]] = {kind: [] for kind in TASK_KINDS}
+    unanswered: dict[str, list[list[dict]]] = {kind: [] for kind in TASK_KINDS}
     for record in made:
-        mine = chosen[record["kind"]]
-        if record["prompt"] not in answered and len(mine) < per_kind:
-            mine.append([{"role": "user", "content": record["prompt"]}])
+        if record["prompt"] not in answered:
+            unanswered[record["kind"]].append([{"role": "user", "content": record["prompt"]}])
+    skip = EVALUATED if calibration else 0
+    chosen = {kind: chats[skip : skip + per_kind] for kind, chats in unanswered.items()}
     bench = load_tasks(tuple(k for k in TASK_KINDS if k not in GENERATED))
     for kind, items in bench.items():
-        chosen[kind] = [list(item.messages) for item in items[FIRST_CHAT_ITEM:][:per_kind]]
+        mine = items[FIRST_CHAT_ITEM + skip :][:per_kind]
+        chosen[kind] = [list(item.messages) for item in mine]
     return chosen
 
 

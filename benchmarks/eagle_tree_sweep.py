@@ -13,6 +13,13 @@ own prompts then measure it, held out from this choice.
     python benchmarks/eagle_tree_sweep.py --held-out build/prompts \\
         --methods "eagle@6.4.10p0.1+5+dyna-pa:4,eagle@4.2.6p0.1+3+dyna-pa:4" --out DIR
 
+``--calibration`` takes the prompts instead from ``eagle_held_out.py``'s calibration set (per
+kind, the prompts after those it evaluates: neither the bench's own nor any training reply's),
+for a drafter whose training data is not the 0.5B's (the 1.5B's):
+
+    python benchmarks/eagle_tree_sweep.py --calibration --target qwen2.5-coder-1.5b \\
+        --quant q4 --methods "eagle@6.4.10p0.1+5,eagle@8.4.16p0.05+5" --out DIR
+
 Runs are logged to ``OUT/runs.jsonl`` so an interrupted sweep resumes; ``--render`` rebuilds
 ``report.md`` from ``results.json``.
 """
@@ -28,6 +35,7 @@ import torch
 from quickdraft.bench.harness import BenchSettings, parse_methods
 from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.summary import summarise
+from quickdraft.bench.tasks import TaskItem
 from quickdraft.models.loading import load_model
 
 TARGET = "qwen2.5-coder-0.5b"
@@ -39,13 +47,16 @@ def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     target, tokenizer = load_model(args.target, quant=args.quant)
     runs = parse_methods(args.methods)
-    tasks = held_out_tasks(args.held_out, args.prompts_per_task)
+    if args.calibration:
+        tasks = calibration_tasks(args.prompts_per_task)
+    else:
+        tasks = held_out_tasks(args.held_out, args.prompts_per_task)
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0)
     meta = {
         "target": args.target,
         "target_weights": args.quant or "float",
         "eagle_dir": str(args.eagle_dir) if args.eagle_dir else "shipped",
-        "prompts": "held out",
+        "prompts": "calibration" if args.calibration else "held out",
         "prompts_per_task": args.prompts_per_task,
         "max_new_tokens": args.max_new_tokens,
         "methods": [run.label for run in runs],
@@ -79,13 +90,28 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+def calibration_tasks(per_kind: int) -> dict[str, list[TaskItem]]:
+    """``eagle_held_out.held_out``'s calibration chats as the bench's task items."""
+    from eagle_held_out import held_out  # beside this script
+
+    return {
+        kind: [
+            TaskItem(f"calibration-{kind}-{n + 1:03d}", kind, chat[-1]["content"],
+                     tuple(chat), "", "")
+            for n, chat in enumerate(chats)
+        ]
+        for kind, chats in held_out(per_kind, calibration=True).items()
+    }  # fmt: skip
+
+
 def render(result: dict) -> str:
     meta, rows = result["meta"], result["rows"]
     lines = [
         f"# EAGLE tree sweep: {meta['target']} ({meta['target_weights']} weights)",
         "",
         f"Machine: {meta['machine']}; {meta['threads']} threads. {meta['prompts_per_task']} "
-        f"held-out prompts per task (seven kinds), {meta['max_new_tokens']} new tokens, greedy, "
+        f"{meta.get('prompts', 'held out')} prompts per task (seven kinds), "
+        f"{meta['max_new_tokens']} new tokens, greedy, "
         f"chat template; drafter: {meta['eagle_dir']}. Method labels read "
         "`eagle@DEPTH.TOPK.TOKENS[pMIN_PROB]+LOOKUP+SHORTLIST`. Speeds are medians over "
         "prompts of the ratio to plain decoding on the same prompt.",
@@ -108,6 +134,9 @@ def render(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--held-out", type=Path, help="held-out prompt files (to measure)")
+    parser.add_argument(
+        "--calibration", action="store_true", help="eagle_held_out.py's calibration prompts"
+    )
     parser.add_argument("--methods", help="as quickdraft bench --methods (to measure)")
     parser.add_argument("--eagle-dir", type=Path, default=None)
     parser.add_argument("--target", default=TARGET, help="a target with a shipped drafter")
@@ -120,7 +149,8 @@ def main() -> None:
     args = parser.parse_args()
     from dynaspec_eagle import measure_then_render  # beside this script
 
-    measure_then_render(parser, args, ("held_out", "methods"), run, render)
+    needed = ("methods",) if args.calibration else ("held_out", "methods")
+    measure_then_render(parser, args, needed, run, render)
 
 
 if __name__ == "__main__":

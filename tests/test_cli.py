@@ -107,6 +107,35 @@ def test_an_eagle_drafter_runs_with_its_own_shortlist_unless_one_is_asked_for(tm
             own("smollm2-135m", str(tmp_path))
 
 
+def test_an_eagle_drafter_grows_its_own_tree_unless_one_is_asked_for(tmp_path):
+    """A drafter's eagle.json may name its tree per device and its grafted lookup tokens (a
+    sweep measured them); options given win, a device it names nothing for gets the default,
+    and a bad entry is one line naming the file and the field."""
+    from quickdraft.artifacts import ArtifactError
+    from quickdraft.drafters.eagle.io import CONFIG_FILE, eagle_folder, tree_choice
+    from quickdraft.drafters.eagle.tree import DEFAULT_LOOKUP, DEFAULT_TREES, DynamicTree
+
+    def chosen(folder, device="cpu", **options):
+        spec = registry.make_spec("eagle", **options)
+        return tree_choice(spec.options.tree, spec.options.eagle_lookup, folder, device)
+
+    shipped = json.loads((eagle_folder("smollm2-135m") / CONFIG_FILE).read_text())
+    assert chosen(eagle_folder("smollm2-135m")) == (DEFAULT_TREES["cpu"], DEFAULT_LOOKUP)
+    own = {**shipped, "tree": {"cpu": "8,4,16,0.05"}, "lookup": 3}
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(own))
+    assert chosen(tmp_path) == (DynamicTree(8, 4, 16, 0.05), 3)
+    assert chosen(tmp_path, "cuda") == (DEFAULT_TREES["cuda"], 3)
+    assert chosen(tmp_path, tree="4,2,6", eagle_lookup=0) == (DynamicTree(4, 2, 6), 0)
+    assert chosen(tmp_path, eagle_lookup=1) == (DynamicTree(8, 4, 16, 0.05), 1)
+    for field, wrong in (("tree", "8,4"), ("tree", ["8,4,16"]), ("lookup", -1), ("lookup", "3")):
+        (tmp_path / CONFIG_FILE).write_text(json.dumps({**own, field: wrong}))
+        with pytest.raises(ArtifactError, match=f"{CONFIG_FILE}.*'{field}'"):
+            chosen(tmp_path)
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**own, "tree": {"cpu": "8,8,250"}}))
+    with pytest.raises(ValueError, match="exceed"):
+        chosen(tmp_path, eagle_lookup=10)
+
+
 def test_a_drafter_is_held_back_from_auto_only_by_its_config(tmp_path):
     from quickdraft.artifacts import ArtifactError
     from quickdraft.drafters.eagle.io import CONFIG_FILE, eagle_folder, offered_by_auto

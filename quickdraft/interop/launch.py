@@ -315,13 +315,19 @@ def _medusa(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
 
 
 def _eagle(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
-    from quickdraft.drafters.eagle.io import eagle_folder, read_eagle_config, shortlist_choice
+    from quickdraft.drafters.eagle.io import (
+        eagle_folder,
+        read_eagle_config,
+        shortlist_choice,
+        tree_choice,
+    )
     from quickdraft.drafters.eagle.options import EagleOptions
 
     options = spec.options
     assert isinstance(options, EagleOptions)
     folder = eagle_folder(context.target, options.eagle_dir)
-    tree = options.tree.resolve("cuda" if context.device == "gpu" else "cpu")
+    device = "cuda" if context.device == "gpu" else "cpu"
+    tree, lookup = tree_choice(options.tree, options.eagle_lookup, folder, device)
     export = {}
     for engine in ENGINES:
         out = export_folder(context.export_dir.resolve(), context.target, "eagle", engine)
@@ -339,7 +345,7 @@ def _eagle(spec: SpecConfig, context: PickContext) -> list[LaunchConfig]:
     shortlist = shortlist_choice(options.draft_shortlist, folder)
     return eagle(
         config.variant, tree.depth, tree.topk, tree.tokens, export,
-        str(shortlist), token_map=token_map, lookup=options.lookup,
+        str(shortlist), token_map=token_map, lookup=lookup,
         suffix_first=options.suffix_first,
     )  # fmt: skip
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from quickdraft.config import SpecConfig
 from quickdraft.drafters.base import BuildContext
 from quickdraft.drafters.eagle.drafter import EagleDrafter
-from quickdraft.drafters.eagle.io import eagle_folder, load_eagle, shortlist_choice
+from quickdraft.drafters.eagle.io import eagle_folder, load_eagle, shortlist_choice, tree_choice
 from quickdraft.drafters.eagle.options import EagleOptions
 from quickdraft.drafters.eagle.tree import DynamicTree, EagleTree
 from quickdraft.drafters.suffix.hybrid import SuffixFirst, suffix_first
@@ -47,7 +47,9 @@ def build(spec: SpecConfig, context: BuildContext) -> EagleDrafter | SuffixFirst
     options = spec.options
     assert isinstance(options, EagleOptions)
     folder = eagle_folder(context.target_name, options.eagle_dir)
-    tree = options.tree.resolve(context.target.device.type)
+    tree, lookup = tree_choice(
+        options.tree, options.eagle_lookup, folder, context.target.device.type
+    )
     shortlist = shortlist_for(
         shortlist_choice(options.draft_shortlist, folder),
         options.shortlist_dir,
@@ -61,7 +63,7 @@ def build(spec: SpecConfig, context: BuildContext) -> EagleDrafter | SuffixFirst
         folder,
         tree,
         int8=options.drafter_int8,
-        lookup=options.lookup,
+        lookup=lookup,
         lookup_ngram=(options.prompt_lookup_min, options.prompt_lookup_max),
         shortlist=shortlist,
     )

@@ -12,8 +12,10 @@ from safetensors.torch import save_file
 
 from quickdraft import artifacts
 from quickdraft.artifacts import load_state, read_json, read_safetensors
+from quickdraft.config import MAX_DRAFT_TOKENS
 from quickdraft.drafters.base import shipped_folder
 from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
+from quickdraft.drafters.eagle.tree import DEFAULT_LOOKUP, DynamicTree, EagleTree
 from quickdraft.vocab.choice import FULL, ShortlistChoice
 
 CONFIG_FILE = "eagle.json"
@@ -153,6 +155,60 @@ def shipped_shortlist(folder: str | Path) -> ShortlistChoice:
         raise artifacts.ArtifactError(
             path, f"'shortlist' must be a shortlist such as dyna-pa:4 ({error})", REMEDY
         ) from None
+
+
+def shipped_tree(folder: str | Path, device: str) -> DynamicTree | None:
+    """The tree this drafter grows on ``device`` ("cpu", "cuda") when none is asked for:
+    ``"tree": {"cpu": "DEPTH,TOPK,TOKENS[,MIN_PROB]"}`` in its ``eagle.json``, set where a
+    sweep on calibration prompts measured it faster than the device's default
+    (``benchmarks/eagle_tree_sweep.py``); None: the device's default."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.exists():
+        return None
+    trees = read_json(path, REMEDY, required=("config",)).get("tree", {})
+    if not isinstance(trees, dict):
+        raise artifacts.ArtifactError(path, "'tree' must map a device to a tree", REMEDY)
+    text = trees.get(device)
+    if text is None:
+        return None
+    try:
+        return DynamicTree.parse(text)
+    except (TypeError, ValueError) as error:
+        raise artifacts.ArtifactError(path, f"'tree' for {device}: {error}", REMEDY) from None
+
+
+def shipped_lookup(folder: str | Path) -> int | None:
+    """The prompt-lookup tokens this drafter grafts onto its trees when ``eagle_lookup`` is
+    not given: ``"lookup"`` in its ``eagle.json``, measured with its tree; None: the
+    default (``tree.DEFAULT_LOOKUP``)."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.exists():
+        return None
+    lookup = read_json(path, REMEDY, required=("config",)).get("lookup")
+    if lookup is not None and (
+        isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0
+    ):
+        raise artifacts.ArtifactError(path, "'lookup' must be an integer >= 0", REMEDY)
+    return lookup
+
+
+def tree_choice(
+    asked: EagleTree, lookup: int | None, folder: str | Path, device: str
+) -> tuple[DynamicTree, int]:
+    """The tree and grafted lookup tokens a drafter runs with: those asked for (the ``tree``
+    and ``eagle_lookup`` options), else its own (``shipped_tree``, ``shipped_lookup``), else
+    the device's defaults. One rule for the Python API, the command line, the server and
+    the launch commands of other engines. A ValueError when the two exceed one verify pass."""
+    tree = asked.shape or shipped_tree(folder, device) or asked.resolve(device)
+    if lookup is None:
+        lookup = shipped_lookup(folder)
+    lookup = DEFAULT_LOOKUP if lookup is None else lookup
+    if tree.tokens + lookup > MAX_DRAFT_TOKENS:
+        raise ValueError(
+            f"tree: {tree.tokens} tokens plus eagle_lookup {lookup} exceed the "
+            f"{MAX_DRAFT_TOKENS} tokens of one verify pass"
+        )
+    return tree, lookup
 
 
 def shortlist_choice(asked: ShortlistChoice | None, folder: str | Path) -> ShortlistChoice:
