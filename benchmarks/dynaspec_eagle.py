@@ -205,7 +205,7 @@ def _bench_at(temperature: float, args, target, tokenizer, runs, tasks, meta: di
 
 
 def logged_bench(folder: Path, header: dict, label: str, target, tokenizer, runs, tasks,
-                 settings: BenchSettings, **options):  # fmt: skip
+                 settings: BenchSettings, target_name: str = TARGET, **options):  # fmt: skip
     """``run_bench`` with a progress bar, each run logged to ``folder/runs.jsonl`` and the
     runs already there (under the same ``header``) kept, so an interrupted bench resumes.
     ``options`` go to ``run_bench`` (``eagle_dir``, say)."""
@@ -220,7 +220,7 @@ def logged_bench(folder: Path, header: dict, label: str, target, tokenizer, runs
             progress.update(bar, advance=1, description=f"{label} {record.task} {record.method}")
 
         return run_bench(
-            target, tokenizer, runs, tasks, settings, target_name=TARGET, done=done,
+            target, tokenizer, runs, tasks, settings, target_name=target_name, done=done,
             on_run=logged, **options,
         )  # fmt: skip
 

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> dict:
     # The machine stays out of the log's header: a resume may run on another host.
     bench = logged_bench(
         args.out, meta, "", target, tokenizer, runs, tasks, settings,
-        eagle_dir=None if args.eagle_dir is None else str(args.eagle_dir),
+        target_name=args.target, eagle_dir=None if args.eagle_dir is None else str(args.eagle_dir),
     )  # fmt: skip
     overall = summarise(bench)["all"]
     rows = {}
