@@ -79,8 +79,8 @@ def test_auto_method_is_eagle_where_a_drafter_ships_else_prompt_lookup(tmp_path)
     assert auto("smollm2-135m", backend="hf") == "ngram"  # EAGLE reads the native runner
     assert auto("smollm2-135m", draft="smollm2-135m") == "draft_model"
     assert auto(str(tmp_path)) == "ngram"  # a folder, even one that exists, has none shipped
-    assert auto("qwen2.5-coder-1.5b") == "ngram"
-    # Its drafter ships and beat prompt lookup in the seven-task bench and on held-out prompts.
+    # Their drafters ship and beat prompt lookup in the seven-task bench and on held-out prompts.
+    assert auto("qwen2.5-coder-1.5b") == "eagle"
     assert auto("qwen2.5-coder-0.5b") == "eagle"
 
 

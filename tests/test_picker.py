@@ -148,9 +148,7 @@ def test_verify_costs_follow_the_deployed_target():
     assert costs.verify_cost(1.40, 16, "smollm2-135m", "float") == pytest.approx(1.40)
     assert costs.verify_cost(1.40, 16, None, "float") == pytest.approx(1.40)
     q4 = costs.MEASURED["qwen2.5-coder-1.5b"]["q4"][1]
-    assert costs.verify_cost(reference[16], 16, "qwen2.5-coder-1.5b", "q4") == pytest.approx(
-        q4[16]
-    )
+    assert costs.verify_cost(reference[16], 16, "qwen2.5-coder-1.5b", "q4") == pytest.approx(q4[16])
     assert costs.verify_cost(1.40, 12, "org/other", "q4") == pytest.approx(
         costs.verify_cost(1.40, 12, "qwen2.5-coder-1.5b", "q4")
     )
@@ -164,6 +162,26 @@ def test_verify_costs_follow_the_deployed_target():
     assert modelled_speedup(prior, workload, target="qwen2.5-coder-1.5b") > modelled_speedup(
         prior, workload, target="smollm2-135m"
     )
+
+
+def test_a_shipped_drafter_measured_on_its_target_brings_its_own_prior(tmp_path):
+    """The 1.5B's drafter was benched on its q4 target: its figures, in that target's steps,
+    rank it first there; the same network from another folder gets SmolLM2's priors."""
+    shipped = PickContext(target="qwen2.5-coder-1.5b")
+    choice = pick(Workload(task="code", weights="q4"), shipped)
+    assert choice.spec.method is Method.EAGLE
+    assert "qwen2.5-coder-1.5b's drafter" in choice.reasons[0]
+    own = next(o for o in choice.options if o.label == "eagle")
+    assert (own.prior.target, own.prior.weights) == ("qwen2.5-coder-1.5b", "q4")
+    # Measured on the deployment itself: no conversion.
+    assert choice.predicted_speedup == pytest.approx(
+        own.prior.expected_tokens / (own.prior.draft_cost + own.prior.verify_cost)
+    )
+    mine = tmp_path / "qwen2.5-coder-1.5b"  # named alike, but not the shipped folder
+    mine.mkdir()
+    elsewhere = PickContext(target="qwen2.5-coder-1.5b", eagle_dir=mine)
+    moved = next(o for o in options(Workload(task="code"), elsewhere)[0] if o.label == "eagle")
+    assert moved.prior.target == costs.REFERENCE
 
 
 @pytest.mark.parametrize(

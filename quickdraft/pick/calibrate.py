@@ -200,7 +200,7 @@ def calibrate(
         done += 1
         if progress is not None:
             progress("measuring", done, runs)
-    rescored = [_as_option(m, step, workload.temperature) for m in measured]
+    rescored = [_as_option(m, step, workload, context.target) for m in measured]
     rescored.append(next(o for o in ranked if o.spec.method is Method.AR))
     rescored.sort(key=lambda o: (-o.speedup, o.label))
     reasons = [f"measured on {used} of {len(prompts)} prompts, {max_new_tokens} tokens each",
@@ -297,10 +297,11 @@ def _chain_profile(stats: Stats, spec: SpecConfig) -> ChainProfile:
     )
 
 
-def _as_option(measured: Measured, step: float, temperature: float) -> Option:
+def _as_option(measured: Measured, step: float, workload: Workload, target: str) -> Option:
     prior = StepPrior(
         measured.expected_tokens, measured.draft_seconds / step, measured.verify_seconds / step,
-        measured.verified_tokens, "measured on your prompts", temperature,
+        measured.verified_tokens, "measured on your prompts", workload.temperature,
+        target, workload.weights,
     )  # fmt: skip
     return Option(measured.label, measured.spec, prior, measured.predicted)
 

@@ -10,11 +10,13 @@ by measurement (``pick --calibrate``) since nothing is known of it beforehand.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from quickdraft.bench.labels import label_of, parse_label
 from quickdraft.config import Method, SpecConfig
 from quickdraft.drafters import registry
 from quickdraft.drafters.draft_model.options import DraftModelOptions
+from quickdraft.drafters.eagle.io import ARTIFACTS as EAGLE_ARTIFACTS
 from quickdraft.drafters.eagle.io import eagle_folder
 from quickdraft.drafters.medusa.net import heads_folder
 from quickdraft.pick import priors
@@ -108,8 +110,12 @@ def _eagle_candidates(context: PickContext) -> list[tuple[str, SpecConfig]]:
 
 
 def _eagle_prior(spec: SpecConfig, task: str) -> StepPrior:
-    label = label_of(spec)
-    return priors.measured(label if label in priors.measured_labels() else "eagle", task)
+    """The shipped drafter's own figures where its target's bench has them (a folder of
+    ``drafters/eagle/artifacts`` names its target), else SmolLM2's drafter's."""
+    eagle_dir = getattr(registry.resolve(spec)[1], "eagle_dir", None)
+    folder = Path(eagle_dir).resolve() if eagle_dir else None
+    shipped = folder is not None and folder.parent == EAGLE_ARTIFACTS.resolve()
+    return priors.eagle(label_of(spec), task, folder.name if shipped else None)
 
 
 def _lookahead_candidates(context: PickContext) -> list[tuple[str, SpecConfig]]:

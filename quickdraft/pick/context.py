@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quickdraft.config import SpecConfig
+from quickdraft.pick.costs import REFERENCE
 
 
 @dataclass(slots=True)
@@ -32,7 +33,9 @@ class StepPrior:
     """One draft-and-verify step of a configuration, before measuring anything: expected
     tokens per target forward (accepted drafts + 1) on the task kind at ``temperature``; the
     drafter's and the verify pass's time, in target decode steps; the tokens the pass
-    verifies; and ``source``, the measurement the figures come from."""
+    verifies; ``source``, the measurement the figures come from; and the target (alias) and
+    weights it was measured on, whose steps the costs count (``pick.costs`` carries them to
+    the deployment's)."""
 
     expected_tokens: float
     draft_cost: float
@@ -40,6 +43,8 @@ class StepPrior:
     verified_tokens: int
     source: str
     temperature: float = 0.0
+    target: str | None = REFERENCE
+    weights: str = "float"
 
 
 @dataclass(frozen=True, slots=True)

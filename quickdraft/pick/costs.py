@@ -33,6 +33,11 @@ MEASURED: dict[str, dict[str, tuple[float, Curve]]] = {
         "int8": (0.20, {1: 1.0, 4: 1.42, 8: 1.80, 16: 2.43}),  # 8.4 ms
         "q4": (0.20, {1: 1.0, 4: 1.44, 8: 1.81, 16: 2.48}),  # 8.2 ms
     },
+    "qwen2.5-coder-0.5b": {
+        "float": (1.0, {1: 1.0, 4: 1.30, 8: 1.43, 16: 1.74}),  # 91.5 ms
+        "int8": (0.26, {1: 1.0, 4: 1.20, 8: 1.43, 16: 1.81}),  # 23.8 ms
+        "q4": (0.26, {1: 1.0, 4: 1.39, 8: 1.65, 16: 2.25}),  # 23.7 ms
+    },
     "qwen2.5-coder-1.5b": {
         "float": (1.0, {1: 1.0, 4: 1.30, 8: 1.48, 16: 1.74}),  # 237.7 ms
         "int8": (0.32, {1: 1.0, 4: 1.28, 8: 1.45, 16: 1.79}),  # 75.1 ms
@@ -68,8 +73,26 @@ def step_ratio(target: str | None, weights: str) -> float:
     return _figures(target, weights)[0]
 
 
-def verify_cost(prior_cost: float, tokens: int, target: str | None, weights: str) -> float:
-    """A prior's verify cost of ``tokens`` tokens (reference steps) on ``target`` in
-    ``weights``, in that target's own decode steps."""
-    reference = MEASURED[REFERENCE]["float"][1]
-    return prior_cost - at(reference, tokens) + at(_figures(target, weights)[1], tokens)
+def verify_cost(
+    cost: float,
+    tokens: int,
+    target: str | None,
+    weights: str,
+    measured_on: tuple[str | None, str] = (REFERENCE, "float"),
+) -> float:
+    """A verify cost of ``tokens`` tokens measured on ``measured_on`` (target, weights; in its
+    decode steps), carried to ``target`` in ``weights`` (in that one's decode steps)."""
+    source = _figures(*measured_on)[1]
+    return cost - at(source, tokens) + at(_figures(target, weights)[1], tokens)
+
+
+def draft_cost(
+    cost: float,
+    target: str | None,
+    weights: str,
+    measured_on: tuple[str | None, str] = (REFERENCE, "float"),
+) -> float:
+    """A drafter's time measured in ``measured_on``'s decode steps, in ``target``'s steps in
+    ``weights``: a drafter costs more of a quantized step. Across targets the drafter is
+    taken to scale with its target (each target's drafter is sized for it)."""
+    return cost * step_ratio(*measured_on) / step_ratio(target, weights)

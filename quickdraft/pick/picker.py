@@ -13,8 +13,8 @@ pass costing v (both in target decode steps), speculation runs E / (c + v) times
 plain decoding. The priors are float SmolLM2 figures; the deployed target's measured step and
 verify costs (``pick.costs``) carry them to its size and weights (a q4 1.5B verifies 16 tokens
 for 2.1 of its steps, SmolLM2 for 2.5). Temperature lowers E; concurrent requests make each
-extra verified token cost more. The tutorial's three rules come first: outputs of 1-5 tokens, very high temperature, and
-no memory for a drafter.
+extra verified token cost more. The tutorial's three rules come first: outputs of 1-5 tokens,
+very high temperature, and no memory for a drafter.
 """
 
 from __future__ import annotations
@@ -120,17 +120,23 @@ def modelled_speedup(
     requests = workload.concurrency if concurrency is None else concurrency
     extra = prior.verified_tokens - 1
     if workload.device == "gpu":
-        verify, step = 1.0 + GPU_VERIFY_SLOPE * extra, 1.0
+        verify, draft = 1.0 + GPU_VERIFY_SLOPE * extra, prior.draft_cost
     else:
-        verify = costs.verify_cost(
-            prior.verify_cost, prior.verified_tokens, target, workload.weights
-        )
-        step = costs.step_ratio(target, workload.weights)
+        draft, verify = deployed_costs(prior, target, workload.weights)
     verify += CONCURRENCY_SLOPE * (requests - 1) * extra
     tokens = prior.expected_tokens
     if prior.temperature != workload.temperature:  # priors are greedy figures
         tokens = at_temperature(tokens, workload.temperature)
-    return tokens / (prior.draft_cost / step + verify)
+    return tokens / (draft + verify)
+
+
+def deployed_costs(prior: StepPrior, target: str | None, weights: str) -> tuple[float, float]:
+    """A prior's draft and verify costs in decode steps of ``target`` in ``weights`` on CPU."""
+    measured_on = (prior.target, prior.weights)
+    return (
+        costs.draft_cost(prior.draft_cost, target, weights, measured_on),
+        costs.verify_cost(prior.verify_cost, prior.verified_tokens, target, weights, measured_on),
+    )
 
 
 def batch_threshold(prior: StepPrior, workload: Workload, target: str | None = None) -> int | None:
@@ -325,12 +331,12 @@ def choose(
         f"{best.prior.verify_cost:.2f} target steps ({best.prior.source})",
     ]
     if workload.weights != "float" and workload.device == "cpu":
-        tokens, weights = best.prior.verified_tokens, workload.weights
-        verify = costs.verify_cost(best.prior.verify_cost, tokens, context.target, weights)
+        weights = workload.weights
+        draft, verify = deployed_costs(best.prior, context.target, weights)
         head.append(
             f"{weights} target: a step costs {costs.step_ratio(context.target, weights):.2f} "
-            f"of a float one, so a drafter costs more of it; verifying {tokens} tokens costs "
-            f"{verify:.2f} of its steps (measured verify costs, pick/costs.py)"
+            f"of a float one; here the drafter costs {draft:.2f} of its steps and verifying "
+            f"{best.prior.verified_tokens} tokens {verify:.2f} (measured costs, pick/costs.py)"
         )
     runner = next((o for o in speculative[1:] if o.spec.method != best.spec.method), None)
     if runner is not None:

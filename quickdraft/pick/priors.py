@@ -75,6 +75,25 @@ _MEASURED: dict[str, tuple[dict[str, float], float, float, int]] = {
 }  # fmt: skip
 
 
+# Shipped EAGLE drafters measured with their own targets: drafter (its target's alias) -> the
+# target's weights in that run and, per bench label, as _MEASURED (costs in that target's
+# decode steps; tokens: the tree's budget plus the grafted lookup and the bonus token).
+# Qwen2.5-Coder-1.5B: its seven-task bench, q4, 3 prompts a kind, 128 tokens, Intel Xeon, 2
+# threads (benchmarks/results/qwen1.5b_methods; python benchmarks/bench_priors.py FOLDER).
+OWN_EAGLE: dict[str, tuple[str, dict[str, tuple[dict[str, float], float, float, int]]]] = {
+    "qwen2.5-coder-1.5b": ("q4", {
+        "eagle": (
+            {"translation": 2.08, "conversation": 2.55, "rag": 3.21, "math": 2.45, "qa": 1.76,
+             "summarization": 2.61, "code": 4.74}, 0.198, 1.420, 16,
+        ),
+        "eagle lookup=0": (
+            {"translation": 1.90, "conversation": 2.22, "rag": 2.19, "math": 1.85, "qa": 1.55,
+             "summarization": 1.56, "code": 2.02}, 0.187, 1.284, 11,
+        ),
+    }),
+}  # fmt: skip
+
+
 def measured(label: str, task: str) -> StepPrior:
     """The prior of a configuration the SmolLM2 bench ran (its bench label); "other" takes the
     mean over the seven task kinds."""
@@ -84,8 +103,18 @@ def measured(label: str, task: str) -> StepPrior:
     return StepPrior(length, draft, verify, tokens, SMOLLM2)
 
 
-def measured_labels() -> tuple[str, ...]:
-    return tuple(_MEASURED)
+def eagle(label: str, task: str, drafter: str | None = None) -> StepPrior:
+    """An EAGLE configuration's prior: the shipped ``drafter``'s own figures where its
+    target's bench measured that label, else SmolLM2's drafter's (the label, else the
+    default's)."""
+    weights, table = OWN_EAGLE.get(drafter or "", ("float", {}))
+    if label not in table:
+        return measured(label if label in _MEASURED else "eagle", task)
+    lengths, draft, verify, tokens = table[label]
+    classic = [lengths[kind] for kind in TASK_KINDS]
+    length = lengths.get(task, sum(classic) / len(classic))
+    source = f"{drafter}'s drafter, seven-task bench ({weights} target, CPU)"
+    return StepPrior(length, draft, verify, tokens, source, target=drafter, weights=weights)
 
 
 def chain_tokens(alpha: float, k: int) -> float:
