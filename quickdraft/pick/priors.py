@@ -33,9 +33,11 @@ DRAFT_MODEL_ALPHA = {
 DRAFT_MODEL_COST = 0.10  # a draft forward, in target decode steps
 CPU_VERIFY_SLOPE = 0.09  # each extra verified token, in target decode steps
 
+Row = tuple[dict[str, float], float, float, int]
+
 # Mean accepted length per task kind, drafter and verify time per step (target decode steps)
 # and tokens verified per step, for the configurations the SmolLM2 bench ran.
-_MEASURED: dict[str, tuple[dict[str, float], float, float, int]] = {
+_MEASURED: dict[str, Row] = {
     "ngram k=5": (
         {"translation": 2.29, "conversation": 1.24, "rag": 1.34, "math": 1.32, "qa": 1.25,
          "summarization": 1.58, "code": 1.46, "agentic": 2.84}, 0.005, 1.252, 6,
@@ -80,7 +82,7 @@ _MEASURED: dict[str, tuple[dict[str, float], float, float, int]] = {
 # decode steps; tokens: the tree's budget plus the grafted lookup and the bonus token).
 # Qwen2.5-Coder-1.5B: its seven-task bench, q4, 3 prompts a kind, 128 tokens, Intel Xeon, 2
 # threads (benchmarks/results/qwen1.5b_methods; python benchmarks/bench_priors.py FOLDER).
-OWN_EAGLE: dict[str, tuple[str, dict[str, tuple[dict[str, float], float, float, int]]]] = {
+OWN_EAGLE: dict[str, tuple[str, dict[str, Row]]] = {
     "qwen2.5-coder-1.5b": ("q4", {
         "eagle": (
             {"translation": 2.08, "conversation": 2.55, "rag": 3.21, "math": 2.45, "qa": 1.76,
@@ -94,13 +96,17 @@ OWN_EAGLE: dict[str, tuple[str, dict[str, tuple[dict[str, float], float, float, 
 }  # fmt: skip
 
 
-def measured(label: str, task: str) -> StepPrior:
-    """The prior of a configuration the SmolLM2 bench ran (its bench label); "other" takes the
-    mean over the seven task kinds."""
-    lengths, draft, verify, tokens = _MEASURED[label]
+def _prior(row: Row, task: str, source: str, **measured_on: str | None) -> StepPrior:
+    """A table row's prior on ``task``; "other" takes the mean over the seven task kinds."""
+    lengths, draft, verify, tokens = row
     classic = [lengths[kind] for kind in TASK_KINDS]
     length = lengths.get(task, sum(classic) / len(classic))
-    return StepPrior(length, draft, verify, tokens, SMOLLM2)
+    return StepPrior(length, draft, verify, tokens, source, **measured_on)
+
+
+def measured(label: str, task: str) -> StepPrior:
+    """The prior of a configuration the SmolLM2 bench ran (its bench label)."""
+    return _prior(_MEASURED[label], task, SMOLLM2)
 
 
 def eagle(label: str, task: str, drafter: str | None = None) -> StepPrior:
@@ -110,11 +116,8 @@ def eagle(label: str, task: str, drafter: str | None = None) -> StepPrior:
     weights, table = OWN_EAGLE.get(drafter or "", ("float", {}))
     if label not in table:
         return measured(label if label in _MEASURED else "eagle", task)
-    lengths, draft, verify, tokens = table[label]
-    classic = [lengths[kind] for kind in TASK_KINDS]
-    length = lengths.get(task, sum(classic) / len(classic))
     source = f"{drafter}'s drafter, seven-task bench ({weights} target, CPU)"
-    return StepPrior(length, draft, verify, tokens, source, target=drafter, weights=weights)
+    return _prior(table[label], task, source, target=drafter, weights=weights)
 
 
 def chain_tokens(alpha: float, k: int) -> float:
