@@ -110,7 +110,8 @@ def render(result: dict) -> str:
         f"# EAGLE tree sweep: {meta['target']} ({meta['target_weights']} weights)",
         "",
         f"Machine: {meta['machine']}; {meta['threads']} threads. {meta['prompts_per_task']} "
-        f"{meta.get('prompts', 'held out')} prompts per task (seven kinds), "
+        f"{'calibration' if meta.get('prompts') == 'calibration' else 'held-out'} prompts per "
+        "task (seven kinds), "
         f"{meta['max_new_tokens']} new tokens, greedy, "
         f"chat template; drafter: {meta['eagle_dir']}. Method labels read "
         "`eagle@DEPTH.TOPK.TOKENS[pMIN_PROB]+LOOKUP+SHORTLIST`. Speeds are medians over "
