@@ -95,7 +95,7 @@ def test_an_eagle_drafter_runs_with_its_own_shortlist_unless_one_is_asked_for(tm
         return str(shortlist_choice(spec.options.draft_shortlist, eagle_folder(target, folder)))
 
     assert own("smollm2-135m") == "full"  # its config names none
-    assert own("qwen2.5-coder-0.5b") == "fr:38818"  # its bench's fastest
+    assert own("qwen2.5-coder-0.5b") == "full"  # its own 16,384 rows: it trained on them
     assert own("qwen2.5-coder-0.5b", draft_shortlist="full") == "full"  # asked for
     assert own("qwen2.5-coder-0.5b", draft_shortlist="dyna-pa:4") == "dyna-pa:4"
     shipped = json.loads((eagle_folder("smollm2-135m") / CONFIG_FILE).read_text())

@@ -92,7 +92,7 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         help="drafter head vocabulary for draft_model, medusa and eagle: full, fr:K, "
         "fr-pa:K, dyna:K, dyna-pa:K, dyna-hybrid:K or dyna-hybrid-pa:K (FR-Spec / DynaSpec; "
         "exact, the target verifies over the full vocabulary). Default: the one an EAGLE "
-        "drafter ships with (fr:38818 for qwen2.5-coder-0.5b), else full",
+        "drafter's eagle.json names, else full",
     )
     generate.add_argument(
         "--shortlist-dir",
