@@ -85,6 +85,33 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
         prompts.add_argument("--count", type=_positive_int, default=500)
         prompts.add_argument("--seed", type=strict_int, default=0, help=seed_help)
 
+    followups = kinds.add_parser(
+        "followups",
+        help="follow-up prompts over a target's own chats (a second user turn after its "
+        "reply), for regenerate",
+        description="Writes --count prompts, each a chat from --replies (one user turn and "
+        "the target's reply, as data regenerate writes them) and a follow-up request chosen "
+        "by its kind (tests or an explanation after code, a shorter version after a summary, "
+        "...), as .jsonl records with kind, messages and source. regenerate answers them "
+        "and marks the new reply, which alone is trained on. Use the target's own chats: the "
+        "first reply is the context it answers from.",
+    )
+    followups.add_argument(
+        "--replies", type=Path, nargs="+", required=True, help="chats from data regenerate"
+    )
+    followups.add_argument(
+        "--out", dest="out_file", type=Path, required=True, help="the .jsonl file written"
+    )
+    followups.add_argument("--count", type=_positive_int, default=500)
+    followups.add_argument(
+        "--max-chars",
+        type=_positive_int,
+        default=1200,
+        help="longest chat taken, in characters (default 1,200, about 300 tokens: the chat "
+        "and the new reply fit train eagle's --max-tokens 512)",
+    )
+    followups.add_argument("--seed", type=strict_int, default=0, help="which chats and forms")
+
     regenerate = kinds.add_parser(
         "regenerate",
         help="the target's own replies to prompts, as chats for train eagle / medusa / router",
@@ -97,6 +124,14 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
     regenerate.add_argument("--prompts", type=Path, required=True)
     regenerate.add_argument(
         "--out", dest="out_file", type=Path, required=True, help="the .jsonl file written"
+    )
+    regenerate.add_argument(
+        "--answered",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="earlier reply files: the prompts they answer are skipped too (a second part of "
+        "a run beside a first that is kept as it is)",
     )
     regenerate.add_argument("--max-new-tokens", type=_positive_int, default=256)
     regenerate.add_argument(
@@ -139,7 +174,24 @@ def _data(args: argparse.Namespace) -> int:
         return _regenerate(args)
     if args.data_kind in ("code-prompts", "doc-prompts", "guide-prompts"):
         return _prompts(args)
+    if args.data_kind == "followups":
+        return _followups(args)
     return _corpus(args)
+
+
+def _followups(args: argparse.Namespace) -> int:
+    import json
+
+    from quickdraft.artifacts import check_output
+    from quickdraft.train.followups import followup_prompts
+
+    check_output(args.out_file)
+    records = followup_prompts(args.replies, args.count, seed=args.seed, max_chars=args.max_chars)
+    args.out_file.parent.mkdir(parents=True, exist_ok=True)
+    args.out_file.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    note = "" if len(records) == args.count else f" (all there are; {args.count:,} asked)"
+    console.print(f"wrote {args.out_file}: {len(records):,} follow-up prompts{note}")
+    return 0
 
 
 def _prompts(args: argparse.Namespace) -> int:
@@ -196,6 +248,7 @@ def _regenerate(args: argparse.Namespace) -> int:
         counts = regenerate(
             model, tokenizer, prompts, args.out_file, sampling, name=args.target,
             batch_size=args.batch_size, progress=replied, features=recorder,
+            answered_in=tuple(args.answered),
         )  # fmt: skip
     rate = counts["tokens"] / counts["seconds"] if counts["seconds"] else 0.0
     console.print(

@@ -97,13 +97,23 @@ def jsonl_objects(path: Path, field: str) -> Iterator[tuple[int, dict]]:
 
 
 def tokenize(record: dict, tokenizer: Tokenizer, max_tokens: int) -> Sequence:
-    """A record as token ids, cut to ``max_tokens``, with the first scored position."""
+    """A record as token ids, cut to ``max_tokens``, with the first scored position: a chat's
+    first assistant turn, or the turn ``reply_turn`` names (the reply ``data regenerate`` wrote
+    to a follow-up prompt; the turns before it are context, already scored in their own
+    record or not the model's)."""
     kind = str(record.get("kind", "text"))
     if "messages" in record:
         messages = list(record["messages"])
         first_reply = next(
             (i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages)
         )
+        if "reply_turn" in record:
+            first_reply = record["reply_turn"]
+            if not (isinstance(first_reply, int) and 0 < first_reply < len(messages)
+                    and messages[first_reply].get("role") == "assistant"):  # fmt: skip
+                raise ValueError(
+                    f"reply_turn: {first_reply!r} is not the index of an assistant turn"
+                )
         tokens = tokenizer.apply_chat(messages, add_generation_prompt=False)
         start = len(tokenizer.apply_chat(messages[:first_reply])) if first_reply else 0
     else:
