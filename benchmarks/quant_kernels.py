@@ -115,16 +115,18 @@ def streamed(args: argparse.Namespace) -> None:
         raise SystemExit("--streamed: no compiled 4-bit path runs on this host")
     # One quantization per shape, then a copy per layer: the cost does not depend on the
     # values, only on where they lie.
-    model: dict[str, list[superblock.SuperWeights]] = {path: [] for path in paths}
-    for _, out, inner, times in SHAPES:
-        codes = superblock.quantize(torch.randn(out, inner) * 0.02, 4)
-        for path in paths:
-            first = superblock.SuperWeights.build(codes, None, path)
-            model[path] += [first] + [
-                replace(first, packed=first.packed.clone()) for _ in range(times - 1)
-            ]
-    weight_gb = sum(w.nbytes for w in model[paths[0]]) / 1e9
-    by_layer = {path: _model_order(layers) for path, layers in model.items()}
+    codes = {name: superblock.quantize(torch.randn(out, inner) * 0.02, 4)
+             for name, out, inner, _ in SHAPES}  # fmt: skip
+    by_layer: dict[str, list[superblock.SuperWeights]] = {}
+    for path in paths:
+        built = {name: superblock.SuperWeights.build(c, None, path) for name, c in codes.items()}
+        copies = {name: [built[name]] + [replace(built[name], packed=built[name].packed.clone())
+                                         for _ in range(times - 1)]
+                  for name, _, _, times in SHAPES}  # fmt: skip
+        # In the order a pass reads them: layer by layer (the shapes used 28 times), the head.
+        by_layer[path] = [copies[name][i] for i in range(LAYERS) for name, *_, times in SHAPES
+                          if times == LAYERS] + copies["head"]  # fmt: skip
+    weight_gb = sum(w.nbytes for w in by_layer[paths[0]]) / 1e9
     # The memory's own rate is read in turn with the passes: on a shared host it drifts by a
     # fifth within minutes, and a rate measured once would misstate the passes' share of it.
     raw = torch.ones(250_000_000)  # 1 GB
@@ -160,15 +162,6 @@ def streamed(args: argparse.Namespace) -> None:
     text = render_streamed(report, args.rows)
     args.out.with_suffix(".md").write_text(text)
     print(text)
-
-
-def _model_order(layers: list[superblock.SuperWeights]) -> list[superblock.SuperWeights]:
-    """Layers built shape by shape (28 of each, then the head) in the order a pass reads
-    them: each layer's qkv, o, gate_up and down, then the head."""
-    shapes = len(SHAPES) - 1
-    return [layers[s * LAYERS + layer] for layer in range(LAYERS) for s in range(shapes)] + [
-        layers[-1]
-    ]
 
 
 def render_streamed(report: dict, rows: list[int]) -> str:

@@ -180,23 +180,15 @@ def _data(args: argparse.Namespace) -> int:
 
 
 def _followups(args: argparse.Namespace) -> int:
-    import json
-
     from quickdraft.artifacts import check_output
     from quickdraft.train.followups import followup_prompts
 
     check_output(args.out_file)
     records = followup_prompts(args.replies, args.count, seed=args.seed, max_chars=args.max_chars)
-    args.out_file.parent.mkdir(parents=True, exist_ok=True)
-    args.out_file.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    note = "" if len(records) == args.count else f" (all there are; {args.count:,} asked)"
-    console.print(f"wrote {args.out_file}: {len(records):,} follow-up prompts{note}")
-    return 0
+    return _write_prompts(args, records, "follow-up prompts")
 
 
 def _prompts(args: argparse.Namespace) -> int:
-    import json
-
     from quickdraft.artifacts import check_output
     from quickdraft.bench.tasks import TASK_DIR
     from quickdraft.train.guide_prompts import guide_prompts
@@ -205,11 +197,17 @@ def _prompts(args: argparse.Namespace) -> int:
     check_output(args.out_file)
     make = {"code-prompts": code_prompts, "doc-prompts": document_prompts,
             "guide-prompts": guide_prompts}[args.data_kind]  # fmt: skip
-    records = make(args.count, task_dir=TASK_DIR, seed=args.seed)
+    return _write_prompts(args, make(args.count, task_dir=TASK_DIR, seed=args.seed), "prompts")
+
+
+def _write_prompts(args: argparse.Namespace, records: list[dict], what: str) -> int:
+    """``records`` as --out's JSONL lines, and one line saying how many of --count."""
+    import json
+
     args.out_file.parent.mkdir(parents=True, exist_ok=True)
     args.out_file.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     note = "" if len(records) == args.count else f" (all there are; {args.count:,} asked)"
-    console.print(f"wrote {args.out_file}: {len(records):,} prompts{note}")
+    console.print(f"wrote {args.out_file}: {len(records):,} {what}{note}")
     return 0
 
 

@@ -22,6 +22,7 @@ import random
 from pathlib import Path
 
 from quickdraft.train.corpus import jsonl_objects
+from quickdraft.train.replies import in_turn
 
 # By the first turn's kind (before ``/generated``); other kinds take the conversation forms.
 FORMS: dict[str, tuple[str, ...]] = {
@@ -87,27 +88,23 @@ def followup_prompts(
             if sum(len(str(t.get("content", ""))) for t in turns) > max_chars:
                 continue
             kind = str(record.get("kind", "conversation")).split("/")[0]
-            by_kind.setdefault(kind, []).append({"turns": turns, "source": f"{path.name}:{number}"})
+            by_kind.setdefault(kind, []).append(
+                {"kind": kind, "turns": turns, "source": f"{path.name}:{number}"}
+            )
     if not by_kind:
         raise ValueError(
             f"replies: no chat of one user turn and one reply within {max_chars:,} characters "
             f"in {', '.join(str(p) for p in replies)}"
         )
     rng = random.Random(seed)
-    groups = []
     for kind in sorted(by_kind):
-        chats = by_kind[kind]
-        rng.shuffle(chats)
-        groups.append((kind, chats))
-    records: list[dict] = []
-    for i in range(max(len(chats) for _, chats in groups)):
-        for kind, chats in groups:
-            if i < len(chats) and len(records) < count:
-                form = rng.choice(FORMS.get(kind, FORMS["conversation"]))
-                chat = chats[i]
-                records.append({
-                    "kind": kind,
-                    "messages": [*chat["turns"], {"role": "user", "content": form}],
-                    "source": f"follow-up to {chat['source']}",
-                })  # fmt: skip
+        rng.shuffle(by_kind[kind])
+    records = []
+    for chat in in_turn(by_kind)[:count]:
+        form = rng.choice(FORMS.get(chat["kind"], FORMS["conversation"]))
+        records.append({
+            "kind": chat["kind"],
+            "messages": [*chat["turns"], {"role": "user", "content": form}],
+            "source": f"follow-up to {chat['source']}",
+        })  # fmt: skip
     return records

@@ -70,9 +70,14 @@ def read_prompts(path: Path) -> list[dict]:
                 )
     if not by_kind:
         raise ValueError(f"prompts: {path} holds no prompts")
+    return [{**record, "index": i} for i, record in enumerate(in_turn(by_kind))]
+
+
+def in_turn(by_kind: dict[str, list]) -> list:
+    """One item of each kind in turn (kinds sorted), while any lasts: a run stopped early, or
+    a file cut to a count, still covers every kind."""
     groups = [by_kind[kind] for kind in sorted(by_kind)]
-    ordered = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
-    return [{**record, "index": i} for i, record in enumerate(ordered)]
+    return [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)]
 
 
 def _key(messages: list[dict]) -> str:
