@@ -438,7 +438,13 @@ def test_train_eagle_command_then_generate_and_export(tmp_path, smollm2, capsys)
 def test_training_learns_and_an_interrupted_run_resumes_to_the_same_net(targets, tmp_path):
     """On a tiny target's own greedy text the trained layer agrees with the target far more
     often than an untrained one; a run stopped mid-way resumes to the same weights."""
-    from quickdraft.train.eagle import EagleFeatures, EagleTraining, evaluate, train_net
+    from quickdraft.train.eagle import (
+        EagleFeatures,
+        EagleTraining,
+        evaluate,
+        head_argmax,
+        train_net,
+    )
 
     target = targets["llama-tied"]
     tapped = target.with_taps((0, 1, 2))
@@ -470,6 +476,14 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_net(targets,
     before = evaluate(untrained, features, held, embed, head, settings, torch.device("cpu"))
     after = metrics["held_out"]["agreement_by_step"]
     assert after[0] > before["agreement_by_step"][0] + 0.2, (after, before)
+    # The target's token may come from its own (say, quantized) head instead of lm_head's
+    # argmax: the same head gives the same figures; a head that never agrees gives none.
+    cpu = torch.device("cpu")
+    own = evaluate(net, features, held, embed, head, settings, cpu, lambda s: head_argmax(s, head))
+    assert own == evaluate(net, features, held, embed, head, settings, cpu)
+    never = evaluate(net, features, held, embed, head, settings, cpu,
+                     lambda s: torch.full(s.shape[:1], -1))  # fmt: skip
+    assert never["agreement_by_step"] == [0.0, 0.0] and own["agreement_by_step"][0] > 0.2
 
     class Stop(Exception):
         pass
@@ -876,3 +890,15 @@ def test_the_held_out_argmax_in_chunks_is_the_argmax_of_the_whole():
         torch.randn(300, 16, generator=generator),
     )
     assert torch.equal(head_argmax(states, head, chunk=8), (states @ head.T).argmax(-1))
+
+
+def test_the_held_out_split_is_fixed_by_its_seed_and_covers_every_sequence():
+    """Runs that continue one another (--init) split the same store the same way, so none
+    trains on what an earlier one held out."""
+    from quickdraft.train.eagle import split_held_out
+
+    train, held = split_held_out(100, 0.1, seed=0)
+    assert (train, held) == split_held_out(100, 0.1, seed=0)
+    assert len(held) == 10 and sorted(train + held) == list(range(100))
+    assert split_held_out(100, 0.1, seed=1)[1] != held
+    assert len(split_held_out(3, 0.01, seed=0)[1]) == 1  # at least one held out
