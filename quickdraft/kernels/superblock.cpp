@@ -101,26 +101,24 @@ Activations quantize_rows(const float* x, int64_t rows, int64_t k, bool halves) 
 // The last tile, of n < kRows rows.
 template <template <int, int> class Tile, int Bits, int R>
 inline void dispatch_rest(int64_t n, const uint8_t* block, const Activations& a, int64_t first,
-                          int64_t k, float* out, const uint8_t* next) {
+                          int64_t k, float* out) {
   if constexpr (R > 0) {
-    if (n == R) return Tile<Bits, R>::run(block, a, first, k, out, next);
-    dispatch_rest<Tile, Bits, R - 1>(n, block, a, first, k, out, next);
+    if (n == R) return Tile<Bits, R>::run(block, a, first, k, out);
+    dispatch_rest<Tile, Bits, R - 1>(n, block, a, first, k, out);
   }
 }
 
 // One block of 16 outputs for every row, in whole tiles and one tile of the rest.
 template <template <int, int> class Tile, int Bits>
-void run_block(const uint8_t* block, const Activations& a, int64_t rows, int64_t k, float* out,
-               const uint8_t* next) {
+void run_block(const uint8_t* block, const Activations& a, int64_t rows, int64_t k, float* out) {
   constexpr int kRows = Tile<Bits, 1>::kRows;
   std::fill(out, out + rows * kLanes, 0.0f);
   int64_t first = 0;
   for (; first + kRows <= rows; first += kRows) {
-    Tile<Bits, kRows>::run(block, a, first, k, out + first * kLanes, first == 0 ? next : nullptr);
+    Tile<Bits, kRows>::run(block, a, first, k, out + first * kLanes);
   }
   float* rest = out + first * kLanes;
-  dispatch_rest<Tile, Bits, kRows - 1>(rows - first, block, a, first, k, rest,
-                                       first == 0 ? next : nullptr);
+  dispatch_rest<Tile, Bits, kRows - 1>(rows - first, block, a, first, k, rest);
 }
 
 // The fastest path this CPU runs (0: none, use the PyTorch reference).
@@ -151,7 +149,6 @@ void superblock_product(const float* x, int64_t rows, const uint8_t* packed, int
     std::vector<float> acc(rows * kLanes);
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* records = packed + block * stride;
-      const uint8_t* next = block + 1 < end && rows >= kPrefetchRows ? records + stride : nullptr;
       const auto run = path == kAvx512Vnni
                            ? (q6k         ? run_block<Avx512Vnni, kQ6K>
                               : bits == 4 ? run_block<Avx512Vnni, 4>
@@ -161,7 +158,7 @@ void superblock_product(const float* x, int64_t rows, const uint8_t* packed, int
                               : bits == 4 ? run_block<Avx2, 4>
                               : bits == 6 ? run_block<Avx2, 6>
                                           : run_block<Avx2, 8>);
-      run(records, a, rows, k, acc.data(), next);
+      run(records, a, rows, k, acc.data());
       write_block(acc.data(), rows, n, block * kLanes, bias, y);
     }
   });

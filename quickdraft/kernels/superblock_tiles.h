@@ -54,8 +54,7 @@ add_superblock(
 // kQ6K: each group's two halves times their own sub-scales, which are also the minimums'.
 template <int Form, int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile_avx512_vnni(
-    const uint8_t* block, const Activations& a, int64_t first, int64_t k, float* out,
-    const uint8_t* next) {
+    const uint8_t* block, const Activations& a, int64_t first, int64_t k, float* out) {
   const int64_t groups = k / kGroup;
   const uint8_t* record = block;
   for (int64_t s = 0; s < a.supers; ++s) {
@@ -67,10 +66,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
     for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_si512();
     for (int64_t j = 0; j < n; ++j) {
       const uint8_t* codes = record + j * kCodeBytes;
-      if (next != nullptr) {  // the next block's group, into L1 while this one computes
-        const char* ahead = reinterpret_cast<const char*>(next + (codes - block));
-        for (int line = 0; line < kCodeBytes / 64; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
-      }
+      prefetch_ahead(codes, kAheadLines<Form>);
       __m512i w[8];
       load_codes<Bits>(codes, w);
       const int8_t* p = a.codes.data() + first * k + (s * kSuper + j) * kGroup;
@@ -127,6 +123,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* bl
       for (int r = 0; r < R; ++r) S[r] = M[r] = _mm256_setzero_si256();
       for (int64_t j = 0; j < n; ++j) {
         const uint8_t* codes = record + j * kCodeBytes;
+        if (half == 0) prefetch_ahead(codes, kAheadLines<Form>);  // the second reads cache
         __m256i lo[kAvx2Chunks<Bits>], hi[kAvx2Chunks<Bits>];
         load_codes_avx2<Bits>(codes, half, lo, hi);
         if constexpr (Form == kQ6K) {  // as the AVX-512 tile: the halves' own sub-scales
@@ -180,17 +177,15 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* bl
 template <int Bits, int R>
 struct Avx512Vnni {
   static constexpr int kRows = kTile;
-  static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out,
-                  const uint8_t* next) {
-    tile_avx512_vnni<Bits, R>(b, a, first, k, out, next);
+  static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out) {
+    tile_avx512_vnni<Bits, R>(b, a, first, k, out);
   }
 };
 
 template <int Bits, int R>
 struct Avx2 {
   static constexpr int kRows = 8;  // 16 registers of 256 bits
-  static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out,
-                  const uint8_t*) {
+  static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out) {
     tile_avx2<Bits, R>(b, a, first, k, out);
   }
 };
