@@ -116,6 +116,7 @@ tile_avx512_vnni(const uint8_t* records, const Activations& a, int64_t first, in
   }
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* record = records + g * record_bytes<Bits>();
+    prefetch_ahead(record, record_bytes<Bits>() / 64);
     __m512i w[8];
     load_codes<Bits>(record, w);
     const __m512 s = _mm512_cvtph_ps(
@@ -145,6 +146,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* re
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* record = records + g * record_bytes<Bits>();
+      if (half == 0) prefetch_ahead(record, record_bytes<Bits>() / 64);  // the second: cache
       __m256i lo[kAvx2Chunks<Bits>], hi[kAvx2Chunks<Bits>];
       load_codes_avx2<Bits>(record, half, lo, hi);
       const __m256 s = _mm256_cvtph_ps(

@@ -2,8 +2,6 @@
 // activations every path reads, and how many rows a tile takes.
 #pragma once
 
-#include <immintrin.h>
-
 #include "simd.h"
 
 #include <cstdint>
@@ -51,21 +49,9 @@ struct Activations {
 // vectors and its sub-scales fill 25 of the 32 vector registers, and a 16-row verify unpacks
 // each group's codes once.
 constexpr int kTile = 16;
-// A tile asks for the lines this far ahead of the group it is on, a group's share of its
-// superblock at a time (its codes and an eighth of the sub-scales and floats, so every line
-// of a thread's contiguous blocks), into L1. The hardware prefetcher alone kept a core at 68%
-// of the memory's rate on one row and starved the tiles that compute longer per byte; on the
-// 1.5B's projections and head, streamed (Intel Xeon, 2 threads), 2,048-4,096 bytes ahead made
-// one row 1.2x, two 1.4x, three 1.5x and 4-16 rows 1.05-1.1x faster than that (and than the
-// next block's group, which many rows prefetched before), the AVX2 path's one row 1.26x and
-// eight 1.6x. Prefetches do not fault, so those past the buffer's end are harmless.
-constexpr int64_t kAheadBytes = 3072;
+// A group's share of its superblock's lines (its codes, an eighth of the sub-scales and
+// floats), which a tile prefetches ``kAheadBytes`` ahead (simd.h).
 template <int Form>
 constexpr int kAheadLines = code_bytes<Form>() / 64 + 1;
-
-inline void prefetch_ahead(const uint8_t* codes, int lines) {
-  const char* ahead = reinterpret_cast<const char*>(codes) + kAheadBytes;
-  for (int line = 0; line < lines; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
-}
 
 }  // namespace quickdraft_superblock
