@@ -114,9 +114,10 @@ tile_avx512_vnni(const uint8_t* records, const Activations& a, int64_t first, in
     offset[r] = a.offset.data() + (first + r) * groups;
     acc[r] = _mm512_setzero_ps();
   }
+  const bool ahead = ahead_pays(R);
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* record = records + g * record_bytes<Bits>();
-    prefetch_ahead(record, record_bytes<Bits>() / 64);
+    if (ahead) prefetch_ahead(record, record_bytes<Bits>() / 64);
     __m512i w[8];
     load_codes<Bits>(record, w);
     const __m512 s = _mm512_cvtph_ps(
@@ -141,12 +142,13 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* re
                                                                float* out) {
   constexpr int64_t kCodeBytes = kLanes * kGroup * Bits / 8;
   const int64_t groups = k / kGroup;
+  const bool ahead = ahead_pays(R);
   for (int half = 0; half < 2; ++half) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* record = records + g * record_bytes<Bits>();
-      if (half == 0) prefetch_ahead(record, record_bytes<Bits>() / 64);  // the second: cache
+      if (half == 0 && ahead) prefetch_ahead(record, record_bytes<Bits>() / 64);  // 2nd: cache
       __m256i lo[kAvx2Chunks<Bits>], hi[kAvx2Chunks<Bits>];
       load_codes_avx2<Bits>(record, half, lo, hi);
       const __m256 s = _mm256_cvtph_ps(

@@ -56,6 +56,7 @@ template <int Form, int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile_avx512_vnni(
     const uint8_t* block, const Activations& a, int64_t first, int64_t k, float* out) {
   const int64_t groups = k / kGroup;
+  const bool ahead = ahead_pays(R);
   const uint8_t* record = block;
   for (int64_t s = 0; s < a.supers; ++s) {
     const int64_t n = std::min(kSuper, groups - s * kSuper);
@@ -66,7 +67,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
     for (int r = 0; r < R; ++r) S[r] = _mm512_setzero_si512();
     for (int64_t j = 0; j < n; ++j) {
       const uint8_t* codes = record + j * kCodeBytes;
-      prefetch_ahead(codes, kAheadLines<Form>);
+      if (ahead) prefetch_ahead(codes, kAheadLines<Form>);
       __m512i w[8];
       load_codes<Bits>(codes, w);
       const int8_t* p = a.codes.data() + first * k + (s * kSuper + j) * kGroup;
@@ -110,6 +111,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* bl
                                                                int64_t first, int64_t k,
                                                                float* out) {
   const int64_t groups = k / kGroup;
+  const bool ahead = ahead_pays(R);
   for (int half = 0; half < 2; ++half) {
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -123,7 +125,7 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* bl
       for (int r = 0; r < R; ++r) S[r] = M[r] = _mm256_setzero_si256();
       for (int64_t j = 0; j < n; ++j) {
         const uint8_t* codes = record + j * kCodeBytes;
-        if (half == 0) prefetch_ahead(codes, kAheadLines<Form>);  // the second reads cache
+        if (half == 0 && ahead) prefetch_ahead(codes, kAheadLines<Form>);  // 2nd: cache
         __m256i lo[kAvx2Chunks<Bits>], hi[kAvx2Chunks<Bits>];
         load_codes_avx2<Bits>(codes, half, lo, hi);
         if constexpr (Form == kQ6K) {  // as the AVX-512 tile: the halves' own sub-scales
