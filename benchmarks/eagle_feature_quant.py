@@ -70,6 +70,7 @@ def main() -> None:
     trained = {k: v for k, v in trained.items() if k in EagleTraining.__dataclass_fields__}
     settings = EagleTraining(**{**trained, "steps": args.steps or trained["steps"]})
     layers, context = tuple(made["layers"]), made["context"]
+    net = load_eagle(folder)  # evaluation leaves it as it was: one load serves every quant
     results = {}
     for quant in args.quants:
         target, tokenizer = load_feature_target(args.target, None if quant == "float" else quant)
@@ -87,7 +88,6 @@ def main() -> None:
         started = time.perf_counter()
         features = extract(target, chosen, layers, context, store)
         took = time.perf_counter() - started
-        net = load_eagle(folder)
         embed = target.embed.float()
         lm_head = target.head_weight.float()[: target.vocab_size]
         scores = evaluate(net, features, list(range(len(chosen))), embed, lm_head, settings,
