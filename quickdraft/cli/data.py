@@ -70,6 +70,13 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
             "tutorial, HOWTOs or library pages (kind conversation),",
             "which questions and sections are taken",
         ),
+        "translation-prompts": (
+            "German and French paragraphs to translate into English (debian-reference-de, -fr)",
+            "in the form of the bench's translation task (a paragraph to put into English), "
+            "over the Debian Reference's German and French paragraphs of the task's lengths "
+            "(apt-get install debian-reference-de debian-reference-fr), alternately,",
+            "which paragraphs are taken",
+        ),
     }
     for name, (summary, form, seed_help) in prompt_kinds.items():
         prompts = kinds.add_parser(
@@ -172,7 +179,7 @@ def _add_data(commands: argparse._SubParsersAction) -> None:
 def _data(args: argparse.Namespace) -> int:
     if args.data_kind == "regenerate":
         return _regenerate(args)
-    if args.data_kind in ("code-prompts", "doc-prompts", "guide-prompts"):
+    if args.data_kind in ("code-prompts", "doc-prompts", "guide-prompts", "translation-prompts"):
         return _prompts(args)
     if args.data_kind == "followups":
         return _followups(args)
@@ -193,10 +200,12 @@ def _prompts(args: argparse.Namespace) -> int:
     from quickdraft.bench.tasks import TASK_DIR
     from quickdraft.train.guide_prompts import guide_prompts
     from quickdraft.train.sources import code_prompts, document_prompts
+    from quickdraft.train.translation_prompts import translation_prompts
 
     check_output(args.out_file)
     make = {"code-prompts": code_prompts, "doc-prompts": document_prompts,
-            "guide-prompts": guide_prompts}[args.data_kind]  # fmt: skip
+            "guide-prompts": guide_prompts,
+            "translation-prompts": translation_prompts}[args.data_kind]  # fmt: skip
     return _write_prompts(args, make(args.count, task_dir=TASK_DIR, seed=args.seed), "prompts")
 
 
