@@ -56,6 +56,21 @@ def tiny_hf_model(family: str, *, vocab_size: int = 101, layers: int = 3, seed: 
     return model
 
 
+def split_forms(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict as a Q4_K_M file gives it: every projection's weights 4-bit codes
+    dequantized, but the value projection's Q6_K ones."""
+    from quickdraft.kernels import superblock
+
+    out = {}
+    for name, tensor in state.items():
+        if name.endswith("v_proj.weight"):
+            tensor = superblock.quantize_q6k(tensor.float()).dequantize()
+        elif name.endswith("proj.weight"):
+            tensor = superblock.quantize(tensor.float(), 4).dequantize()
+        out[name] = tensor
+    return out
+
+
 def prompt_logits(model, prompt: list[int]) -> torch.Tensor:
     """[1, T, V]: a model's logits over ``prompt`` in one fresh pass."""
     tokens = torch.tensor([prompt])

@@ -114,6 +114,35 @@ def test_the_fused_call_refuses_what_does_not_fit(monkeypatch):
     groups = llama.seen_slots(model._mask(cache.lengths, 2, 2, None))
     with pytest.raises(RuntimeError, match="out of range"):
         stack.run(x.clone(), cos, sin, cache, torch.tensor([[7, 8]]), groups, 4, 1e-6, ())
-    short = type(stack)(stack.weights[:-1], stack.biases, stack.spec, stack.path)
+    short = type(stack)(stack.weights[:-1], stack.biases, stack.spec, stack.path, stack.layers)
     with pytest.raises(RuntimeError, match="do not describe the same layers"):
         short.run(x.clone(), cos, sin, cache, torch.tensor([[0, 1]]), groups, 4, 1e-6, ())
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_product_in_two_forms_runs_fused(path, monkeypatch):
+    """A q/k/v product whose value rows are Q6_K beside 4-bit q/k rows (``ops.StackedWeights``,
+    as a Q4_K_M file gives it): the fused call computes what the Python layers do, and a token
+    gets the same bits alone as in a batch."""
+    from conftest import split_forms
+
+    from quickdraft.models.ops import StackedWeights
+
+    monkeypatch.setattr(kernels, "best_path", lambda: path)
+    hf = tiny_hf_model("qwen2-bias", layers=3)
+    model = LlamaRunner.from_state_dict(
+        hf.config.to_dict(), split_forms(hf.state_dict()), q4=True, q4_exact=True,
+        invariant=True,
+    )  # fmt: skip
+    assert isinstance(model.layers[0].qkv.quantized_weights, StackedWeights)
+    assert model._stack() is not None
+    prompt = (torch.arange(12) * 37 % 101).unsqueeze(0)
+    logits = {}
+    for fuse in (True, False):
+        cache = model.new_cache(1, 16)
+        logits[fuse] = run(model, fuse, prompt, torch.arange(12).unsqueeze(0), cache).logits
+    fused, python = logits[True], logits[False]
+    assert (fused - python).abs().max() <= 0.01 * python.abs().max()
+    cache = model.new_cache(1, 16)
+    first = run(model, True, prompt[:, :1], torch.zeros(1, 1, dtype=torch.long), cache).logits
+    assert torch.equal(first[0, 0], fused[0, 0])

@@ -273,3 +273,40 @@ def test_a_4bit_targets_8bit_fallback_tensors_take_the_groups_layout():
         assert layout_of(layer.quantized_weights) == expected
         reference = x @ weight.T
         assert (layer(x) - reference).norm() / reference.norm() < 0.02
+
+
+def test_a_fused_product_of_two_forms_keeps_each_runs_own(monkeypatch):
+    """A quantized file's q/k rows in 4 bits beside value rows in Q6_K (a Q4_K_M file's fused
+    q/k/v; one q/k row 4 bits miss alone, as in the 1.5B's): each run of rows keeps its own
+    form, in fewer bytes than 8 bits for all, and computes what it computes alone, bit for
+    bit, whatever the rows of the call."""
+    from quickdraft.kernels import superblock
+    from quickdraft.models import ops
+    from quickdraft.models.ops import Linear, StackedWeights
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 256, generator=generator) * 0.02
+    four = superblock.quantize(weight[:64], 4).dequantize()
+    four[5] += 0.02 * four[5].norm() * torch.randn(256, generator=generator) / 16  # a stray row
+    six = superblock.quantize_q6k(weight[64:]).dequantize()
+    weight, bias = torch.cat([four, six]), torch.randn(96, generator=generator)
+
+    def exact(w: torch.Tensor, b: torch.Tensor) -> Linear:
+        layer = Linear(w.clone(), b.clone(), prepack=False)
+        layer.quantize_q4(4, exact_only=True, groups_fallback=True)
+        return layer
+
+    layer = exact(weight, bias)
+    stacked = layer.quantized_weights
+    assert isinstance(stacked, StackedWeights)
+    assert [(part.out_features, part.bits) for part in stacked.parts] == [(64, 4), (32, 6)]
+    monkeypatch.setattr(ops, "MAX_PARTS", 1)  # one form for all rows: the 8-bit fallback
+    whole = exact(weight, bias).quantized_weights
+    assert whole.bits == 8 and stacked.nbytes < 0.75 * whole.nbytes
+    x = torch.randn(7, 256, generator=generator)
+    out = layer(x)
+    alone = torch.cat([exact(four, bias[:64])(x), exact(six, bias[64:])(x)], dim=-1)
+    assert torch.equal(out, alone)
+    assert torch.equal(layer(x[2:3]), out[2:3])
+    reference = x @ weight.T + bias
+    assert (out - reference).norm() / reference.norm() < 0.02

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import prompt_logits, tiny_hf_model
+from conftest import prompt_logits, split_forms, tiny_hf_model
 
 from quickdraft import kernels
 from quickdraft.models.llama import LlamaRunner
@@ -47,3 +47,26 @@ def test_a_damaged_entry_is_quantized_again(tmp_path):
     again = build(hf, path)  # the rewritten entry reads back
     prompt = [7, 1, 8, 2, 8]
     assert torch.equal(prompt_logits(again, prompt), prompt_logits(runner, prompt))
+
+
+@pytest.mark.skipif(not kernels.native(), reason="the store holds compiled paths' weights")
+def test_an_entry_keeps_a_products_runs_of_rows(tmp_path):
+    """A q/k/v product whose value rows came in Q6_K beside 4-bit q/k rows is stored as its
+    runs (``ops.StackedWeights``) and read back as them, with the same logits."""
+    from quickdraft.models.ops import StackedWeights
+
+    hf = tiny_hf_model("qwen2-bias")
+    state = split_forms(hf.state_dict())
+    path = tmp_path / "entry.safetensors"
+
+    def load() -> LlamaRunner:
+        return LlamaRunner.from_state_dict(
+            hf.config.to_dict(), state, q4=True, q4_exact=True, invariant=True,
+            quantized_cache=path,
+        )  # fmt: skip
+
+    first, second = load(), load()
+    for model in (first, second):
+        assert all(isinstance(layer.qkv.quantized_weights, StackedWeights) for layer in model.layers)
+    prompt = [3, 14, 15, 92, 65, 35]
+    assert torch.equal(prompt_logits(second, prompt), prompt_logits(first, prompt))

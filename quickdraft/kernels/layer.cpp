@@ -14,10 +14,12 @@
 // Python layer's: PyTorch sums a norm's squares and computes SiLU's exponential in its own
 // orders.
 //
-// Per layer l, weights[6l .. 6l + 5]: the attention norm, the MLP norm, then the packed q/k/v,
-// o, gate/up and down products; biases[4l .. 4l + 3] those products' biases (or None);
-// spec[20l + 5p ..]: product p's layout (0 superblock, 1 groups), out features, in features,
-// code bits and sub-block (32, or 16 for superblocks in a GGUF's Q6_K form).
+// Per layer, in order: weights holds the attention norm, the MLP norm, then the packed parts of
+// the q/k/v, o, gate/up and down products; biases holds each part's bias (or None); spec holds
+// per product its part count, then per part its layout (0 superblock, 1 groups), out
+// features, in features, code bits and sub-block (32, or 16 for superblocks in a GGUF's Q6_K
+// form). A product's parts are runs of its output rows, each in its own form (a quantized
+// file's q/k in 4 bits beside its value projection in Q6_K): their outputs side by side.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/List.h>
@@ -43,20 +45,40 @@ namespace {
 using quickdraft_kernels::Attention;
 using quickdraft_simd::sum256;
 
-constexpr int64_t kWeightsPerLayer = 6, kProducts = 4, kSpecPerProduct = 5;
+constexpr int64_t kNorms = 2, kProducts = 4, kSpecPerPart = 5;
 
-struct Product {
+struct Part {
   const uint8_t* packed;
   const float* bias;
   int64_t layout, n, k, bits, sub;
 };
 
-void run(const Product& p, const float* x, int64_t rows, int64_t path, float* y) {
+struct Product {
+  std::vector<Part> parts;
+  int64_t n = 0, k = 0;
+};
+
+void run(const Part& p, const float* x, int64_t rows, int64_t path, float* y) {
   if (p.layout == 0) {
     quickdraft_kernels::superblock_product(x, rows, p.packed, p.n, p.k, p.bias, path, p.bits,
                                            p.sub, y);
   } else {
     quickdraft_kernels::group_product(x, rows, p.packed, p.n, p.k, p.bias, path, p.bits, y);
+  }
+}
+
+// y [rows, p.n]: each part's rows computed into `scratch` [rows, part n], then copied into its
+// columns (one part writes y itself).
+void run(const Product& p, const float* x, int64_t rows, int64_t path, float* y,
+         float* scratch) {
+  if (p.parts.size() == 1) return run(p.parts[0], x, rows, path, y);
+  int64_t column = 0;
+  for (const Part& part : p.parts) {
+    run(part, x, rows, path, scratch);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(y + r * p.n + column, scratch + r * part.n, part.n * sizeof(float));
+    }
+    column += part.n;
   }
 }
 
@@ -134,13 +156,7 @@ std::vector<at::Tensor> decoder_layers(
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "decoder_layers: x must be contiguous float32 [tokens, hidden]");
   const int64_t tokens = x.size(0), hidden = x.size(1);
-  const int64_t layers = static_cast<int64_t>(spec.size()) / (kProducts * kSpecPerProduct);
-  TORCH_CHECK(static_cast<int64_t>(spec.size()) == layers * kProducts * kSpecPerProduct &&
-                  static_cast<int64_t>(weights.size()) == layers * kWeightsPerLayer &&
-                  static_cast<int64_t>(biases.size()) == layers * kProducts,
-              "decoder_layers: weights, biases and spec do not describe the same layers");
-  TORCH_CHECK(keys.dim() == 5 && values.dim() == 5 && keys.size(0) >= layers &&
-                  keys.sizes() == values.sizes(),
+  TORCH_CHECK(keys.dim() == 5 && values.dim() == 5 && keys.sizes() == values.sizes(),
               "decoder_layers: keys and values must be [layers, B, S, Hkv, D]");
   const int64_t dim = keys.size(4);
   TORCH_CHECK(keys.size(3) == kv_heads && kv_heads > 0 && heads % kv_heads == 0 && dim % 2 == 0 &&
@@ -179,36 +195,57 @@ std::vector<at::Tensor> decoder_layers(
   }
   const int64_t q_width = heads * dim, kv_width = kv_heads * dim;
   const int64_t qkv_width = q_width + 2 * kv_width;
-  std::vector<Product> products(layers * kProducts);
-  int64_t intermediate = 0;
-  for (int64_t l = 0; l < layers; ++l) {
-    for (int64_t n = 0; n < 2; ++n) {
-      const at::Tensor& norm = weights[l * kWeightsPerLayer + n];
+  // The spec read in order: per layer its norms, then per product its parts.
+  std::vector<Product> products;
+  std::vector<const float*> norms;
+  size_t at_spec = 0, at_weight = 0, at_bias = 0;
+  int64_t intermediate = 0, scratch_width = 0;
+  while (at_spec < spec.size()) {
+    const int64_t l = static_cast<int64_t>(norms.size()) / kNorms;
+    for (int64_t n = 0; n < kNorms; ++n, ++at_weight) {
+      TORCH_CHECK(at_weight < weights.size(), "decoder_layers: layer ", l, " has no norms");
+      const at::Tensor& norm = weights[at_weight];
       TORCH_CHECK(norm.scalar_type() == at::kFloat && norm.is_contiguous() &&
                       norm.numel() == hidden,
                   "decoder_layers: layer ", l, "'s norms must be float32 [", hidden, "]");
+      norms.push_back(norm.data_ptr<float>());
     }
     for (int64_t p = 0; p < kProducts; ++p) {
-      const int64_t* s = spec.data() + (l * kProducts + p) * kSpecPerProduct;
-      const at::Tensor& packed = weights[l * kWeightsPerLayer + 2 + p];
-      const int64_t bytes = s[0] == 0 ? quickdraft_kernels::superblock_bytes(s[1], s[2], s[3])
-                                      : quickdraft_kernels::group_bytes(s[1], s[2], s[3]);
-      TORCH_CHECK((s[0] == 0 || s[0] == 1) && s[2] % 32 == 0 &&
-                      (s[3] == 4 || s[3] == 8 || (s[0] == 0 && s[3] == 6)) &&
-                      (s[4] == 32 || (s[0] == 0 && s[3] == 6 && s[4] == 16)) &&
-                      packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                      packed.numel() == bytes,
-                  "decoder_layers: layer ", l, "'s product ", p, " does not match its spec");
-      const std::optional<at::Tensor> bias = biases.get(l * kProducts + p);
-      const float* b = nullptr;
-      if (bias.has_value()) {
-        TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
-                        bias->numel() == s[1],
-                    "decoder_layers: layer ", l, "'s bias ", p, " must be float32 [", s[1], "]");
-        b = bias->data_ptr<float>();
+      TORCH_CHECK(at_spec < spec.size() && spec[at_spec] >= 1 &&
+                      at_spec + 1 + spec[at_spec] * kSpecPerPart <= spec.size(),
+                  "decoder_layers: layer ", l, "'s product ", p, " has no parts in the spec");
+      Product product;
+      const int64_t count = spec[at_spec++];
+      for (int64_t j = 0; j < count; ++j, at_spec += kSpecPerPart, ++at_weight, ++at_bias) {
+        const int64_t* s = spec.data() + at_spec;
+        TORCH_CHECK(at_weight < weights.size() && at_bias < biases.size(),
+                    "decoder_layers: weights, biases and spec do not describe the same layers");
+        const at::Tensor& packed = weights[at_weight];
+        const int64_t bytes = s[0] == 0 ? quickdraft_kernels::superblock_bytes(s[1], s[2], s[3])
+                                        : quickdraft_kernels::group_bytes(s[1], s[2], s[3]);
+        TORCH_CHECK((s[0] == 0 || s[0] == 1) && s[1] > 0 && s[2] % 32 == 0 &&
+                        (s[3] == 4 || s[3] == 8 || (s[0] == 0 && s[3] == 6)) &&
+                        (s[4] == 32 || (s[0] == 0 && s[3] == 6 && s[4] == 16)) &&
+                        packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                        packed.numel() == bytes,
+                    "decoder_layers: layer ", l, "'s product ", p, " does not match its spec");
+        const std::optional<at::Tensor> bias = biases.get(at_bias);
+        const float* b = nullptr;
+        if (bias.has_value()) {
+          TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                          bias->numel() == s[1],
+                      "decoder_layers: layer ", l, "'s bias ", p, " must be float32 [", s[1],
+                      "]");
+          b = bias->data_ptr<float>();
+        }
+        TORCH_CHECK(j == 0 || s[2] == product.k,
+                    "decoder_layers: layer ", l, "'s product ", p, " has parts of two widths");
+        product.parts.push_back({packed.data_ptr<uint8_t>(), b, s[0], s[1], s[2], s[3], s[4]});
+        product.n += s[1];
+        product.k = s[2];
       }
-      products[l * kProducts + p] = {packed.data_ptr<uint8_t>(), b, s[0], s[1], s[2], s[3],
-                                     s[4]};
+      if (count > 1) scratch_width = std::max(scratch_width, product.n);
+      products.push_back(std::move(product));
     }
     const Product* at = &products[l * kProducts];
     if (l == 0) intermediate = at[3].k;
@@ -217,6 +254,10 @@ std::vector<at::Tensor> decoder_layers(
                     at[3].k == intermediate && at[2].n == 2 * intermediate,
                 "decoder_layers: layer ", l, "'s product shapes do not fit the model");
   }
+  const int64_t layers = static_cast<int64_t>(norms.size()) / kNorms;
+  TORCH_CHECK(at_weight == weights.size() && at_bias == biases.size(),
+              "decoder_layers: weights, biases and spec do not describe the same layers");
+  TORCH_CHECK(keys.size(0) >= layers, "decoder_layers: the cache has fewer layers than the spec");
   for (int64_t t : taps) {
     TORCH_CHECK(t >= 0 && t < layers, "decoder_layers: tap layer ", t, " out of range");
   }
@@ -227,6 +268,7 @@ std::vector<at::Tensor> decoder_layers(
   const auto out = buffer(tokens * hidden);
   const auto gate_up = buffer(tokens * 2 * intermediate);
   const auto act = buffer(tokens * intermediate);
+  const auto scratch = buffer(tokens * std::max<int64_t>(scratch_width, 1));
   float* state = x.data_ptr<float>();
   const float* cos_ = cos.data_ptr<float>();
   const float* sin_ = sin.data_ptr<float>();
@@ -235,15 +277,15 @@ std::vector<at::Tensor> decoder_layers(
 
   for (int64_t l = 0; l < layers; ++l) {
     const Product* p = &products[l * kProducts];
-    const float* attn_norm = weights[l * kWeightsPerLayer].data_ptr<float>();
-    const float* mlp_norm = weights[l * kWeightsPerLayer + 1].data_ptr<float>();
+    const float* attn_norm = norms[l * kNorms];
+    const float* mlp_norm = norms[l * kNorms + 1];
     float* layer_keys = keys.data_ptr<float>() + l * keys.stride(0);
     float* layer_values = values.data_ptr<float>() + l * values.stride(0);
 
     each_row(tokens, hidden, [&](int64_t i) {
       rms_norm(state + i * hidden, attn_norm, hidden, epsilon, h.get() + i * hidden);
     });
-    run(p[0], h.get(), tokens, path, qkv.get());
+    run(p[0], h.get(), tokens, path, qkv.get(), scratch.get());
     each_row(tokens, qkv_width, [&](int64_t i) {
       float* row = qkv.get() + i * qkv_width;
       rotate(row, heads + kv_heads, dim, cos_ + i * dim, sin_ + i * dim);
@@ -257,19 +299,19 @@ std::vector<at::Tensor> decoder_layers(
                             q_width, keys.stride(1), keys.stride(2), values.stride(1),
                             values.stride(2), 1.0f / std::sqrt(static_cast<float>(dim))};
     quickdraft_kernels::attend_queries(problem, path);
-    run(p[1], h.get(), tokens, path, out.get());
+    run(p[1], h.get(), tokens, path, out.get(), scratch.get());
     each_row(tokens, hidden, [&](int64_t i) {
       float* row = state + i * hidden;
       const float* add = out.get() + i * hidden;
       for (int64_t j = 0; j < hidden; ++j) row[j] = row[j] + add[j];
       rms_norm(row, mlp_norm, hidden, epsilon, h.get() + i * hidden);
     });
-    run(p[2], h.get(), tokens, path, gate_up.get());
+    run(p[2], h.get(), tokens, path, gate_up.get(), scratch.get());
     each_row(tokens, 2 * intermediate, [&](int64_t i) {
       const float* row = gate_up.get() + i * 2 * intermediate;
       silu_mul(row, row + intermediate, intermediate, act.get() + i * intermediate);
     });
-    run(p[3], act.get(), tokens, path, out.get());
+    run(p[3], act.get(), tokens, path, out.get(), scratch.get());
     each_row(tokens, hidden, [&](int64_t i) {
       float* row = state + i * hidden;
       const float* add = out.get() + i * hidden;

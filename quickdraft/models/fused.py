@@ -23,17 +23,21 @@ from quickdraft import kernels
 from quickdraft.kernels import superblock
 from quickdraft.models.attention import flat_slots
 from quickdraft.models.kv_cache import KVCache
+from quickdraft.models.ops import parts_of
 
 
 @dataclass(frozen=True, slots=True)
 class Stack:
     """The arguments ``decoder_layers`` takes for a run of layers: per layer its two norms and
-    four packed products, their biases, and per product (layout, out, in, bits, sub-block)."""
+    four products' packed parts (most products have one; ``ops.StackedWeights`` more), their
+    biases, and per product its part count, then per part (layout, out, in, bits,
+    sub-block)."""
 
     weights: list[torch.Tensor]
     biases: list[torch.Tensor | None]
     spec: list[int]
     path: int
+    layers: int
 
     @classmethod
     def of(cls, layers: list) -> Stack | None:
@@ -48,17 +52,22 @@ class Stack:
             weights += [n.contiguous() for n in norms]
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 quant = getattr(linear, "quantized_weights", None)
-                if quant is None or quant.packed is None:
+                if quant is None:
                     return None
-                weights.append(quant.packed)
-                biases.append(quant.bias)
-                layout = 0 if isinstance(quant, superblock.SuperWeights) else 1
-                sub = getattr(quant, "sub", superblock.GROUP)
-                spec += [layout, quant.out_features, quant.in_features, quant.bits, sub]
-                paths.add(quant.path)
+                parts = parts_of(quant)
+                spec.append(len(parts))
+                for part in parts:
+                    if part.packed is None:
+                        return None
+                    weights.append(part.packed)
+                    biases.append(part.bias)
+                    layout = 0 if isinstance(part, superblock.SuperWeights) else 1
+                    sub = getattr(part, "sub", superblock.GROUP)
+                    spec += [layout, part.out_features, part.in_features, part.bits, sub]
+                    paths.add(part.path)
         if len(paths) != 1:
             return None
-        return cls(weights, biases, spec, kernels.PATHS[paths.pop()])
+        return cls(weights, biases, spec, kernels.PATHS[paths.pop()], len(layers))
 
     def run(
         self,
@@ -79,7 +88,7 @@ class Stack:
         rows, queries, slots, counts = flat_slots(groups)
         buffer_rows = cache._rows[:, 0]  # a row's place in the cache's buffers
         flat = x.reshape(batch * num_new, hidden)
-        taps = tuple(sorted(t for t in taps if t < len(self.weights) // 6))
+        taps = tuple(sorted(t for t in taps if t < self.layers))
         found = torch.ops.quickdraft_kernels.decoder_layers(
             flat,
             self.weights,

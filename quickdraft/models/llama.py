@@ -179,8 +179,11 @@ class LlamaRunner:
     def quant_layout(self) -> str | None:
         """The layout its quantized layers use (``ops.LAYOUTS``), "superblock+groups" when
         both (a quantized file's 8-bit fallback tensors take groups), None in float or int8."""
-        used = {layout_of(layer.quantized_weights) for layer in self._projections()}
-        used.discard(None)
+        used = {
+            part
+            for layer in self._projections()
+            for part in (layout_of(layer.quantized_weights) or "").split("+")
+        }
         return "+".join(layout for layout in LAYOUTS if layout in used) or None
 
     def _quantize_q4(self, bits: int, exact_only: bool, layout: str) -> None:

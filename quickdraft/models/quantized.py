@@ -3,7 +3,8 @@ load (the 1.5B's 113 projections take minutes to fit, its packed weights seconds
 
 An entry is one safetensors file in the user's cache (``$QUICKDRAFT_CACHE``, else
 ``~/.cache/quickdraft``), ``quantized/<key>.safetensors``: each projection's packed weights and
-its bias, and in the metadata its layout, shape and code width and the load check's figures.
+bias per run of rows (``ops.StackedWeights``; most have one), and in the metadata each run's
+layout, shape and code width and the load check's figures.
 The key hashes what the result depends on: the weight files (path, size, modification time),
 the quantization asked for, and the sources of the quantizer and kernel layouts. A changed
 model or a changed quantizer gets a new entry; a damaged entry is deleted and rebuilt.
@@ -23,7 +24,7 @@ import torch
 from quickdraft import kernels
 from quickdraft.kernels import groups, superblock
 from quickdraft.models import int8 as int8_ops
-from quickdraft.models.ops import Linear, QuantWeights, layout_of
+from quickdraft.models.ops import Linear, QuantWeights, StackedWeights, layout_of, parts_of
 
 # Each layout's weights (``ops.LAYOUTS``), by the name an entry stores.
 WEIGHTS = {"superblock": superblock.SuperWeights, "groups": groups.GroupWeights}
@@ -71,15 +72,18 @@ def load(path: Path, linears: Sequence[Linear]) -> Stored | None:
             meta = json.loads(handle.metadata()["quickdraft"])
             keys = set(handle.keys())
             built: list[QuantWeights] = []
-            for i, (linear, (layout, out, inner, bits, sub)) in enumerate(
-                zip(linears, meta["layers"], strict=True)
-            ):
-                if linear.weight is None or tuple(linear.weight.shape) != (out, inner):
+            for i, (linear, parts) in enumerate(zip(linears, meta["layers"], strict=True)):
+                found = []
+                for j, (layout, out, inner, bits, sub) in enumerate(parts):
+                    packed = _fresh(handle.get_tensor(f"{i}.{j}.packed"))
+                    name = f"{i}.{j}.bias"
+                    bias = handle.get_tensor(name) if name in keys else None
+                    form = (bits,) if layout == "groups" else (bits, sub)  # sub: superblocks
+                    found.append(WEIGHTS[layout](out, inner, path_name, packed, None, bias, *form))
+                rows = sum(part.out_features for part in found)
+                if linear.weight is None or tuple(linear.weight.shape) != (rows, inner):
                     raise ValueError(f"layer {i} shape")
-                packed = _fresh(handle.get_tensor(f"{i}.packed"))
-                bias = handle.get_tensor(f"{i}.bias") if f"{i}.bias" in keys else None
-                form = (bits,) if layout == "groups" else (bits, sub)  # sub: superblocks only
-                built.append(WEIGHTS[layout](out, inner, path_name, packed, None, bias, *form))
+                built.append(found[0] if len(found) == 1 else StackedWeights(tuple(found)))
     except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError):
         path.unlink(missing_ok=True)  # damaged or from another layout: quantize again
         return None
@@ -99,21 +103,24 @@ def _fresh(tensor: torch.Tensor) -> torch.Tensor:
 
 def save(path: Path, linears: Sequence[Linear], check: int8_ops.QuantCheck | None) -> None:
     """Store ``linears``' packed weights (written to a temporary name, then renamed, so a
-    reader never sees half a file). Layers without packed superblock weights store nothing."""
+    reader never sees half a file). Unless every layer has packed weights, nothing is stored."""
     from safetensors.torch import save_file
 
     layers, tensors = [], {}
     for i, linear in enumerate(linears):
         weights = linear.quantized_weights
-        if weights is None or weights.packed is None:
+        if weights is None:
             return
-        sub = getattr(weights, "sub", superblock.GROUP)
-        layers.append(
-            (layout_of(weights), weights.out_features, weights.in_features, weights.bits, sub)
-        )
-        tensors[f"{i}.packed"] = weights.packed
-        if weights.bias is not None:
-            tensors[f"{i}.bias"] = weights.bias
+        parts = []
+        for j, part in enumerate(parts_of(weights)):
+            if part.packed is None:
+                return
+            sub = getattr(part, "sub", superblock.GROUP)
+            parts.append((layout_of(part), part.out_features, part.in_features, part.bits, sub))
+            tensors[f"{i}.{j}.packed"] = part.packed
+            if part.bias is not None:
+                tensors[f"{i}.{j}.bias"] = part.bias
+        layers.append(parts)
     meta = {"layers": layers, "check": None}
     if check is not None:
         meta["check"] = {
