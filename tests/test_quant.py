@@ -310,3 +310,21 @@ def test_a_fused_product_of_two_forms_keeps_each_runs_own(monkeypatch):
     assert torch.equal(layer(x[2:3]), out[2:3])
     reference = x @ weight.T + bias
     assert (out - reference).norm() / reference.norm() < 0.02
+
+
+def test_runs_that_fall_back_alike_stay_one_product():
+    """Rows 4 bits reproduce one by one, among stray rows nothing does, beside rows nothing
+    does: the first run, judged whole, falls back like the second, so the layer stays one
+    8-bit product rather than two."""
+    from quickdraft.kernels import groups, superblock
+    from quickdraft.models.ops import Linear
+
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(128, 256, generator=generator) * 0.02
+    four = superblock.quantize(weight[:64], 4).dequantize()
+    stray = torch.arange(7, 64, 8)  # one row in eight
+    four[stray] = weight[stray]
+    layer = Linear(torch.cat([four, weight[64:]]), None, prepack=False)
+    layer.quantize_q4(4, exact_only=True, groups_fallback=True)
+    assert isinstance(layer.quantized_weights, groups.GroupWeights)
+    assert layer.quantized_weights.bits == 8

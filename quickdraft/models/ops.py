@@ -262,8 +262,13 @@ def _exact_runs(module: Any, weight: torch.Tensor, bits: int, fallback: Any) -> 
     bounds = _runs(form.tolist())
     if len(bounds) - 1 > MAX_PARTS or len(bounds) == 2:
         return [whole]
-    runs = itertools.pairwise(bounds)
-    return [_exact_codes(module, weight[a:b], bits, fallback) for a, b in runs]
+    pairs = itertools.pairwise(bounds)
+    runs = [_exact_codes(module, weight[a:b], bits, fallback) for a, b in pairs]
+    # A run its rows' form misses as a whole falls back like its neighbour: no gain in parts.
+    kinds = [(type(codes), codes.bits) for codes in runs]
+    if any(a == b for a, b in itertools.pairwise(kinds)):
+        return [whole]
+    return runs
 
 
 def _runs(form: list[int]) -> list[int]:
