@@ -67,6 +67,7 @@ def test_an_entry_keeps_a_products_runs_of_rows(tmp_path):
 
     first, second = load(), load()
     for model in (first, second):
-        assert all(isinstance(layer.qkv.quantized_weights, StackedWeights) for layer in model.layers)
+        qkv = [layer.qkv.quantized_weights for layer in model.layers]
+        assert all(isinstance(weights, StackedWeights) for weights in qkv)
     prompt = [3, 14, 15, 92, 65, 35]
     assert torch.equal(prompt_logits(second, prompt), prompt_logits(first, prompt))
