@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -232,44 +232,57 @@ class Linear:
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def _exact_codes(module: Any, weight: torch.Tensor, bits: int, fallback: Any) -> Any:
-    """The narrowest codes that reproduce a quantized file's weights: ``bits`` when 4, the Q6_K
-    form on superblocks, else 8 bits in the layout ``fallback`` (``Linear.quantize_q4``)."""
-    tries = [lambda: module.quantize(weight, bits)] if bits == 4 else []
-    if module is superblock:
-        tries.append(lambda: superblock.quantize_q6k(weight))
-    norm = weight.norm().clamp_min(1e-30)
-    for make in tries:
-        codes = make()
-        if (codes.dequantize() - weight).norm() / norm <= EXACT_ERROR:
-            return codes
-    return fallback.quantize(weight, EXACT_FALLBACK_BITS if fallback is superblock else 8)
-
-
 def _exact_runs(module: Any, weight: torch.Tensor, bits: int, fallback: Any) -> list[Any]:
-    """``_exact_codes`` of a quantized file's weights, by runs of rows where one form does not
-    reproduce them all but each run has one that does (at most ``MAX_PARTS`` runs): the rows
-    each form reproduces are found per row, then each run is quantized as a whole."""
-    whole = _exact_codes(module, weight, bits, fallback)
-    if module is not superblock or _narrowest(whole):
+    """The narrowest codes that reproduce a quantized file's weights (within ``EXACT_ERROR``):
+    ``bits`` when 4, the Q6_K form on superblocks, else 8 bits in the layout ``fallback``
+    (``Linear.quantize_q4``). Where no form reproduces the whole tensor, on superblocks, by
+    runs of rows that each have one (at most ``MAX_PARTS``): the rows each form reproduces are
+    found from the codes already tried, and each run is judged, and cut from them, as a
+    whole."""
+    makers = [lambda: module.quantize(weight, bits)] if bits == 4 else []
+    if module is superblock:
+        makers.append(lambda: superblock.quantize_q6k(weight))
+    norms = weight.pow(2).sum(dim=1)  # squared, per row
+    tried = []  # (codes, squared error per row), in the order tried: the narrowest first
+    for make in makers:
+        codes = make()
+        errors = (codes.dequantize() - weight).pow(2).sum(dim=1)
+        if _fits(errors, norms):
+            return [codes]
+        tried.append((codes, errors))
+
+    def fallback_codes(rows: torch.Tensor) -> Any:
+        return fallback.quantize(rows, EXACT_FALLBACK_BITS if fallback is superblock else 8)
+
+    whole = fallback_codes(weight)
+    if module is not superblock:
         return [whole]
-    forms = [lambda w: superblock.quantize(w, bits)] if bits == 4 else []
-    forms.append(superblock.quantize_q6k)
-    norms = weight.norm(dim=1).clamp_min(1e-30)
-    form = torch.full((weight.shape[0],), len(forms))  # no form: the fallback
-    for index in reversed(range(len(forms))):  # the narrowest that fits wins
-        error = (forms[index](weight).dequantize() - weight).norm(dim=1) / norms
-        form[error <= EXACT_ERROR] = index
+    form = torch.full((weight.shape[0],), len(tried))  # no form: the fallback
+    for index in reversed(range(len(tried))):  # the narrowest that fits a row wins
+        form[tried[index][1] <= EXACT_ERROR**2 * norms] = index
     bounds = _runs(form.tolist())
     if len(bounds) - 1 > MAX_PARTS or len(bounds) == 2:
         return [whole]
-    pairs = itertools.pairwise(bounds)
-    runs = [_exact_codes(module, weight[a:b], bits, fallback) for a, b in pairs]
+    runs = []
+    for a, b in itertools.pairwise(bounds):
+        fit = next((c for c, errors in tried if _fits(errors[a:b], norms[a:b])), None)
+        runs.append(fallback_codes(weight[a:b]) if fit is None else _rows(fit, a, b))
     # A run its rows' form misses as a whole falls back like its neighbour: no gain in parts.
     kinds = [(type(codes), codes.bits) for codes in runs]
     if any(a == b for a, b in itertools.pairwise(kinds)):
         return [whole]
     return runs
+
+
+def _fits(errors: torch.Tensor, norms: torch.Tensor) -> bool:
+    """Whether rows with these squared errors and squared norms are reproduced."""
+    return bool(errors.sum().sqrt() <= EXACT_ERROR * norms.sum().sqrt().clamp_min(1e-30))
+
+
+def _rows(codes: Any, a: int, b: int) -> Any:
+    """Rows [a, b) of quantized codes (every quantizer fits a row by itself)."""
+    cut = {f.name: getattr(codes, f.name) for f in fields(codes)}
+    return type(codes)(**{k: v[a:b] if isinstance(v, torch.Tensor) else v for k, v in cut.items()})
 
 
 def _runs(form: list[int]) -> list[int]:
@@ -288,11 +301,6 @@ def _runs(form: list[int]) -> list[int]:
         runs[1][0] = 0
         del runs[0]
     return [0] + [end for _, end, _ in runs]
-
-
-def _narrowest(codes: Any) -> bool:
-    """Whether ``_exact_codes`` found a form narrower than the 8-bit fallback."""
-    return isinstance(codes, superblock.SuperCodes) and codes.bits < EXACT_FALLBACK_BITS
 
 
 def side_by_side(x: torch.Tensor, parts: Sequence[Linear]) -> torch.Tensor:
