@@ -41,7 +41,9 @@ def _add_train_eagle(kinds: argparse._SubParsersAction) -> None:
         "--steps",
         type=_positive_int,
         default=None,
-        help="training-time test steps (default 3 for eagle3, 1 for eagle1)",
+        help="training-time test steps (default 3 for eagle3, 1 for eagle1; 5 trains the "
+        "deeper nodes of the default trees, 6 deep: on the 0.5B one epoch of 5 drafted 2.36 "
+        "tokens a forward against 3 steps' 2.29, for 1.4x the training time)",
     )
     eagle.add_argument(
         "--draft-vocab",
