@@ -23,11 +23,12 @@ each kind chooses each quantization's best configuration; the table quotes it on
 half (held out), beside every row's figures on all prompts.
 
 Figures: decode tokens/s (new tokens after the first over the time after it: the first
-token comes from the prefill) and end-to-end tokens/s, medians over prompts; whether a row's
-outputs equal its own plain decoding's; and agreement with the float model's tokens (the
-float32 quickdraft target: the share of its tokens before the first difference). The floors
-are the time one token needs at the measured memory bandwidth (weight bytes) and at the
-measured peak arithmetic rate (2 FLOPs a parameter).
+token comes from the prefill) and end-to-end tokens/s, medians over prompts; quickdraft's
+new tokens a target forward (bonus included, means over prompts: what no host changes);
+whether a row's outputs equal its own plain decoding's; and agreement with the float model's
+tokens (the float32 quickdraft target: the share of its tokens before the first difference).
+The floors are the time one token needs at the measured memory bandwidth (weight bytes) and
+at the measured peak arithmetic rate (2 FLOPs a parameter).
 
 llama.cpp is not a project dependency: build it in the benchmark's own folder, with every
 vector extension this VM allows (AMX tiles are listed in /proc/cpuinfo but fault here; set
@@ -72,7 +73,8 @@ class Row:
     name: str
     engine: str  # "llama.cpp" or "quickdraft"
     quant: str  # the target's weights
-    run: Callable[[list[int]], tuple[list[int], float, float]]  # ids -> (tokens, first, total)
+    # ids -> (tokens, first, total, tokens a target forward: quickdraft's only, else None)
+    run: Callable[[list[int]], tuple[list[int], float, float, float | None]]
     weight_bytes: float = 0.0
     results: list[dict] = field(default_factory=list)
 
@@ -118,7 +120,7 @@ def llama_cpp_rows(args, tokenizer_eos: tuple[int, ...]) -> list[Row]:
             draft_model=draft,
         )  # fmt: skip
 
-        def run(ids: list[int]) -> tuple[list[int], float, float]:
+        def run(ids: list[int]) -> tuple[list[int], float, float, None]:
             model.reset()
             out, first = [], 0.0
             start = time.perf_counter()
@@ -130,7 +132,7 @@ def llama_cpp_rows(args, tokenizer_eos: tuple[int, ...]) -> list[Row]:
                 out.append(token)
                 if len(out) == args.max_new_tokens:
                     break
-            return out, first, time.perf_counter() - start
+            return out, first, time.perf_counter() - start, None
 
         return run
 
@@ -203,12 +205,12 @@ def _quickdraft_run(target, spec, drafter, tokenizer, args) -> Callable:
         temperature=0, max_new_tokens=args.max_new_tokens, stop_token_ids=tokenizer.eos_token_ids
     )
 
-    def run(ids: list[int]) -> tuple[list[int], float, float]:
+    def run(ids: list[int]) -> tuple[list[int], float, float, float]:
         start = time.perf_counter()
         out = generate(target, ids, sampling=sampling, spec=spec, draft=drafter)
         total = time.perf_counter() - start
         tokens = [t for t in out.token_ids if t not in tokenizer.eos_token_ids]
-        return tokens, out.stats.time_prefill, total
+        return tokens, out.stats.time_prefill, total, out.stats.mean_accepted_length
 
     return run
 
@@ -302,6 +304,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--out", type=Path, default=RESULTS / "vs_llama_cpp.json")
     args = parser.parse_args()
+    if min(args.code, args.chat) < 2:  # the first half of each kind calibrates
+        parser.error("--code and --chat: at least 2 prompts each")
     torch.set_num_threads(args.threads)
 
     rows, tokenizer, params = quickdraft_rows(args)
@@ -313,9 +317,10 @@ def main() -> None:
     for index, (kind, ids) in enumerate(prompts):
         order = rows[index % len(rows) :] + rows[: index % len(rows)]
         for row in order:
-            tokens, first, total = row.run(ids)
+            tokens, first, total, accepted = row.run(ids)
             row.results.append({"prompt": index, "kind": kind, "tokens": tokens,
-                                "first_s": first, "total_s": total})  # fmt: skip
+                                "first_s": first, "total_s": total,
+                                "tokens_per_forward": accepted})  # fmt: skip
         print(f"prompt {index + 1}/{len(prompts)} ({kind}, {len(ids)} tokens) done", flush=True)
     report = summarise(rows, prompts, rates, args)
     report["projection_params"] = params
@@ -364,6 +369,9 @@ def summarise_row(row: Row, plain: Row, float_plain: Row, calibration: set[int])
 
     pairs = list(zip(row.results, plain.results, strict=True))
     floats = list(zip(row.results, float_plain.results, strict=True))
+    accepted = None  # new tokens a target forward, bonus included: quickdraft's rows only
+    if row.engine == "quickdraft":
+        accepted = statistics.mean(r["tokens_per_forward"] for r in row.results)
     return {
         "name": row.name,
         "engine": row.engine,
@@ -377,6 +385,7 @@ def summarise_row(row: Row, plain: Row, float_plain: Row, calibration: set[int])
         "end_to_end_tok_s": statistics.median(len(r["tokens"]) / r["total_s"] for r in row.results),
         "same_as_own_plain": sum(r["tokens"] == p["tokens"] for r, p in pairs) / len(pairs),
         "float_agreement": statistics.mean(agreement(r["tokens"], f["tokens"]) for r, f in floats),
+        "tokens_per_forward": accepted,
         "results": row.results,
     }
 
@@ -393,9 +402,10 @@ def render(report: dict) -> str:
         f"{rates['fp32_gflop_s']:.0f} GFLOP/s, int8 GEMM {rates['int8_gop_s']:.0f} GOP/s; "
         f"{report['projection_params'] / 1e9:.2f}B parameters multiplied per token.",
         "",
-        "| row | all | code | chat | held out | end to end | same as own plain | "
-        "agrees with float | weights GB | floor ms/token: bandwidth | compute |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| row | all | code | chat | held out | end to end | tokens a forward | "
+        "same as own plain | agrees with float | weights GB | floor ms/token: bandwidth | "
+        "compute |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     chosen = set(report["best_by_calibration"].values())
     for row in report["rows"]:
@@ -403,11 +413,13 @@ def render(report: dict) -> str:
         rate = rates["fp32_gflop_s"] if row["quant"] == "float32" else rates["int8_gop_s"]
         compute = 2 * report["projection_params"] / (rate * 1e9) * 1000
         best = " (best, chosen on calibration)" if row["name"] in chosen else ""
+        accepted = row.get("tokens_per_forward")
+        per_forward = "-" if accepted is None else f"{accepted:.2f}"
         lines.append(
             f"| {row['name']}{best} | {row['decode_tok_s']:.1f} | "
             f"{row['decode_tok_s_code']:.1f} | {row['decode_tok_s_chat']:.1f} | "
             f"{row['decode_tok_s_held_out']:.1f} | {row['end_to_end_tok_s']:.1f} | "
-            f"{row['same_as_own_plain']:.0%} | {row['float_agreement']:.0%} | "
+            f"{per_forward} | {row['same_as_own_plain']:.0%} | {row['float_agreement']:.0%} | "
             f"{row['weight_bytes'] / 1e9:.2f} | {floor:.0f} | {compute:.0f} |"
         )
     return "\n".join(lines) + "\n"
