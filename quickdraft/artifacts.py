@@ -1,4 +1,5 @@
-"""Reading the files quickdraft did not just write: every failure names the file and what to do.
+"""Reading the files quickdraft did not just write: every failure names the file and what to do;
+and writing the safetensors files others read (``write_safetensors``).
 
 A truncated download, a half-written checkpoint or a folder from another version should end in
 one line such as ``drafter.safetensors: truncated or not a safetensors file (...); re-export the
@@ -66,6 +67,27 @@ def read_safetensors(path: str | Path, remedy: str) -> dict[str, torch.Tensor]:
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         problem = f"truncated or not a safetensors file ({brief(error)})"
         raise ArtifactError(path, problem, remedy) from None
+
+
+def write_safetensors(
+    path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
+    """``tensors`` as a safetensors file at ``path`` that any user may read whom the umask
+    lets read the files beside it (a drafter, an export, a shortlist). safetensors 0.8's own
+    ``save_file`` creates every file with mode 0600 (it writes through a private temporary
+    file), so an export served by vLLM or SGLang under another user, in a container for
+    instance, could not be opened. The bytes go to a partial file made by ``open`` (the
+    umask's mode), then take the name at once: a reader never sees half a file."""
+    from safetensors.torch import save
+
+    path = Path(path)
+    data = save({name: tensor.contiguous() for name, tensor in tensors.items()}, metadata)
+    partial = path.with_name(f"{path.name}.partial-{partial_suffix()}")
+    try:
+        partial.write_bytes(data)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def read_checkpoint(

@@ -94,6 +94,32 @@ def test_an_interrupted_conversion_is_removed_on_the_next_start(tmp_path):
     assert mine.exists() and other_host.exists()
 
 
+def test_safetensors_written_for_others_get_the_umasks_mode(tmp_path):
+    """A drafter or export must be readable by whom the umask allows (safetensors' own
+    save_file makes 0600 files), whole and with its metadata, and leaves no partial file."""
+    import os
+
+    import torch
+    from safetensors import safe_open
+
+    from quickdraft.artifacts import read_safetensors, write_safetensors
+
+    tensors = {"w": torch.arange(6.0).view(2, 3), "ids": torch.tensor([3, 1], dtype=torch.int16)}
+    old = os.umask(0o027)
+    try:
+        write_safetensors(tmp_path / "x.safetensors", tensors, {"note": "n"})
+        (tmp_path / "x.json").write_text("{}")
+    finally:
+        os.umask(old)
+    mode = (tmp_path / "x.safetensors").stat().st_mode & 0o777
+    assert mode == (tmp_path / "x.json").stat().st_mode & 0o777 == 0o640
+    back = read_safetensors(tmp_path / "x.safetensors", "remedy")
+    assert all(torch.equal(back[k], v) for k, v in tensors.items()) and back.keys() == {"w", "ids"}
+    with safe_open(tmp_path / "x.safetensors", "pt") as handle:
+        assert handle.metadata() == {"note": "n"}
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["x.json", "x.safetensors"]
+
+
 def test_a_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     from quickdraft.models import gguf
     from quickdraft.models.loading import packaged_gguf

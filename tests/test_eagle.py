@@ -722,6 +722,10 @@ def test_an_exported_drafter_imports_back_and_drafts_the_same(targets, tmp_path,
         assert imported.config.feature_layers == original.config.feature_layers
         assert sorted(imported.draft_vocab.tolist()) == sorted(original.draft_vocab.tolist())
         assert _drafts_and_lengths(target, imported) == expected, engine
+        # readable by whoever may read its config (a server running as another user)
+        for saved in (folder, tmp_path / "saved"):
+            modes = {f.suffix: f.stat().st_mode & 0o777 for f in saved.iterdir()}
+            assert modes[".safetensors"] == modes[".json"], saved
         spec = make_spec(method="eagle", eagle_dir=str(folder), tree="3,2,5", eagle_lookup=0)
         drafter = build_drafter(spec, target)
         assert isinstance(drafter, EagleDrafter)

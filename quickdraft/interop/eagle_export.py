@@ -29,8 +29,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
+from quickdraft.artifacts import write_safetensors
 from quickdraft.drafters.eagle.net import EagleNet, EagleVariant
 
 ENGINES = ("vllm", "sglang")
@@ -107,6 +107,6 @@ def export_eagle(
     folder.mkdir(parents=True, exist_ok=True)
     if not eagle3 and config.draft_vocab_size < config.vocab_size:
         torch.save(net.draft_vocab.clone(), folder / TOKEN_MAP)  # row order kept
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
+    write_safetensors(folder / "model.safetensors", weights)
     (folder / "config.json").write_text(json.dumps(record, indent=2) + "\n")
     return folder

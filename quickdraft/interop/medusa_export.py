@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
+from quickdraft.artifacts import write_safetensors
 from quickdraft.drafters.medusa.net import MedusaHeads
 
 
@@ -55,6 +55,6 @@ def export_medusa(heads: MedusaHeads, lm_head: torch.Tensor, folder: str | Path)
     }
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(folder / "model.safetensors"))
+    write_safetensors(folder / "model.safetensors", weights)
     (folder / "config.json").write_text(json.dumps(record, indent=2) + "\n")
     return folder

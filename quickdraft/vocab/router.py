@@ -13,10 +13,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
-from quickdraft.artifacts import build, load_state, read_json, read_safetensors
+from quickdraft.artifacts import build, load_state, read_json, read_safetensors, write_safetensors
 from quickdraft.models.ops import Linear
 
 
@@ -58,7 +57,7 @@ class Router(nn.Module):
         record = {**asdict(self.config), "inputs": inputs}
         (folder / "router.json").write_text(json.dumps(record, indent=2) + "\n")
         state = {name: t.detach().half().contiguous() for name, t in self.state_dict().items()}
-        save_file(state, str(folder / "router.safetensors"))
+        write_safetensors(folder / "router.safetensors", state)
 
     @classmethod
     def load(cls, folder: str | Path) -> Router:

@@ -26,9 +26,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from quickdraft.artifacts import ArtifactError, read_safetensors
+from quickdraft.artifacts import ArtifactError, read_safetensors, write_safetensors
 from quickdraft.models.ops import draft_linear, side_by_side
 from quickdraft.vocab.router import Router
 
@@ -334,7 +333,7 @@ def save_frequency(folder: str | Path, frequency: torch.Tensor, settings: dict) 
     """Token frequencies [V]; the ranked list is derived from them (ties by token id)."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     metadata = {"settings": json.dumps(settings)}
-    save_file({"frequency": frequency.float()}, str(Path(folder) / FREQUENCY_FILE), metadata)
+    write_safetensors(Path(folder) / FREQUENCY_FILE, {"frequency": frequency.float()}, metadata)
 
 
 def load_frequency(folder: str | Path) -> torch.Tensor:
@@ -359,8 +358,8 @@ def save_clusters(folder: str | Path, assignment: torch.Tensor, settings: dict) 
     """Cluster id of every token, -1 for the always-included core."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     metadata = {"settings": json.dumps(settings)}
-    save_file(
-        {"assignment": assignment.to(torch.int16)}, str(Path(folder) / CLUSTERS_FILE), metadata
+    write_safetensors(
+        Path(folder) / CLUSTERS_FILE, {"assignment": assignment.to(torch.int16)}, metadata
     )
 
 

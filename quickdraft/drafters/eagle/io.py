@@ -8,10 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from quickdraft import artifacts
-from quickdraft.artifacts import load_state, read_json, read_safetensors
+from quickdraft.artifacts import load_state, read_json, read_safetensors, write_safetensors
 from quickdraft.config import MAX_DRAFT_TOKENS
 from quickdraft.drafters.base import shipped_folder
 from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
@@ -48,7 +47,7 @@ def save_eagle(
             state[name], state[name + SCALE_SUFFIX] = codes.to(torch.int8), scale
         else:
             state[name] = tensor.half()
-    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / WEIGHTS_FILE))
+    write_safetensors(folder / WEIGHTS_FILE, state)
     record = {"config": net.config.to_dict(), **(metadata or {})}
     (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
 

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
 from quickdraft import artifacts
-from quickdraft.artifacts import load_state, read_json, read_safetensors
+from quickdraft.artifacts import load_state, read_json, read_safetensors, write_safetensors
 from quickdraft.config import show_value
 from quickdraft.drafters.base import shipped_folder
 
@@ -101,7 +100,7 @@ def save_heads(folder: str | Path, heads: MedusaHeads, metadata: dict | None = N
     }
     if heads.vocab is not None:
         state["vocab"] = heads.vocab.long().contiguous()
-    save_file(state, str(folder / WEIGHTS_FILE))
+    write_safetensors(folder / WEIGHTS_FILE, state)
     record = {"config": asdict(heads.config), **(metadata or {})}
     (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
