@@ -20,6 +20,10 @@ for a drafter whose training data is not the 0.5B's (the 1.5B's):
     python benchmarks/eagle_tree_sweep.py --calibration --target qwen2.5-coder-1.5b \\
         --quant q4 --methods "eagle@6.4.10p0.1+5,eagle@8.4.16p0.05+5" --out DIR
 
+``--evaluated`` takes ``eagle_held_out.py``'s evaluated prompts, to confirm on prompts the
+choice never saw, paired prompt by prompt, what the calibration prompts chose (never to
+choose).
+
 Runs are logged to ``OUT/runs.jsonl`` so an interrupted sweep resumes; ``--render`` rebuilds
 ``report.md`` from ``results.json``.
 """
@@ -39,6 +43,7 @@ from quickdraft.bench.tasks import TaskItem
 from quickdraft.models.loading import load_model
 
 TARGET = "qwen2.5-coder-0.5b"
+PROMPT_NAMES = {"calibration": "calibration", "evaluated": "evaluated (held-out)"}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -47,8 +52,8 @@ def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     target, tokenizer = load_model(args.target, quant=args.quant)
     runs = parse_methods(args.methods)
-    if args.calibration:
-        tasks = calibration_tasks(args.prompts_per_task)
+    if args.calibration or args.evaluated:
+        tasks = calibration_tasks(args.prompts_per_task, calibration=args.calibration)
     else:
         tasks = held_out_tasks(args.held_out, args.prompts_per_task)
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, temperature=0.0, seed=0)
@@ -56,7 +61,7 @@ def run(args: argparse.Namespace) -> dict:
         "target": args.target,
         "target_weights": args.quant or "float",
         "eagle_dir": str(args.eagle_dir) if args.eagle_dir else "shipped",
-        "prompts": "calibration" if args.calibration else "held out",
+        "prompts": _prompts(args),
         "prompts_per_task": args.prompts_per_task,
         "max_new_tokens": args.max_new_tokens,
         "methods": [run.label for run in runs],
@@ -90,17 +95,25 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def calibration_tasks(per_kind: int) -> dict[str, list[TaskItem]]:
-    """``eagle_held_out.held_out``'s calibration chats as the bench's task items."""
+def _prompts(args: argparse.Namespace) -> str:
+    if args.calibration:
+        return "calibration"
+    return "evaluated" if args.evaluated else "held out"
+
+
+def calibration_tasks(per_kind: int, calibration: bool = True) -> dict[str, list[TaskItem]]:
+    """``eagle_held_out.held_out``'s calibration chats (or, not ``calibration``, the chats
+    it evaluates) as the bench's task items."""
     from eagle_held_out import held_out  # beside this script
 
+    name = "calibration" if calibration else "evaluated"
     return {
         kind: [
-            TaskItem(f"calibration-{kind}-{n + 1:03d}", kind, chat[-1]["content"],
+            TaskItem(f"{name}-{kind}-{n + 1:03d}", kind, chat[-1]["content"],
                      tuple(chat), "", "")
             for n, chat in enumerate(chats)
         ]
-        for kind, chats in held_out(per_kind, calibration=True).items()
+        for kind, chats in held_out(per_kind, calibration=calibration).items()
     }  # fmt: skip
 
 
@@ -110,7 +123,7 @@ def render(result: dict) -> str:
         f"# EAGLE tree sweep: {meta['target']} ({meta['target_weights']} weights)",
         "",
         f"Machine: {meta['machine']}; {meta['threads']} threads. {meta['prompts_per_task']} "
-        f"{'calibration' if meta.get('prompts') == 'calibration' else 'held-out'} prompts per "
+        f"{PROMPT_NAMES.get(meta.get('prompts'), 'held-out')} prompts per "
         "task (seven kinds), "
         f"{meta['max_new_tokens']} new tokens, greedy, "
         f"chat template; drafter: {meta['eagle_dir']}. Method labels read "
@@ -135,8 +148,14 @@ def render(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--held-out", type=Path, help="held-out prompt files (to measure)")
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
         "--calibration", action="store_true", help="eagle_held_out.py's calibration prompts"
+    )
+    source.add_argument(
+        "--evaluated",
+        action="store_true",
+        help="eagle_held_out.py's evaluated prompts: to confirm a choice, never to make one",
     )
     parser.add_argument("--methods", help="as quickdraft bench --methods (to measure)")
     parser.add_argument("--eagle-dir", type=Path, default=None)
@@ -150,7 +169,7 @@ def main() -> None:
     args = parser.parse_args()
     from dynaspec_eagle import measure_then_render  # beside this script
 
-    needed = ("methods",) if args.calibration else ("held_out", "methods")
+    needed = ("methods",) if args.calibration or args.evaluated else ("held_out", "methods")
     measure_then_render(parser, args, needed, run, render)
 
 

@@ -82,7 +82,19 @@ _MEASURED: dict[str, Row] = {
 # decode steps; tokens: the tree's budget plus the grafted lookup and the bonus token).
 # Qwen2.5-Coder-1.5B: its seven-task bench, q4, 3 prompts a kind, 128 tokens, Intel Xeon, 2
 # threads (benchmarks/results/qwen1.5b_methods; python benchmarks/bench_priors.py FOLDER).
+# Qwen2.5-Coder-0.5B: the same bench of its drafter's version 11 and shipped tree (5,3,8,0.1),
+# AMD EPYC (benchmarks/results/qwen0.5b_q4_methods).
 OWN_EAGLE: dict[str, tuple[str, dict[str, Row]]] = {
+    "qwen2.5-coder-0.5b": ("q4", {
+        "eagle": (
+            {"translation": 2.17, "conversation": 2.35, "rag": 3.72, "math": 2.85, "qa": 1.89,
+             "summarization": 3.23, "code": 4.60}, 0.352, 1.648, 14,
+        ),
+        "eagle lookup=0": (
+            {"translation": 2.07, "conversation": 2.26, "rag": 3.19, "math": 2.16, "qa": 1.83,
+             "summarization": 2.35, "code": 2.84}, 0.324, 1.305, 9,
+        ),
+    }),
     "qwen2.5-coder-1.5b": ("q4", {
         "eagle": (
             {"translation": 2.08, "conversation": 2.55, "rag": 3.21, "math": 2.45, "qa": 1.76,
