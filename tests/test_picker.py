@@ -184,6 +184,26 @@ def test_a_shipped_drafter_measured_on_its_target_brings_its_own_prior(tmp_path)
     assert moved.prior.target == costs.REFERENCE
 
 
+def test_a_shipped_drafters_costs_are_those_of_each_task_kind():
+    """A dynamic tree verifies more tokens where its drafter is sure: the 0.5B's bench measured
+    a code step at 2.03 decode steps and a conversation step at 1.23, and its prior on each
+    kind models what that kind measured (code decoded 1.85x faster by the bench's means; one
+    mean cost for every kind had modelled 2.30x). A kind the bench lacks takes the mean."""
+    from quickdraft.bench.tasks import TASK_KINDS
+    from quickdraft.pick import priors
+
+    code = priors.eagle("eagle", "code", "qwen2.5-coder-0.5b")
+    chat = priors.eagle("eagle", "conversation", "qwen2.5-coder-0.5b")
+    assert code.verify_cost > chat.verify_cost + 0.5 and code.draft_cost > chat.draft_cost
+    assert code.expected_tokens / (code.draft_cost + code.verify_cost) == pytest.approx(1.85, 0.01)
+    verify = priors.OWN_EAGLE["qwen2.5-coder-0.5b"][1]["eagle"][2]
+    other = priors.eagle("eagle", "other", "qwen2.5-coder-0.5b")
+    assert other.verify_cost == pytest.approx(sum(verify[k] for k in TASK_KINDS) / len(TASK_KINDS))
+    chosen = pick(Workload(task="conversation", weights="q4"),
+                  PickContext(target="qwen2.5-coder-0.5b"))  # fmt: skip
+    assert chosen.spec.method is Method.EAGLE
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

@@ -33,7 +33,10 @@ DRAFT_MODEL_ALPHA = {
 DRAFT_MODEL_COST = 0.10  # a draft forward, in target decode steps
 CPU_VERIFY_SLOPE = 0.09  # each extra verified token, in target decode steps
 
-Row = tuple[dict[str, float], float, float, int]
+# A configuration's accepted length per task kind; its drafter's and verify pass's time a
+# step (target decode steps), one figure or one per task kind; its tokens verified a step.
+Cost = float | dict[str, float]
+Row = tuple[dict[str, float], Cost, Cost, int]
 
 # Mean accepted length per task kind, drafter and verify time per step (target decode steps)
 # and tokens verified per step, for the configurations the SmolLM2 bench ran.
@@ -79,7 +82,10 @@ _MEASURED: dict[str, Row] = {
 
 # Shipped EAGLE drafters measured with their own targets: drafter (its target's alias) -> the
 # target's weights in that run and, per bench label, as _MEASURED (costs in that target's
-# decode steps; tokens: the tree's budget plus the grafted lookup and the bonus token).
+# decode steps, per task kind: a dynamic tree verifies more where its drafter is sure, so on
+# the 0.5B a code step costs 2.03 decode steps and a conversation step 1.23, and one mean cost
+# modelled its code speedup at 2.30x against 1.73x measured; tokens: the tree's budget plus
+# the grafted lookup and the bonus token).
 # Qwen2.5-Coder-1.5B: its seven-task bench, q4, 3 prompts a kind, 128 tokens, Intel Xeon, 2
 # threads (benchmarks/results/qwen1.5b_methods; python benchmarks/bench_priors.py FOLDER).
 # Qwen2.5-Coder-0.5B: the same bench of its drafter's version 11 and shipped tree (5,3,8,0.1),
@@ -88,32 +94,56 @@ OWN_EAGLE: dict[str, tuple[str, dict[str, Row]]] = {
     "qwen2.5-coder-0.5b": ("q4", {
         "eagle": (
             {"translation": 2.17, "conversation": 2.35, "rag": 3.72, "math": 2.85, "qa": 1.89,
-             "summarization": 3.23, "code": 4.60}, 0.352, 1.648, 14,
+             "summarization": 3.23, "code": 4.60},
+            {"translation": 0.275, "conversation": 0.316, "rag": 0.384, "math": 0.319,
+             "qa": 0.312, "summarization": 0.376, "code": 0.458},
+            {"translation": 1.297, "conversation": 1.225, "rag": 1.419, "math": 1.617,
+             "qa": 1.495, "summarization": 1.918, "code": 2.027}, 14,
         ),
         "eagle lookup=0": (
             {"translation": 2.07, "conversation": 2.26, "rag": 3.19, "math": 2.16, "qa": 1.83,
-             "summarization": 2.35, "code": 2.84}, 0.324, 1.305, 9,
+             "summarization": 2.35, "code": 2.84},
+            {"translation": 0.257, "conversation": 0.320, "rag": 0.343, "math": 0.295,
+             "qa": 0.302, "summarization": 0.347, "code": 0.389},
+            {"translation": 1.134, "conversation": 1.145, "rag": 1.210, "math": 1.280,
+             "qa": 1.242, "summarization": 1.370, "code": 1.490}, 9,
         ),
     }),
     "qwen2.5-coder-1.5b": ("q4", {
         "eagle": (
             {"translation": 2.08, "conversation": 2.55, "rag": 3.21, "math": 2.45, "qa": 1.76,
-             "summarization": 2.61, "code": 4.74}, 0.198, 1.420, 16,
+             "summarization": 2.61, "code": 4.74},
+            {"translation": 0.186, "conversation": 0.243, "rag": 0.302, "math": 0.189,
+             "qa": 0.171, "summarization": 0.193, "code": 0.214},
+            {"translation": 1.374, "conversation": 1.417, "rag": 1.439, "math": 1.403,
+             "qa": 1.294, "summarization": 1.457, "code": 1.507}, 16,
         ),
         "eagle lookup=0": (
             {"translation": 1.90, "conversation": 2.22, "rag": 2.19, "math": 1.85, "qa": 1.55,
-             "summarization": 1.56, "code": 2.02}, 0.187, 1.284, 11,
+             "summarization": 1.56, "code": 2.02},
+            {"translation": 0.190, "conversation": 0.237, "rag": 0.260, "math": 0.182,
+             "qa": 0.167, "summarization": 0.175, "code": 0.196},
+            {"translation": 1.294, "conversation": 1.292, "rag": 1.285, "math": 1.278,
+             "qa": 1.282, "summarization": 1.271, "code": 1.299}, 11,
         ),
     }),
 }  # fmt: skip
 
 
 def _prior(row: Row, task: str, source: str, **measured_on: str | None) -> StepPrior:
-    """A table row's prior on ``task``; "other" takes the mean over the seven task kinds."""
+    """A table row's prior on ``task``; a kind it lacks ("other") takes the mean over the
+    seven task kinds."""
     lengths, draft, verify, tokens = row
-    classic = [lengths[kind] for kind in TASK_KINDS]
-    length = lengths.get(task, sum(classic) / len(classic))
-    return StepPrior(length, draft, verify, tokens, source, **measured_on)
+    return StepPrior(_on(lengths, task), _on(draft, task), _on(verify, task), tokens, source,
+                     **measured_on)  # fmt: skip
+
+
+def _on(figure: Cost, task: str) -> float:
+    """``figure`` on ``task``: itself, or its task kind's value, or the seven kinds' mean."""
+    if isinstance(figure, float):
+        return figure
+    classic = [figure[kind] for kind in TASK_KINDS]
+    return figure.get(task, sum(classic) / len(classic))
 
 
 def measured(label: str, task: str) -> StepPrior:
