@@ -71,3 +71,42 @@ def test_an_entry_keeps_a_products_runs_of_rows(tmp_path):
         assert all(isinstance(weights, StackedWeights) for weights in qkv)
     prompt = [3, 14, 15, 92, 65, 35]
     assert torch.equal(prompt_logits(second, prompt), prompt_logits(first, prompt))
+
+
+@pytest.mark.skipif(not kernels.native(), reason="the store holds compiled paths' weights")
+def test_a_new_entry_replaces_its_models_stale_ones(tmp_path, monkeypatch):
+    """Another quickdraft's entry for the same model, unread for a day, goes when a new one is
+    written, as does one named the older way; a recently read one stays (two installations
+    side by side), and so do other models' entries. A load marks its entry read."""
+    import os
+    import time
+
+    from quickdraft.models import quantized
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"weights")
+    path = quantized.cache_path([weights], "q4", False)
+    model = path.name.partition("-")[0]
+    assert len(model) == 12 and path.name != quantized.cache_path([weights], "int8", False).name
+    path.parent.mkdir(parents=True)
+    old = time.time() - 2 * quantized.STALE_SECONDS
+    stale, recent = (
+        path.with_name(f"{model}-{'a' * 24}.safetensors"),
+        path.with_name(f"{model}-{'b' * 24}.safetensors"),
+    )
+    other, legacy = (
+        path.with_name(f"{'c' * 12}-{'d' * 24}.safetensors"),
+        path.with_name(f"{'e' * 24}.safetensors"),
+    )
+    for entry in (stale, recent, other, legacy):
+        entry.write_bytes(b"entry")
+        os.utime(entry, (old, old))
+    os.utime(recent)
+    hf = tiny_hf_model("llama-tied")
+    build(hf, path)
+    assert path.is_file() and recent.is_file() and other.is_file()
+    assert not stale.exists() and not legacy.exists()
+    os.utime(path, (old, old))
+    build(hf, path)  # read back: marked as read now
+    assert time.time() - path.stat().st_mtime < 60

@@ -2,19 +2,26 @@
 load (the 1.5B's 113 projections take minutes to fit, its packed weights seconds to read).
 
 An entry is one safetensors file in the user's cache (``$QUICKDRAFT_CACHE``, else
-``~/.cache/quickdraft``), ``quantized/<key>.safetensors``: each projection's packed weights and
-bias per run of rows (``ops.StackedWeights``; most have one), and in the metadata each run's
-layout, shape and code width and the load check's figures.
-The key hashes what the result depends on: the weight files (path, size, modification time),
-the quantization asked for, and the sources of the quantizer and kernel layouts. A changed
-model or a changed quantizer gets a new entry; a damaged entry is deleted and rebuilt.
+``~/.cache/quickdraft``), ``quantized/<model>-<key>.safetensors``: each projection's packed
+weights and bias per run of rows (``ops.StackedWeights``; most have one), and in the metadata
+each run's layout, shape and code width and the load check's figures.
+``model`` hashes the weight files (path, size, modification time) and the quantization asked
+for; ``key`` adds the sources of the quantizer and kernel layouts. A changed model or a
+changed quantizer gets a new entry; a damaged entry is deleted and rebuilt. An entry of the
+same model that another quickdraft's sources made, and that no load has read for a day
+(``STALE_SECONDS``), is deleted when a new one is written (so are entries named the older
+way, by key alone): without that, every upgrade left the 1.5B's gigabyte behind (one
+development machine held 11 GB of them), while two installations used side by side still
+keep theirs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,16 +47,20 @@ SOURCES = [
 ]
 
 
+STALE_SECONDS = 24 * 3600
+
+
 def cache_path(weight_files: Sequence[Path], quant: str, exact_only: bool) -> Path:
     digest = hashlib.sha256()
     for path in sorted(weight_files):
         stat = path.stat()
         digest.update(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
     digest.update(f"{quant}|{exact_only}\n".encode())
+    model = digest.hexdigest()[:12]
     for source in SOURCES:
         digest.update(source.read_bytes())
     root = os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft"
-    return Path(root) / "quantized" / f"{digest.hexdigest()[:24]}.safetensors"
+    return Path(root) / "quantized" / f"{model}-{digest.hexdigest()[:24]}.safetensors"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +100,8 @@ def load(path: Path, linears: Sequence[Linear]) -> Stored | None:
         return None
     for linear, weights in zip(linears, built, strict=True):
         linear.use_quantized(weights)
+    with contextlib.suppress(OSError):  # a read-only cache is fine
+        os.utime(path)  # read now: not stale
     check = meta.get("check")
     return Stored(None if check is None else int8_ops.QuantCheck(**check))
 
@@ -135,3 +148,22 @@ def save(path: Path, linears: Sequence[Linear], check: int8_ops.QuantCheck | Non
         partial.replace(path)
     except OSError:  # a full or read-only cache: the next load quantizes again
         partial.unlink(missing_ok=True)
+        return
+    remove_stale(path)
+
+
+def remove_stale(path: Path) -> None:
+    """Delete the entries of ``path``'s model (its name's ``<model>-`` part) that other
+    sources made and no load has read for ``STALE_SECONDS``, and entries named before names
+    carried their model (``<key>.safetensors``, which no load of this version reads) as old."""
+    model, dash, _ = path.name.partition("-")
+    if not dash:
+        return
+    now = time.time()
+    legacy = path.parent.glob("?" * 24 + ".safetensors")
+    for other in [*path.parent.glob(f"{model}-*.safetensors"), *legacy]:
+        try:
+            if other != path and now - other.stat().st_mtime > STALE_SECONDS:
+                other.unlink()
+        except OSError:
+            continue  # gone already, or not ours to delete
