@@ -110,3 +110,20 @@ def test_a_new_entry_replaces_its_models_stale_ones(tmp_path, monkeypatch):
     os.utime(path, (old, old))
     build(hf, path)  # read back: marked as read now
     assert time.time() - path.stat().st_mtime < 60
+
+
+def test_small_weight_files_are_known_by_their_bytes(tmp_path, monkeypatch):
+    """The same small weights saved again elsewhere (each test run saves its tiny models anew)
+    find one entry; other bytes another; a large file is known by its path."""
+    from quickdraft.models import quantized
+
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
+    first, again, other = (tmp_path / name for name in ("a.safetensors", "b.safetensors", "c"))
+    first.write_bytes(b"weights")
+    again.write_bytes(b"weights")
+    other.write_bytes(b"weightz")
+    entry = quantized.cache_path([first], "q4", False)
+    assert quantized.cache_path([again], "q4", False) == entry
+    assert quantized.cache_path([other], "q4", False) != entry
+    monkeypatch.setattr(quantized, "CONTENT_BYTES", 0)
+    assert quantized.cache_path([again], "q4", False) != quantized.cache_path([first], "q4", False)

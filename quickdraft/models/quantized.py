@@ -5,14 +5,14 @@ An entry is one safetensors file in the user's cache (``$QUICKDRAFT_CACHE``, els
 ``~/.cache/quickdraft``), ``quantized/<model>-<key>.safetensors``: each projection's packed
 weights and bias per run of rows (``ops.StackedWeights``; most have one), and in the metadata
 each run's layout, shape and code width and the load check's figures.
-``model`` hashes the weight files (path, size, modification time) and the quantization asked
-for; ``key`` adds the sources of the quantizer and kernel layouts. A changed model or a
-changed quantizer gets a new entry; a damaged entry is deleted and rebuilt. An entry of the
-same model that another quickdraft's sources made, and that no load has read for a day
-(``STALE_SECONDS``), is deleted when a new one is written (so are entries named the older
-way, by key alone): without that, every upgrade left the 1.5B's gigabyte behind (one
-development machine held 11 GB of them), while two installations used side by side still
-keep theirs.
+``model`` hashes the weight files (their bytes, or for large ones their path, size and
+modification time) and the quantization asked for; ``key`` adds the sources of the quantizer
+and kernel layouts. A changed model or a changed quantizer gets a new entry; a damaged entry
+is deleted and rebuilt. An entry of the same model that another quickdraft's sources made,
+and that no load has read for a day (``STALE_SECONDS``), is deleted when a new one is written
+(so are entries named the older way, by key alone): without that, every upgrade left the
+1.5B's gigabyte behind (one development machine held 11 GB of them), while two installations
+used side by side still keep theirs.
 """
 
 from __future__ import annotations
@@ -50,11 +50,21 @@ SOURCES = [
 STALE_SECONDS = 24 * 3600
 
 
+# Weight files up to this size are known by their bytes, larger ones by path, size and time
+# (hashing the 1.5B's 6 GB at every load would cost seconds): a small model saved again with
+# the same weights, as every test run saves its tiny models, finds its entry instead of
+# leaving one more behind.
+CONTENT_BYTES = 64 * 2**20
+
+
 def cache_path(weight_files: Sequence[Path], quant: str, exact_only: bool) -> Path:
     digest = hashlib.sha256()
     for path in sorted(weight_files):
         stat = path.stat()
-        digest.update(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+        if stat.st_size <= CONTENT_BYTES:
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        else:
+            digest.update(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
     digest.update(f"{quant}|{exact_only}\n".encode())
     model = digest.hexdigest()[:12]
     for source in SOURCES:
