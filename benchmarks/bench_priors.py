@@ -9,6 +9,14 @@ runs count the longest path drafted, set its budget by hand: nodes, grafted look
 the bonus token).
 
     python benchmarks/bench_priors.py benchmarks/results/qwen1.5b_methods
+
+``--write FOLDER`` stores the EAGLE labels' figures as a shipped drafter's ``bench.json``,
+which ``quickdraft pick`` reads for that drafter's target (``pick/priors.py``), with each
+label's budget given by ``--budget``:
+
+    python benchmarks/bench_priors.py benchmarks/results/qwen0.5b_q4_methods --weights q4 \\
+        --budget eagle:14 --budget "eagle lookup=0:9" \\
+        --write quickdraft/drafters/eagle/artifacts/qwen2.5-coder-0.5b
 """
 
 from __future__ import annotations
@@ -56,9 +64,34 @@ def _per_step(tasks: dict[str, list[dict]], field: str, step: dict[str, float]) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="a quickdraft bench --out folder")
+    parser.add_argument("--write", type=Path, help="a shipped EAGLE drafter's folder")
+    parser.add_argument("--weights", default="float", help="the target's weights in the bench")
+    parser.add_argument(
+        "--budget", action="append", default=[], metavar="LABEL:TOKENS",
+        help="a tree's tokens a step: nodes, grafted lookup tokens and the bonus token",
+    )  # fmt: skip
     args = parser.parse_args()
-    for label, row in priors(args.folder).items():
+    table = priors(args.folder)
+    for label, row in table.items():
         print(f"{label!r}: {row},")
+    if args.write is None:
+        return
+    budgets = dict(_budget(parser, text) for text in args.budget)
+    labels = {}
+    for label, (lengths, draft, verify, tokens) in table.items():
+        if label.split()[0] == "eagle":
+            labels[label] = {"lengths": lengths, "draft": draft, "verify": verify,
+                             "tokens": budgets.get(label, tokens)}  # fmt: skip
+    record = {"bench": str(args.folder), "weights": args.weights, "labels": labels}
+    (args.write / "bench.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.write / 'bench.json'}")
+
+
+def _budget(parser: argparse.ArgumentParser, text: str) -> tuple[str, int]:
+    label, _, tokens = text.rpartition(":")
+    if not label or not tokens.isdecimal():
+        parser.error(f"--budget: expected LABEL:TOKENS, got {text!r}")
+    return label, int(tokens)
 
 
 if __name__ == "__main__":

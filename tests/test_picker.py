@@ -190,14 +190,16 @@ def test_a_shipped_drafters_costs_are_those_of_each_task_kind():
     kind models what that kind measured (code decoded 1.85x faster by the bench's means; one
     mean cost for every kind had modelled 2.30x). A kind the bench lacks takes the mean."""
     from quickdraft.bench.tasks import TASK_KINDS
+    from quickdraft.drafters.eagle.io import ARTIFACTS
     from quickdraft.pick import priors
 
-    code = priors.eagle("eagle", "code", "qwen2.5-coder-0.5b")
-    chat = priors.eagle("eagle", "conversation", "qwen2.5-coder-0.5b")
+    drafter = ARTIFACTS / "qwen2.5-coder-0.5b"
+    code = priors.eagle("eagle", "code", drafter)
+    chat = priors.eagle("eagle", "conversation", drafter)
     assert code.verify_cost > chat.verify_cost + 0.5 and code.draft_cost > chat.draft_cost
     assert code.expected_tokens / (code.draft_cost + code.verify_cost) == pytest.approx(1.85, 0.01)
-    verify = priors.OWN_EAGLE["qwen2.5-coder-0.5b"][1]["eagle"][2]
-    other = priors.eagle("eagle", "other", "qwen2.5-coder-0.5b")
+    verify = priors.own_bench(drafter)[1]["eagle"][2]
+    other = priors.eagle("eagle", "other", drafter)
     assert other.verify_cost == pytest.approx(sum(verify[k] for k in TASK_KINDS) / len(TASK_KINDS))
     chosen = pick(Workload(task="conversation", weights="q4"),
                   PickContext(target="qwen2.5-coder-0.5b"))  # fmt: skip

@@ -115,7 +115,7 @@ def _eagle_prior(spec: SpecConfig, task: str) -> StepPrior:
     eagle_dir = getattr(registry.resolve(spec)[1], "eagle_dir", None)
     folder = Path(eagle_dir).resolve() if eagle_dir else None
     shipped = folder is not None and folder.parent == EAGLE_ARTIFACTS.resolve()
-    return priors.eagle(label_of(spec), task, folder.name if shipped else None)
+    return priors.eagle(label_of(spec), task, folder if shipped else None)
 
 
 def _lookahead_candidates(context: PickContext) -> list[tuple[str, SpecConfig]]:

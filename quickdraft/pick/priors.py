@@ -11,7 +11,8 @@ Every figure was measured here, on the two-core CPU of ``benchmarks/results`` (2
 
 * suffix decoding, alone and in front of EAGLE (``benchmarks/results/suffix_hybrid_classic_
   smollm2``, two prompts of each kind), and every method on the agent sessions of
-  ``--tasks agentic`` (``benchmarks/results/agentic_smollm2``, three sessions), SmolLM2-135M.
+  ``--tasks agentic`` (``benchmarks/results/agentic_smollm2``, three sessions), SmolLM2-135M;
+* a shipped EAGLE drafter's seven-task bench on its own target, in its ``bench.json``.
 
 They are priors: another model, machine or text moves them, which ``pick --calibrate``
 measures. A temperature above 0 lowers acceptance (``picker.at_temperature``).
@@ -19,6 +20,10 @@ measures. A temperature above 0 lowers acceptance (``picker.at_temperature``).
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
+from quickdraft.artifacts import read_json
 from quickdraft.bench.tasks import TASK_KINDS
 from quickdraft.pick.context import StepPrior
 
@@ -80,54 +85,13 @@ _MEASURED: dict[str, Row] = {
 }  # fmt: skip
 
 
-# Shipped EAGLE drafters measured with their own targets: drafter (its target's alias) -> the
-# target's weights in that run and, per bench label, as _MEASURED (costs in that target's
-# decode steps, per task kind: a dynamic tree verifies more where its drafter is sure, so on
-# the 0.5B a code step costs 2.03 decode steps and a conversation step 1.23, and one mean cost
-# modelled its code speedup at 2.30x against 1.73x measured; tokens: the tree's budget plus
-# the grafted lookup and the bonus token).
-# Qwen2.5-Coder-1.5B: its seven-task bench, q4, 3 prompts a kind, 128 tokens, Intel Xeon, 2
-# threads (benchmarks/results/qwen1.5b_methods; python benchmarks/bench_priors.py FOLDER).
-# Qwen2.5-Coder-0.5B: the same bench of its drafter's version 11 and shipped tree (5,3,8,0.1),
-# AMD EPYC (benchmarks/results/qwen0.5b_q4_methods).
-OWN_EAGLE: dict[str, tuple[str, dict[str, Row]]] = {
-    "qwen2.5-coder-0.5b": ("q4", {
-        "eagle": (
-            {"translation": 2.17, "conversation": 2.35, "rag": 3.72, "math": 2.85, "qa": 1.89,
-             "summarization": 3.23, "code": 4.60},
-            {"translation": 0.275, "conversation": 0.316, "rag": 0.384, "math": 0.319,
-             "qa": 0.312, "summarization": 0.376, "code": 0.458},
-            {"translation": 1.297, "conversation": 1.225, "rag": 1.419, "math": 1.617,
-             "qa": 1.495, "summarization": 1.918, "code": 2.027}, 14,
-        ),
-        "eagle lookup=0": (
-            {"translation": 2.07, "conversation": 2.26, "rag": 3.19, "math": 2.16, "qa": 1.83,
-             "summarization": 2.35, "code": 2.84},
-            {"translation": 0.257, "conversation": 0.320, "rag": 0.343, "math": 0.295,
-             "qa": 0.302, "summarization": 0.347, "code": 0.389},
-            {"translation": 1.134, "conversation": 1.145, "rag": 1.210, "math": 1.280,
-             "qa": 1.242, "summarization": 1.370, "code": 1.490}, 9,
-        ),
-    }),
-    "qwen2.5-coder-1.5b": ("q4", {
-        "eagle": (
-            {"translation": 2.08, "conversation": 2.55, "rag": 3.21, "math": 2.45, "qa": 1.76,
-             "summarization": 2.61, "code": 4.74},
-            {"translation": 0.186, "conversation": 0.243, "rag": 0.302, "math": 0.189,
-             "qa": 0.171, "summarization": 0.193, "code": 0.214},
-            {"translation": 1.374, "conversation": 1.417, "rag": 1.439, "math": 1.403,
-             "qa": 1.294, "summarization": 1.457, "code": 1.507}, 16,
-        ),
-        "eagle lookup=0": (
-            {"translation": 1.90, "conversation": 2.22, "rag": 2.19, "math": 1.85, "qa": 1.55,
-             "summarization": 1.56, "code": 2.02},
-            {"translation": 0.190, "conversation": 0.237, "rag": 0.260, "math": 0.182,
-             "qa": 0.167, "summarization": 0.175, "code": 0.196},
-            {"translation": 1.294, "conversation": 1.292, "rag": 1.285, "math": 1.278,
-             "qa": 1.282, "summarization": 1.271, "code": 1.299}, 11,
-        ),
-    }),
-}  # fmt: skip
+# A shipped EAGLE drafter measured with its own target keeps its figures beside its weights,
+# in ``bench.json`` (``benchmarks/bench_priors.py --write``): the target's weights in that
+# run and, per bench label, as _MEASURED, the costs in that target's decode steps and per task
+# kind (a dynamic tree verifies more where its drafter is sure: on the 0.5B a code step costs
+# 2.03 decode steps and a conversation step 1.23, and one mean cost modelled its code speedup
+# at 2.30x against 1.73x measured); tokens: the tree's budget, grafted lookup and bonus token.
+BENCH_FILE = "bench.json"
 
 
 def _prior(row: Row, task: str, source: str, **measured_on: str | None) -> StepPrior:
@@ -151,15 +115,29 @@ def measured(label: str, task: str) -> StepPrior:
     return _prior(_MEASURED[label], task, SMOLLM2)
 
 
-def eagle(label: str, task: str, drafter: str | None = None) -> StepPrior:
-    """An EAGLE configuration's prior: the shipped ``drafter``'s own figures where its
-    target's bench measured that label, else SmolLM2's drafter's (the label, else the
-    default's)."""
-    weights, table = OWN_EAGLE.get(drafter or "", ("float", {}))
+def eagle(label: str, task: str, drafter: Path | None = None) -> StepPrior:
+    """An EAGLE configuration's prior: the shipped drafter's (its folder ``drafter``, named
+    for its target) own figures where its target's bench measured that label, else SmolLM2's
+    drafter's (the label, else the default's)."""
+    weights, table = own_bench(drafter) if drafter is not None else ("float", {})
     if label not in table:
         return measured(label if label in _MEASURED else "eagle", task)
-    source = f"{drafter}'s drafter, seven-task bench ({weights} target, CPU)"
-    return _prior(table[label], task, source, target=drafter, weights=weights)
+    target = drafter.name
+    source = f"{target}'s drafter, seven-task bench ({weights} target, CPU)"
+    return _prior(table[label], task, source, target=target, weights=weights)
+
+
+@functools.cache
+def own_bench(drafter: Path) -> tuple[str, dict[str, Row]]:
+    """A shipped drafter's ``bench.json``: its target's weights and its rows by label (none
+    where it has no file)."""
+    path = drafter / BENCH_FILE
+    if not path.is_file():
+        return "float", {}
+    record = read_json(path, "reinstall quickdraft", required=("weights", "labels"))
+    rows = {label: (row["lengths"], row["draft"], row["verify"], row["tokens"])
+            for label, row in record["labels"].items()}  # fmt: skip
+    return record["weights"], rows
 
 
 def chain_tokens(alpha: float, k: int) -> float:
