@@ -14,9 +14,12 @@ the bonus token).
 which ``quickdraft pick`` reads for that drafter's target (``pick/priors.py``), with each
 label's budget given by ``--budget``:
 
-    python benchmarks/bench_priors.py benchmarks/results/qwen0.5b_q4_methods --weights q4 \\
+    python benchmarks/bench_priors.py benchmarks/results/qwen0.5b_q4_methods \\
         --budget eagle:14 --budget "eagle lookup=0:9" \\
         --write quickdraft/drafters/eagle/artifacts/qwen2.5-coder-0.5b
+
+It refuses a bench of another target or of fewer than the seven task kinds, and an EAGLE
+label without its budget (or a budget of no label).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
+
+from quickdraft.bench.tasks import TASK_KINDS
 
 Costs = dict[str, float]
 
@@ -65,7 +70,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="a quickdraft bench --out folder")
     parser.add_argument("--write", type=Path, help="a shipped EAGLE drafter's folder")
-    parser.add_argument("--weights", default="float", help="the target's weights in the bench")
     parser.add_argument(
         "--budget", action="append", default=[], metavar="LABEL:TOKENS",
         help="a tree's tokens a step: nodes, grafted lookup tokens and the bonus token",
@@ -76,13 +80,25 @@ def main() -> None:
         print(f"{label!r}: {row},")
     if args.write is None:
         return
+    meta = json.loads((args.folder / "results.json").read_text())["meta"]
+    if meta["target"] != args.write.name:
+        parser.error(f"--write: the bench ran {meta['target']}, not {args.write.name}")
+    if set(meta["tasks"]) != set(TASK_KINDS):
+        parser.error(f"folder: the bench ran {', '.join(meta['tasks'])}, not the seven kinds")
     budgets = dict(_budget(parser, text) for text in args.budget)
+    eagle = [label for label in table if label.split()[0] == "eagle"]
+    if unknown := set(budgets) - set(eagle):
+        parser.error(f"--budget: no EAGLE label {', '.join(map(repr, sorted(unknown)))}")
+    if missing := [label for label in eagle if label not in budgets]:
+        parser.error(f"--budget: give the budget of {', '.join(map(repr, missing))}")
     labels = {}
-    for label, (lengths, draft, verify, tokens) in table.items():
-        if label.split()[0] == "eagle":
-            labels[label] = {"lengths": lengths, "draft": draft, "verify": verify,
-                             "tokens": budgets.get(label, tokens)}  # fmt: skip
-    record = {"bench": str(args.folder), "weights": args.weights, "labels": labels}
+    for label in eagle:
+        lengths, draft, verify, _ = table[label]
+        labels[label] = {"lengths": lengths, "draft": draft, "verify": verify,
+                         "tokens": budgets[label]}  # fmt: skip
+    weights = meta["target_weights"].split()[0]
+    weights = "float" if weights.startswith("float") else weights
+    record = {"bench": str(args.folder), "weights": weights, "labels": labels}
     (args.write / "bench.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.write / 'bench.json'}")
 

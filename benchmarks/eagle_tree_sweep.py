@@ -147,8 +147,8 @@ def render(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--held-out", type=Path, help="held-out prompt files (to measure)")
     source = parser.add_mutually_exclusive_group()
+    source.add_argument("--held-out", type=Path, help="held-out prompt files (to measure)")
     source.add_argument(
         "--calibration", action="store_true", help="eagle_held_out.py's calibration prompts"
     )

@@ -370,8 +370,9 @@ def summarise_row(row: Row, plain: Row, float_plain: Row, calibration: set[int])
     pairs = list(zip(row.results, plain.results, strict=True))
     floats = list(zip(row.results, float_plain.results, strict=True))
     accepted = None  # new tokens a target forward, bonus included: quickdraft's rows only
-    if row.engine == "quickdraft":
-        accepted = statistics.mean(r["tokens_per_forward"] for r in row.results)
+    per_prompt = [r["tokens_per_forward"] for r in row.results]
+    if row.engine == "quickdraft" and (known := [x for x in per_prompt if x == x]):  # not NaN
+        accepted = statistics.mean(known)  # a reply of one token has no forward after prefill
     return {
         "name": row.name,
         "engine": row.engine,

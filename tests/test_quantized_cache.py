@@ -3,6 +3,8 @@ quantized, gives the same logits and check, and a damaged entry is quantized aga
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import prompt_logits, split_forms, tiny_hf_model
@@ -108,8 +110,42 @@ def test_a_new_entry_replaces_its_models_stale_ones(tmp_path, monkeypatch):
     assert path.is_file() and recent.is_file() and other.is_file()
     assert not stale.exists() and not legacy.exists()
     os.utime(path, (old, old))
-    build(hf, path)  # read back: marked as read now
-    assert time.time() - path.stat().st_mtime < 60
+    calls = []
+    monkeypatch.setattr("quickdraft.models.ops.Linear.quantize_q4", lambda *a, **k: calls.append(a))
+    build(hf, path)  # read back, nothing quantized: and marked as read now
+    assert calls == [] and time.time() - path.stat().st_mtime < 60
+    assert not list(path.parent.glob("*.partial"))
+
+
+@pytest.mark.skipif(not kernels.native(), reason="the store holds compiled paths' weights")
+def test_an_entry_named_by_its_key_alone_takes_the_new_name(tmp_path, monkeypatch):
+    """Earlier versions named an entry by its key: a load finds it under the new name
+    instead of quantizing the model again."""
+    hf = tiny_hf_model("llama-tied")
+    old = tmp_path / f"{'f' * 24}.safetensors"
+    build(hf, old)
+    path = tmp_path / f"{'0' * 12}-{old.name}"
+    calls = []
+    monkeypatch.setattr("quickdraft.models.ops.Linear.quantize_q4", lambda *a, **k: calls.append(a))
+    build(hf, path)
+    assert calls == [] and path.is_file() and not old.exists()
+
+
+def test_an_interrupted_save_leaves_no_partial_file(tmp_path, monkeypatch):
+    from quickdraft.models import quantized
+
+    def interrupted(tensors, name, metadata=None):
+        Path(name).write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("safetensors.torch.save_file", interrupted)
+    linear = type("L", (), {"quantized_weights": None})()
+    quantized.save(tmp_path / "m-k.safetensors", [linear], None)  # nothing packed: nothing
+    hf = tiny_hf_model("llama-tied")
+    runner = build(hf, None)
+    with pytest.raises(KeyboardInterrupt):
+        quantized.save(tmp_path / "m-k.safetensors", runner._projections(), None)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_small_weight_files_are_known_by_their_bytes(tmp_path, monkeypatch):

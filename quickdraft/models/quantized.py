@@ -10,9 +10,11 @@ modification time) and the quantization asked for; ``key`` adds the sources of t
 and kernel layouts. A changed model or a changed quantizer gets a new entry; a damaged entry
 is deleted and rebuilt. An entry of the same model that another quickdraft's sources made,
 and that no load has read for a day (``STALE_SECONDS``), is deleted when a new one is written
-(so are entries named the older way, by key alone): without that, every upgrade left the
-1.5B's gigabyte behind (one development machine held 11 GB of them), while two installations
-used side by side still keep theirs.
+(entries named the older way, by key alone, take the new name when their key matches and
+are deleted like the others): without that, every upgrade left the 1.5B's gigabyte behind (one
+development machine held 11 GB of them), while two installations of this version or later
+used side by side still keep theirs (an older one, which does not mark what it reads, may
+quantize again after a day).
 """
 
 from __future__ import annotations
@@ -50,20 +52,24 @@ SOURCES = [
 STALE_SECONDS = 24 * 3600
 
 
-# Weight files up to this size are known by their bytes, larger ones by path, size and time
-# (hashing the 1.5B's 6 GB at every load would cost seconds): a small model saved again with
-# the same weights, as every test run saves its tiny models, finds its entry instead of
-# leaving one more behind.
+# Weights of up to this size in all are known by their bytes (and their folder's config.json),
+# larger ones by path, size and time (hashing the 1.5B's 6 GB at every load would cost
+# seconds): a small model saved again with the same weights, as every test run saves its tiny
+# models, finds its entry instead of leaving one more behind.
 CONTENT_BYTES = 64 * 2**20
 
 
 def cache_path(weight_files: Sequence[Path], quant: str, exact_only: bool) -> Path:
     digest = hashlib.sha256()
-    for path in sorted(weight_files):
-        stat = path.stat()
-        if stat.st_size <= CONTENT_BYTES:
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-        else:
+    files = sorted(weight_files)
+    if sum(path.stat().st_size for path in files) <= CONTENT_BYTES:
+        configs = {path.with_name("config.json") for path in files}
+        for path in [*files, *sorted(c for c in configs if c.is_file())]:
+            with path.open("rb") as handle:
+                digest.update(hashlib.file_digest(handle, "sha256").digest())
+    else:
+        for path in files:
+            stat = path.stat()
             digest.update(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
     digest.update(f"{quant}|{exact_only}\n".encode())
     model = digest.hexdigest()[:12]
@@ -86,6 +92,7 @@ def load(path: Path, linears: Sequence[Linear]) -> Stored | None:
     from safetensors import SafetensorError, safe_open
 
     path_name = kernels.best_path()
+    _adopt_legacy(path)
     if not path.is_file() or path_name == kernels.REFERENCE:
         return None
     try:
@@ -105,6 +112,8 @@ def load(path: Path, linears: Sequence[Linear]) -> Stored | None:
                 if linear.weight is None or tuple(linear.weight.shape) != (rows, inner):
                     raise ValueError(f"layer {i} shape")
                 built.append(found[0] if len(found) == 1 else StackedWeights(tuple(found)))
+    except PermissionError:  # another user's entry in a shared cache: not damaged
+        return None
     except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError):
         path.unlink(missing_ok=True)  # damaged or from another layout: quantize again
         return None
@@ -151,15 +160,37 @@ def save(path: Path, linears: Sequence[Linear], check: int8_ops.QuantCheck | Non
             "top1_agreement": check.top1_agreement,
             "positions": check.positions,
         }
-    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.partial")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(partial), metadata={"quickdraft": json.dumps(meta)})
+        partial.chmod(_umask_mode(path.parent))  # safetensors makes 0600 files
         partial.replace(path)
     except OSError:  # a full or read-only cache: the next load quantizes again
-        partial.unlink(missing_ok=True)
         return
+    finally:  # gone once renamed; an interrupted write leaves no gigabyte behind
+        partial.unlink(missing_ok=True)
     remove_stale(path)
+
+
+def _umask_mode(folder: Path) -> int:
+    """The mode a new file in ``folder`` gets from the umask (found by making one, so the
+    process's umask is never changed, not even for a moment)."""
+    probe = folder / f".mode-{os.getpid()}"
+    try:
+        probe.touch()
+        return probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def _adopt_legacy(path: Path) -> None:
+    """An entry named the way earlier versions named it (its key alone) is this one when its
+    key matches: it takes the new name instead of quantizing the model again."""
+    key = path.name.partition("-")[2]
+    if key and not path.exists():
+        with contextlib.suppress(OSError):
+            path.with_name(key).replace(path)
 
 
 def remove_stale(path: Path) -> None:

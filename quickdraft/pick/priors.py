@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from quickdraft.artifacts import read_json
+from quickdraft.artifacts import ArtifactError, brief, read_json
 from quickdraft.bench.tasks import TASK_KINDS
 from quickdraft.pick.context import StepPrior
 
@@ -103,11 +103,14 @@ def _prior(row: Row, task: str, source: str, **measured_on: str | None) -> StepP
 
 
 def _on(figure: Cost, task: str) -> float:
-    """``figure`` on ``task``: itself, or its task kind's value, or the seven kinds' mean."""
-    if isinstance(figure, float):
-        return figure
-    classic = [figure[kind] for kind in TASK_KINDS]
-    return figure.get(task, sum(classic) / len(classic))
+    """``figure`` on ``task``: itself, or its task kind's value, or the mean over the seven
+    kinds it has."""
+    if not isinstance(figure, dict):
+        return float(figure)
+    if task in figure:
+        return float(figure[task])
+    classic = [figure[kind] for kind in TASK_KINDS if kind in figure]
+    return sum(classic) / len(classic)
 
 
 def measured(label: str, task: str) -> StepPrior:
@@ -134,9 +137,13 @@ def own_bench(drafter: Path) -> tuple[str, dict[str, Row]]:
     path = drafter / BENCH_FILE
     if not path.is_file():
         return "float", {}
-    record = read_json(path, "reinstall quickdraft", required=("weights", "labels"))
-    rows = {label: (row["lengths"], row["draft"], row["verify"], row["tokens"])
-            for label, row in record["labels"].items()}  # fmt: skip
+    remedy = "reinstall quickdraft, or write it again with benchmarks/bench_priors.py --write"
+    record = read_json(path, remedy, required=("weights", "labels"))
+    try:
+        rows = {label: (row["lengths"], row["draft"], row["verify"], int(row["tokens"]))
+                for label, row in record["labels"].items()}  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ArtifactError(path, f"a label lacks its figures ({brief(error)})", remedy) from None
     return record["weights"], rows
 
 
