@@ -73,21 +73,34 @@ def write_safetensors(
     path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
 ) -> None:
     """``tensors`` as a safetensors file at ``path`` that any user may read whom the umask
-    lets read the files beside it (a drafter, an export, a shortlist). safetensors 0.8's own
-    ``save_file`` creates every file with mode 0600 (it writes through a private temporary
-    file), so an export served by vLLM or SGLang under another user, in a container for
-    instance, could not be opened. The bytes go to a partial file made by ``open`` (the
-    umask's mode), then take the name at once: a reader never sees half a file."""
-    from safetensors.torch import save
+    lets read the files beside it (a drafter, an export, a shortlist, a quantized model).
+    safetensors 0.8's own ``save_file`` creates every file with mode 0600 (it writes through a
+    private temporary file), so an export served by vLLM or SGLang under another user, in a
+    container for instance, could not be opened. Written to a partial file, given the umask's
+    mode, then renamed: a reader never sees half a file, and an interrupted write (an
+    exception, Ctrl-C) leaves nothing behind. OSError (a full or read-only folder) is raised."""
+    from safetensors.torch import save_file
 
     path = Path(path)
-    data = save({name: tensor.contiguous() for name, tensor in tensors.items()}, metadata)
     partial = path.with_name(f"{path.name}.partial-{partial_suffix()}")
     try:
-        partial.write_bytes(data)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({name: t.contiguous() for name, t in tensors.items()}, str(partial), metadata)
+        partial.chmod(_umask_mode(path.parent))
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _umask_mode(folder: Path) -> int:
+    """The mode a new file in ``folder`` gets from the umask (found by making one, so the
+    process's umask is never changed, not even for a moment)."""
+    probe = folder / f".mode-{partial_suffix()}"
+    try:
+        probe.touch()
+        return probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def read_checkpoint(

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from quickdraft import kernels
+from quickdraft.artifacts import write_safetensors
 from quickdraft.kernels import groups, superblock
 from quickdraft.models import int8 as int8_ops
 from quickdraft.models.ops import Linear, QuantWeights, StackedWeights, layout_of, parts_of
@@ -136,8 +137,6 @@ def _fresh(tensor: torch.Tensor) -> torch.Tensor:
 def save(path: Path, linears: Sequence[Linear], check: int8_ops.QuantCheck | None) -> None:
     """Store ``linears``' packed weights (written to a temporary name, then renamed, so a
     reader never sees half a file). Unless every layer has packed weights, nothing is stored."""
-    from safetensors.torch import save_file
-
     layers, tensors = [], {}
     for i, linear in enumerate(linears):
         weights = linear.quantized_weights
@@ -160,28 +159,11 @@ def save(path: Path, linears: Sequence[Linear], check: int8_ops.QuantCheck | Non
             "top1_agreement": check.top1_agreement,
             "positions": check.positions,
         }
-    partial = path.with_suffix(f".{os.getpid()}.partial")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(partial), metadata={"quickdraft": json.dumps(meta)})
-        partial.chmod(_umask_mode(path.parent))  # safetensors makes 0600 files
-        partial.replace(path)
+        write_safetensors(path, tensors, {"quickdraft": json.dumps(meta)})
     except OSError:  # a full or read-only cache: the next load quantizes again
         return
-    finally:  # gone once renamed; an interrupted write leaves no gigabyte behind
-        partial.unlink(missing_ok=True)
     remove_stale(path)
-
-
-def _umask_mode(folder: Path) -> int:
-    """The mode a new file in ``folder`` gets from the umask (found by making one, so the
-    process's umask is never changed, not even for a moment)."""
-    probe = folder / f".mode-{os.getpid()}"
-    try:
-        probe.touch()
-        return probe.stat().st_mode & 0o777
-    finally:
-        probe.unlink(missing_ok=True)
 
 
 def _adopt_legacy(path: Path) -> None:
