@@ -215,6 +215,58 @@ def test_a_torn_last_line_keeps_the_runs_before_it(tmp_path):
     assert other.resume() == [] and other.replaced
 
 
+def test_paired_speed_is_the_geometric_mean_of_per_prompt_ratios_with_its_interval():
+    import math
+
+    from quickdraft.bench.harness import RunRecord
+    from quickdraft.bench.summary import paired_speed
+    from quickdraft.stats import Stats
+
+    def run(item: str, method: str, decode_seconds: float) -> RunRecord:
+        stats = Stats(k=0, new_tokens=10, time_prefill=0.5)
+        return RunRecord("code", item, method, 0, list(range(10)), 0.5 + decode_seconds, stats)
+
+    # The tree is 2x faster on one prompt and 1.25x on another; its prompt "c" has no
+    # reference run, and a one-sided comparison must not count.
+    records = [run("a", "eagle", 1.0), run("a", "tree", 0.5),
+               run("b", "eagle", 1.0), run("b", "tree", 0.8), run("c", "tree", 1.0)]  # fmt: skip
+    paired = paired_speed(records, "tree", "eagle")
+    logs = [math.log(2.0), math.log(1.25)]
+    error = abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)  # stdev of two / sqrt(n)
+    assert paired["prompts"] == 2
+    assert paired["ratio"] == pytest.approx(math.sqrt(2.0 * 1.25))
+    assert paired["low"] == pytest.approx(math.exp(sum(logs) / 2 - 2 * error))
+    assert paired["high"] == pytest.approx(math.exp(sum(logs) / 2 + 2 * error))
+    assert paired_speed(records, "eagle", "tree")["ratio"] == pytest.approx(1 / paired["ratio"])
+    assert paired_speed(records[:2], "tree", "eagle") is None  # one prompt: no interval
+
+
+def test_a_tree_sweep_reports_each_tree_paired_with_the_reference():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "eagle_tree_sweep.py"
+    spec = importlib.util.spec_from_file_location("sweep_under_test", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    meta = {"target": "t", "target_weights": "q4", "machine": "m", "threads": 2,
+            "prompts_per_task": 3, "prompts": "calibration", "max_new_tokens": 96,
+            "eagle_dir": "shipped"}  # fmt: skip
+    paired = {
+        "reference": "eagle",
+        "rows": {
+            "ar": {"ratio": 0.8, "low": 0.7, "high": 0.9, "prompts": 21},
+            "eagle tree=5,3,8,0.1": {"ratio": 1.031, "low": 1.009, "high": 1.055, "prompts": 21},
+            "eagle tree=9,9,9,0.1": None,
+        },
+    }
+    report = sweep.render({"meta": meta, "rows": {}, "paired": paired})
+    lines = report.splitlines()
+    tree = lines.index("| eagle tree=5,3,8,0.1 | 1.031 (1.009-1.055) | 21 |")
+    assert tree < lines.index("| ar | 0.800 (0.700-0.900) | 21 |")  # fastest first
+    assert "| eagle tree=9,9,9,0.1 | (fewer than two prompts) | |" in lines
+    assert "Paired by prompt against `eagle`" in report
+
+
 def _renderers() -> dict:
     """Every committed benchmark results file and the code that renders its report."""
     import importlib.util
