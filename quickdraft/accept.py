@@ -176,6 +176,27 @@ def _walk_start(batch: int, shape: TreeShape, device: torch.device) -> tuple[tor
     return rows, node, done, path, torch.zeros(batch, dtype=torch.long, device=device)
 
 
+def _walk_descend(
+    depth: int,
+    child: torch.Tensor,
+    done: torch.Tensor,
+    path: torch.Tensor,
+    num_accepted: torch.Tensor,
+    node: torch.Tensor,
+) -> torch.Tensor | None:
+    """A walk's move down one level, after the rows that stop at this depth joined ``done``:
+    each other row records ``child`` [B] at ``path[:, depth]``, counts it, and moves ``node``
+    [B] there (all in place). Returns the rows that moved [B] bool, or None when every row is
+    done (the walk ends)."""
+    if bool(done.all()):  # host sync: the walk's only one per level
+        return None
+    moving = ~done
+    path[moving, depth] = child[moving]
+    num_accepted += moving.long()
+    node.copy_(torch.where(moving, child, node))
+    return moving
+
+
 def tree_rejection_sampling(
     draft_tokens: torch.Tensor,
     shape: TreeShape,
@@ -220,10 +241,7 @@ def tree_rejection_sampling(
                 continue
             index = child.clamp_min(0)
             token = draft_tokens[rows, index]  # [B]
-            if draft_probs is None:
-                p = torch.zeros_like(q).scatter_(1, token.unsqueeze(1), 1.0)
-            else:
-                p = draft_probs[rows, index]  # [B, V]
+            p = draft_probs[rows, index]  # [B, V]
             ok = trying & (u * p[rows, token] < q[rows, token])
             chosen = torch.where(ok, child, chosen)
             rejected = (trying & ~ok).unsqueeze(1)
@@ -231,12 +249,9 @@ def tree_rejection_sampling(
         finishing = ~done & (chosen < 0)
         final = torch.where(finishing.unsqueeze(1), q, final)
         done |= finishing
-        if bool(done.all()):
+        moving = _walk_descend(depth, chosen, done, path, num_accepted, node)
+        if moving is None:
             break
-        moving = ~done
-        path[moving, depth] = chosen[moving]
-        num_accepted += moving.long()
-        node = torch.where(moving, chosen, node)
         q = torch.where(moving.unsqueeze(1), target_probs[rows, node + 1], q)
     return Verdict(num_accepted, sample(final, generator), path)
 
@@ -272,12 +287,8 @@ def tree_greedy(
         finishing = ~done & ~found
         next_token = torch.where(finishing, choice, next_token)
         done |= finishing
-        if bool(done.all()):
+        if _walk_descend(depth, child, done, path, num_accepted, node) is None:
             break
-        moving = ~done
-        path[moving, depth] = child[moving]
-        num_accepted += moving.long()
-        node = torch.where(moving, child, node)
     return Verdict(num_accepted, next_token, path)
 
 
