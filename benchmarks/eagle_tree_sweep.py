@@ -25,9 +25,10 @@ choice never saw, paired prompt by prompt, what the calibration prompts chose (n
 choose).
 
 The report pairs every configuration, prompt by prompt, with ``--reference`` (by default the
-first method past ``ar``, the drafter's shipped tree when given as plain ``eagle``): the
-geometric mean of their decode-rate ratios with a 95% interval, which resolves a few percent
-where medians of ratios to plain decoding move with the host's memory rate.
+first method past ``ar``: plain ``eagle`` is the drafter's own tree, or the device's default
+where it names none): the geometric mean of their decode-rate ratios with a 95% interval
+(Student's t on the log ratios), which resolves a few percent where medians of ratios to plain
+decoding move with the host's memory rate.
 
 Runs are logged to ``OUT/runs.jsonl`` so an interrupted sweep resumes; ``--render`` rebuilds
 ``report.md`` from ``results.json``.
@@ -55,12 +56,7 @@ def run(args: argparse.Namespace) -> dict:
     from dynaspec_eagle import held_out_tasks, logged_bench  # beside this script
 
     runs = parse_methods(args.methods)
-    reference = args.reference or next((r.label for r in runs if r.label != "ar"), None)
-    if reference is None:
-        raise SystemExit("--methods: nothing to sweep past ar")
-    if reference not in {r.label for r in runs}:
-        labels = ", ".join(r.label for r in runs)
-        raise SystemExit(f"--reference: {reference!r} is not one of --methods' labels ({labels})")
+    reference = _reference(args.reference, runs)
     torch.set_num_threads(args.threads)
     target, tokenizer = load_model(args.target, quant=args.quant)
     if args.calibration or args.evaluated:
@@ -113,6 +109,25 @@ def run(args: argparse.Namespace) -> dict:
     }
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def _reference(text: str | None, runs: list) -> str:
+    """The label the others pair with: ``text`` in either form (``eagle@5.3.8p0.1+5`` as
+    ``--methods`` writes it, or its report label), one of ``runs``; by default the first run
+    past ``ar``."""
+    if text is None:
+        label = next((run.label for run in runs if run.label != "ar"), None)
+        if label is None:
+            raise SystemExit("--methods: nothing to sweep past ar")
+        return label
+    try:
+        label = parse_methods(text)[-1].label
+    except ValueError:
+        label = text  # a report label, with its spaces and '='
+    if label not in {run.label for run in runs}:
+        labels = ", ".join(run.label for run in runs)
+        raise SystemExit(f"--reference: {text!r} is not one of --methods ({labels})")
+    return label
 
 
 def _prompts(args: argparse.Namespace) -> str:
@@ -171,8 +186,8 @@ def _render_paired(paired: dict) -> list[str]:
     lines = [
         "",
         f"Paired by prompt against `{paired['reference']}`: the geometric mean over prompts of "
-        "the decode-rate ratio (above 1: faster than the reference), with a 95% interval (two "
-        "standard errors of the mean log ratio).",
+        "the decode-rate ratio (above 1: faster than the reference), with a 95% interval "
+        "(Student's t on the log ratios).",
         "",
         "| method | speed against the reference | prompts |",
         "|---|---|---|",
@@ -204,7 +219,8 @@ def main() -> None:
     parser.add_argument("--methods", help="as quickdraft bench --methods (to measure)")
     parser.add_argument(
         "--reference",
-        help="the label the others are paired with (default: the first method past ar)",
+        help="the method the others are paired with, as --methods writes it or as the report "
+        "labels it (default: the first method past ar)",
     )
     parser.add_argument("--eagle-dir", type=Path, default=None)
     parser.add_argument("--target", default=TARGET, help="a target with a shipped drafter")

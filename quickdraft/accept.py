@@ -188,7 +188,7 @@ def _walk_descend(
     each other row records ``child`` [B] at ``path[:, depth]``, counts it, and moves ``node``
     [B] there (all in place). Returns the rows that moved [B] bool, or None when every row is
     done (the walk ends)."""
-    if bool(done.all()):  # host sync: the walk's only one per level
+    if bool(done.all()):  # host sync, once per level
         return None
     moving = ~done
     path[moving, depth] = child[moving]

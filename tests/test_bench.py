@@ -216,6 +216,7 @@ def test_a_torn_last_line_keeps_the_runs_before_it(tmp_path):
 
 
 def test_paired_speed_is_the_geometric_mean_of_per_prompt_ratios_with_its_interval():
+    import dataclasses
     import math
 
     from quickdraft.bench.harness import RunRecord
@@ -226,17 +227,22 @@ def test_paired_speed_is_the_geometric_mean_of_per_prompt_ratios_with_its_interv
         stats = Stats(k=0, new_tokens=10, time_prefill=0.5)
         return RunRecord("code", item, method, 0, list(range(10)), 0.5 + decode_seconds, stats)
 
-    # The tree is 2x faster on one prompt and 1.25x on another; its prompt "c" has no
-    # reference run, and a one-sided comparison must not count.
+    # The tree is 2x faster on one prompt and 1.25x on another (its second run there, 1.5x,
+    # makes a median of 1.25x with the 1x below); prompt "c" has no reference run and prompt
+    # "d" no finite rate (a reply of no decode time), so neither counts.
     records = [run("a", "eagle", 1.0), run("a", "tree", 0.5),
-               run("b", "eagle", 1.0), run("b", "tree", 0.8), run("c", "tree", 1.0)]  # fmt: skip
+               run("b", "eagle", 1.0), run("b", "tree", 0.8), run("c", "tree", 1.0),
+               run("d", "eagle", 1.0), run("d", "tree", 0.0)]  # fmt: skip
+    records[3:3] = [dataclasses.replace(run("b", "tree", 2 / 3), repeat=1),
+                    dataclasses.replace(run("b", "tree", 1.0), repeat=2)]  # fmt: skip
     paired = paired_speed(records, "tree", "eagle")
     logs = [math.log(2.0), math.log(1.25)]
-    error = abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)  # stdev of two / sqrt(n)
+    # Two prompts: the t quantile of 1 degree of freedom (12.706), stdev |a - b| / sqrt(2).
+    half = 12.7062047 * abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)
     assert paired["prompts"] == 2
     assert paired["ratio"] == pytest.approx(math.sqrt(2.0 * 1.25))
-    assert paired["low"] == pytest.approx(math.exp(sum(logs) / 2 - 2 * error))
-    assert paired["high"] == pytest.approx(math.exp(sum(logs) / 2 + 2 * error))
+    assert paired["low"] == pytest.approx(math.exp(sum(logs) / 2 - half))
+    assert paired["high"] == pytest.approx(math.exp(sum(logs) / 2 + half))
     assert paired_speed(records, "eagle", "tree")["ratio"] == pytest.approx(1 / paired["ratio"])
     assert paired_speed(records[:2], "tree", "eagle") is None  # one prompt: no interval
 

@@ -7,6 +7,8 @@ import math
 import statistics
 from typing import Any
 
+from scipy import stats as scipy_stats
+
 from quickdraft.bench.harness import BenchRun, RunRecord
 from quickdraft.stats import Stats
 
@@ -80,27 +82,35 @@ def _summary(records: list[RunRecord], label: str, bench: BenchRun) -> dict[str,
 
 def paired_speed(records: list[RunRecord], label: str, reference: str) -> dict[str, Any] | None:
     """How fast ``label`` decodes against ``reference``, paired prompt by prompt: the geometric
-    mean over prompts of the ratio of their decode rates (above 1: ``label`` is faster) with a
-    95% interval, two standard errors of the mean log ratio. Two configurations on the same
-    prompts share each prompt's difficulty, so this resolves a few percent where medians of
-    ratios to plain decoding scatter with the host's memory rate. None under two prompts."""
-    mine = _per_item_median([r for r in records if r.method == label], decode=True)
-    theirs = _per_item_median([r for r in records if r.method == reference], decode=True)
-    logs = [
-        math.log(mine[item] / theirs[item])
-        for item in mine
-        if item in theirs and mine[item] > 0 and theirs[item] > 0  # NaN fails both
-    ]
+    mean over prompts of the ratio of their decode rates (above 1: ``label`` is faster; a
+    prompt run several times counts its median rate) with a 95% interval for it, Student's t
+    on the log ratios (n - 1 degrees of freedom). Two configurations on the same prompts share
+    each prompt's difficulty, so this resolves a few percent where medians of ratios to plain
+    decoding scatter with the host's memory rate. Prompts either lacks, or where either has no
+    finite rate, are left out; None under two prompts."""
+    mine = _finite_rates(records, label)
+    theirs = _finite_rates(records, reference)
+    logs = [math.log(mine[item] / theirs[item]) for item in mine if item in theirs]
     if len(logs) < 2:
         return None
     mean = statistics.fmean(logs)
-    error = statistics.stdev(logs) / math.sqrt(len(logs))
+    half = scipy_stats.t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     return {
         "ratio": math.exp(mean),
-        "low": math.exp(mean - 2 * error),
-        "high": math.exp(mean + 2 * error),
+        "low": math.exp(mean - half),
+        "high": math.exp(mean + half),
         "prompts": len(logs),
     }
+
+
+def _finite_rates(records: list[RunRecord], label: str) -> dict[tuple[str, str], float]:
+    """Per prompt, the median of ``label``'s finite, positive decode rates."""
+    rates: dict[tuple[str, str], list[float]] = {}
+    for record in records:
+        rate = record.decode_tokens_per_second
+        if record.method == label and math.isfinite(rate) and rate > 0:
+            rates.setdefault((record.task, record.item), []).append(rate)
+    return {item: statistics.median(values) for item, values in rates.items()}
 
 
 def _draft_step_ms(records: list[RunRecord]) -> float:
