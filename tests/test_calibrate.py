@@ -78,3 +78,21 @@ def test_calibrate_command(smollm2, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["pick", "--calibrate", str(prompts), "--budget-seconds", "0"])
     assert main(["pick", "--calibrate", str(tmp_path / "none.txt")]) == 2
+
+
+def test_calibration_prompts_that_are_not_prompts_are_named(tmp_path):
+    from quickdraft.cli.pick import _read_prompts
+    from quickdraft.models.toy import ToyTokenizer
+
+    tokenizer = ToyTokenizer(16)
+    path = tmp_path / "prompts.jsonl"
+    for line, message in [('{"foo": "hi"}', "neither 'messages' nor a 'prompt'"),
+                          ("[1, 2]", "not a JSON object"), ('{"prompt": 5}', "'prompt' string"),
+                          ('{"messages": "hi"}', "'messages' must be"),
+                          ("{'prompt': 1}", "prompts.jsonl:2 is not JSON")]:  # fmt: skip
+        path.write_text('{"prompt": "a"}\n' + line + "\n")
+        with pytest.raises(ValueError, match=rf"calibrate: .*{message}"):
+            _read_prompts(path, tokenizer)
+    path.write_bytes(b"\xff\n")
+    with pytest.raises(ValueError, match="calibrate: .* is not UTF-8 text"):
+        _read_prompts(path, tokenizer)

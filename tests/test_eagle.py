@@ -812,6 +812,30 @@ def test_a_speculators_eagle3_folder_imports(targets, tmp_path):
         load_eagle(folder)
 
 
+def test_a_drafter_config_of_wrong_types_is_refused_by_name(targets, tmp_path):
+    """Numbers as strings, null or fractional layer numbers in a drafter's settings, from
+    ``eagle.json`` or an engine's ``config.json``: one ValueError naming the field, never a
+    TypeError deep in the network."""
+    import dataclasses
+    import json
+
+    from quickdraft.interop.eagle_export import export_eagle
+
+    net = random_net(targets["llama-untied"], "eagle3", draft_vocab=40)
+    for field, value in [("rms_norm_eps", "nan"), ("rope_theta", float("inf")),
+                         ("feature_layers", (2.5, 3, 4)), ("feature_layers", "abc"),
+                         ("own_head", "no"), ("fc_bias", 1)]:  # fmt: skip
+        with pytest.raises(ValueError, match=field):
+            dataclasses.replace(net.config, **{field: value})
+    folder = export_eagle(net, targets["llama-untied"].head_weight.float(), tmp_path / "x", "vllm")
+    config = json.loads((folder / "config.json").read_text())
+    for field, value in [("rope_theta", None), ("rms_norm_eps", "x"),
+                         ("eagle_aux_hidden_state_layer_ids", [1.5, 2, 3])]:  # fmt: skip
+        (folder / "config.json").write_text(json.dumps({**config, field: value}))
+        with pytest.raises(ValueError, match=rf"config.json.*{field}"):
+            load_eagle(folder)
+
+
 def test_an_eagle1_checkpoint_with_a_bias_imports_and_exports_only_where_it_loads(
     targets, tmp_path
 ):

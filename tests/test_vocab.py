@@ -632,6 +632,47 @@ def test_corpus_is_deterministic_and_leaves_out_what_the_tasks_quote(tmp_path):
     with pytest.raises(SystemExit) as parsed:  # argparse's one line, exit 2
         main(["data", "corpus", "--out", str(tmp_path / "e"), "--sources", "poetry"])
     assert parsed.value.code == 2
+    # An interrupted rebuild leaves the corpus there was, and no partial file.
+    before = (tmp_path / "a" / "corpus.jsonl").read_bytes()
+
+    def interrupt(kind: str, taken: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sources.build_corpus(tmp_path / "a", task_dir=tasks, roots=roots, progress=interrupt)
+    assert (tmp_path / "a" / "corpus.jsonl").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["corpus.json", "corpus.jsonl"]
+
+
+def test_regenerate_reads_no_file_it_cannot_name_and_never_truncates_another_kind(tmp_path, capsys):
+    from quickdraft.cli import main
+    from quickdraft.train.replies import answered, read_prompts
+
+    reply = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    line = json.dumps(reply) + "\n"
+    replies = tmp_path / "replies.jsonl"
+    replies.write_text(line + "\n" + line.replace('"q"', '"r"') + '{"messages": [')
+    assert len(answered(replies)) == 2  # a blank line kept, the torn tail dropped
+    assert replies.read_text() == line + "\n" + line.replace('"q"', '"r"')
+    prompts = tmp_path / "prompts.jsonl"  # chats that end asking: not replies
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n" * 2)
+    text = prompts.read_text()
+    with pytest.raises(ValueError, match=r"out: .*prompts.jsonl:1 is not a reply"):
+        answered(prompts)
+    assert prompts.read_text() == text
+    for bad in ("hi", 5, [1]):
+        prompts.write_text(json.dumps({"messages": bad}) + "\n")
+        with pytest.raises(ValueError, match=r"prompts: .*prompts.jsonl:1: 'messages' must be|"
+                           r"prompts: .*prompts.jsonl:1: messages\[0\] must be"):  # fmt: skip
+            read_prompts(prompts)
+    for name in ("latin1.jsonl", "latin1.txt"):
+        (tmp_path / name).write_bytes(b"\xff\xfe caf\xe9\n")
+        with pytest.raises(ValueError, match=f"prompts: .*{name} is not UTF-8 text"):
+            read_prompts(tmp_path / name)
+    argv = ["data", "regenerate", "--target", "smollm2-135m", "--prompts", str(prompts),
+            "--out", str(prompts)]  # fmt: skip
+    assert main(argv) != 0  # refused before any model loads
+    assert "out: " in capsys.readouterr().err and prompts.read_text() == '{"messages": [1]}\n'
 
 
 def test_data_regenerate_writes_the_targets_replies_and_resumes(tmp_path, smollm2):

@@ -51,6 +51,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = strict_int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _threads(text: str) -> int:
     """A torch thread count: 1..1024."""
     value = strict_int(text)

@@ -230,6 +230,8 @@ def _regenerate(args: argparse.Namespace) -> int:
     from quickdraft.train.replies import read_prompts, regenerate
 
     check_output(args.out_file)
+    if args.out_file.resolve() == args.prompts.resolve():
+        raise ValueError(f"out: {args.out_file} is the prompts file; give another --out")
     _check_feature_flags(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)

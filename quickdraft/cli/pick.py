@@ -185,21 +185,27 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _read_prompts(path: Path, tokenizer: Any) -> list[list[int]]:
-    import json
+    from quickdraft.train.corpus import check_record, jsonl_objects, read_utf8
 
     if not path.is_file():
         raise ValueError(f"calibrate: {path} is not a file")
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     prompts = []
-    for line in lines:
-        if path.suffix == ".jsonl":
-            item = json.loads(line)
+    if path.suffix == ".jsonl":
+        for number, item in jsonl_objects(path, "calibrate"):
+            where = f"{path}:{number}"
+            if "messages" in item:
+                check_record(item, where, option="calibrate")
+            elif not isinstance(item.get("prompt"), str):
+                raise ValueError(f"calibrate: {where} has neither 'messages' nor a 'prompt' string")
             if "messages" in item and tokenizer.has_chat_template:
                 prompts.append(tokenizer.apply_chat(item["messages"]))
-            else:
+            elif "prompt" in item:
                 prompts.append(tokenizer.encode(item["prompt"]))
-        else:
-            prompts.append(tokenizer.encode(line))
+            else:
+                raise ValueError(f"calibrate: {where}: chats need a tokenizer with a chat template")
+    else:
+        lines = read_utf8(path, "calibrate").splitlines()
+        prompts = [tokenizer.encode(line) for line in lines if line.strip()]
     if not prompts:
         raise ValueError(f"calibrate: {path} holds no prompts")
     return prompts

@@ -16,6 +16,7 @@ from quickdraft.cli.common import (
     _threads,
     console,
     finite_float,
+    non_negative_int,
     strict_int,
 )
 from quickdraft.cli.train_eagle import _add_train_eagle, _train_eagle
@@ -84,7 +85,7 @@ def _add_train(commands: argparse._SubParsersAction) -> None:
     router.add_argument("--clusters", type=_positive_int, default=64, help="M (default 64)")
     router.add_argument(
         "--core",
-        type=strict_int,
+        type=non_negative_int,
         default=16384,
         help="most frequent tokens always in a DynaSpec shortlist, outside the clusters "
         "(default 16384; 0 clusters the whole vocabulary as in the paper)",

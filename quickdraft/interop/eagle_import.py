@@ -28,6 +28,7 @@ so the imported drafter scores the target's rows as the original did (same draft
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -71,32 +72,68 @@ def import_config(folder: Path, num_target_layers: int | None = None) -> EagleCo
     layers: tuple[int, ...] = ()
     if eagle3:
         if record.get("eagle_aux_hidden_state_layer_ids"):
-            layers = tuple(int(i) for i in record["eagle_aux_hidden_state_layer_ids"])
+            layers = _layer_ids(record["eagle_aux_hidden_state_layer_ids"], path, 0)
         elif (record.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
-            layers = tuple(
-                int(i) + 1 for i in record["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-            )
+            ids = record["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+            layers = _layer_ids(ids, path, 1)
         elif num_target_layers is not None:
             total = num_target_layers
             layers = (2, total // 2, total - 3)
         else:
             raise ArtifactError(path, "names no fused layers (eagle_aux_hidden_state_layer_ids)",
                                 "add them, as vLLM reads them")  # fmt: skip
+    sizes = (hidden, _field(record, path, "intermediate_size"), heads, vocab)
+    try:
+        return _config(record, eagle3, sizes, layers)
+    except (TypeError, ValueError) as error:  # int(None), float("x"), EagleConfig's checks
+        raise ArtifactError(path, f"has invalid settings ({error})", REMEDY) from None
+
+
+def _config(
+    record: dict, eagle3: bool, sizes: tuple[int, int, int, int], layers: tuple[int, ...]
+) -> EagleConfig:
+    """``import_config``'s EagleConfig from a vLLM/SGLang ``config.json`` ``record``; ``sizes``:
+    hidden, intermediate, heads, vocabulary, already checked."""
+    hidden, intermediate, heads, vocab = sizes
     return EagleConfig(
         variant=EagleVariant.EAGLE3 if eagle3 else EagleVariant.EAGLE1,
         hidden_size=hidden,
-        intermediate_size=_field(record, path, "intermediate_size"),
+        intermediate_size=intermediate,
         num_heads=heads,
-        num_kv_heads=int(record.get("num_key_value_heads") or heads),
-        head_dim=int(record.get("head_dim") or hidden // heads),
+        num_kv_heads=_number(record, "num_key_value_heads", heads, int),
+        head_dim=_number(record, "head_dim", hidden // heads, int),
         vocab_size=vocab,
-        draft_vocab_size=int(record.get("draft_vocab_size") or vocab),
-        rms_norm_eps=float(record.get("rms_norm_eps", 1e-5)),
-        rope_theta=float(record.get("rope_theta", 10000.0)),
+        draft_vocab_size=_number(record, "draft_vocab_size", vocab, int),
+        rms_norm_eps=_number(record, "rms_norm_eps", 1e-5, float),
+        rope_theta=_number(record, "rope_theta", 10000.0, float),
         feature_layers=layers,
         own_head=eagle3 and record.get("quickdraft_head") != "target",
         fc_bias=False,
     )
+
+
+def _number(record: dict, name: str, default: float, kind: type) -> Any:
+    """``record[name]`` as ``kind`` (``default`` where it is absent, or a null or 0 integer
+    size, as engines' configs write "the usual"); a ValueError naming it where it is not a
+    number (a string, true, a null float)."""
+    value = record.get(name, default)
+    if kind is int and not value:
+        value = default
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if kind is int and value != int(value):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return kind(value)
+
+
+def _layer_ids(ids: object, path: Path, offset: int) -> tuple[int, ...]:
+    """Fused layer numbers as a config lists them, plus ``offset`` (SGLang's count from 0)."""
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
+        raise ArtifactError(path, f"eagle_aux_hidden_state_layer_ids must be layer numbers, "
+                                  f"got {ids!r}", REMEDY)  # fmt: skip
+    return tuple(i + offset for i in ids)
 
 
 def _field(record: dict, path: Path, name: str) -> int:

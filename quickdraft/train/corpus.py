@@ -58,21 +58,21 @@ def _file_records(file: Path) -> Iterator[dict]:
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def check_record(record: dict, where: str) -> None:
+def check_record(record: dict, where: str, option: str = "data") -> None:
     """A training record: ``text`` (a string) or ``messages`` (a list of objects, each with a
-    ``role`` among ``ROLES`` and string ``content``); a ValueError naming the file, line and
-    field otherwise."""
+    ``role`` among ``ROLES`` and string ``content``); a ValueError naming the option, file,
+    line and field otherwise."""
     if "messages" not in record and "text" not in record:
-        raise ValueError(f"data: {where} has neither 'messages' nor 'text'")
+        raise ValueError(f"{option}: {where} has neither 'messages' nor 'text'")
     if "messages" not in record:
         if not isinstance(record["text"], str):
-            raise ValueError(f"data: {where}: 'text' must be a string")
+            raise ValueError(f"{option}: {where}: 'text' must be a string")
         return
     messages = record["messages"]
     if not isinstance(messages, list) or not messages:
-        raise ValueError(f"data: {where}: 'messages' must be a non-empty list of messages")
+        raise ValueError(f"{option}: {where}: 'messages' must be a non-empty list of messages")
     for index, message in enumerate(messages):
-        field = f"data: {where}: messages[{index}]"
+        field = f"{option}: {where}: messages[{index}]"
         if not isinstance(message, dict):
             raise ValueError(f"{field} must be an object with 'role' and 'content'")
         if message.get("role") not in ROLES:
@@ -81,10 +81,20 @@ def check_record(record: dict, where: str) -> None:
             raise ValueError(f"{field}.content must be a string")
 
 
+def read_utf8(path: Path, field: str) -> str:
+    """A text file's content; a ValueError naming ``field`` and the file where it is not
+    UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{field}: {path} is not UTF-8 text") from None
+
+
 def jsonl_objects(path: Path, field: str) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSONL file; a line that is not a
-    JSON object is a ValueError naming ``field``, the file and the line."""
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    JSON object, or a file that is not UTF-8, is a ValueError naming ``field``, the file and
+    the line."""
+    for number, line in enumerate(read_utf8(path, field).splitlines(), 1):
         if not line.strip():
             continue
         try:

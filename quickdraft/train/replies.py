@@ -31,7 +31,7 @@ from pathlib import Path
 from quickdraft.config import SamplingParams
 from quickdraft.engine import Engine
 from quickdraft.models.base import Model
-from quickdraft.train.corpus import jsonl_objects, tokenize
+from quickdraft.train.corpus import check_record, jsonl_objects, read_utf8, tokenize
 from quickdraft.train.eagle_features import FeatureRecorder
 
 Progress = Callable[[int, int, int, float], None]  # (done, total, tokens, seconds)
@@ -45,6 +45,7 @@ def read_prompts(path: Path) -> list[dict]:
     if path.suffix == ".jsonl":
         for number, record in jsonl_objects(path, "prompts"):
             if "messages" in record:
+                check_record(record, f"{path}:{number}", option="prompts")
                 turns = list(record["messages"])
                 first = next(
                     (i for i, m in enumerate(turns) if m.get("role") == "assistant"), len(turns)
@@ -62,7 +63,7 @@ def read_prompts(path: Path) -> list[dict]:
                 {"line": number, "messages": messages, "kind": kind}
             )
     else:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(read_utf8(path, "prompts").splitlines(), 1):
             if line.strip():
                 messages = [{"role": "user", "content": line}]
                 by_kind.setdefault("text", []).append(
@@ -86,22 +87,45 @@ def _key(messages: list[dict]) -> str:
 
 def answered(out: Path, repair: bool = True) -> set[str]:
     """The prompts (their turns before the reply, as ``_key``) already answered in ``out``; a
-    last line cut off mid-write is removed (with ``repair``; else only not counted)."""
+    last line cut off mid-write is removed (with ``repair``; else only not counted). Replies
+    are written a line at a time, so only the last line can be cut off: any other line that
+    is not a reply (another kind of file given as ``--out``) is a ValueError, and the file is
+    left as it is."""
     if not out.exists():
         return set()
-    lines = out.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = read_utf8(out, "out").splitlines(keepends=True)
     done, kept = set(), []
-    for line in lines:
-        if not line.endswith("\n"):
+    for number, line in enumerate(lines, 1):
+        last = number == len(lines)
+        if last and not line.endswith("\n"):
             break  # no newline: cut off mid-write, even if it parses
+        if not line.strip():
+            kept.append(line)
+            continue
         try:
-            done.add(_key(json.loads(line)["messages"][:-1]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            break  # a cut-off line: it and anything after it are answered again
+            done.add(_reply_key(line))
+        except ValueError:  # JSONDecodeError is one
+            if last:
+                break  # a cut-off line: answered again
+            raise ValueError(
+                f"out: {out}:{number} is not a reply of data regenerate; give another --out"
+            ) from None
         kept.append(line)
     if repair and len(kept) != len(lines):
         out.write_text("".join(kept), encoding="utf-8")
     return done
+
+
+def _reply_key(line: str) -> str:
+    """The prompt a line of ``data regenerate``'s output answers (``_key`` of the turns
+    before its reply); a ValueError where the line is not such a chat ending in a reply."""
+    record = json.loads(line)
+    messages = record.get("messages") if isinstance(record, dict) else None
+    if not (isinstance(messages, list) and messages and isinstance(messages[-1], dict)):
+        raise ValueError("not a chat")
+    if messages[-1].get("role") != "assistant":
+        raise ValueError("not a reply")
+    return _key(messages[:-1])
 
 
 def regenerate(

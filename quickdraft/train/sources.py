@@ -151,21 +151,28 @@ def build_corpus(
     out.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     manifest: dict = {"seed": seed, "max_chars": max_chars, "sources": {}}
-    with (out / "corpus.jsonl").open("w", encoding="utf-8") as handle:
-        for kind in sources:
-            listing, read = listings[kind]
-            files = listing()
-            if not files:
-                raise ValueError(f"sources: no {kind} files on this machine")
-            chars = taken = 0
-            for path, text in sample(files, read, max_chars, seed):
-                line = json.dumps({"text": text, "kind": kind, "source": str(path)}) + "\n"
-                handle.write(line)
-                digest.update(line.encode())
-                chars, taken = chars + len(text), taken + 1
-                if progress is not None:
-                    progress(kind, taken)
-            manifest["sources"][kind] = {"files": taken, "of": len(files), "chars": chars}
+    # Written aside and renamed when whole, so an interrupted run leaves the previous corpus
+    # as it was, never a part of a new one.
+    partial = out / "corpus.jsonl.partial"
+    try:
+        with partial.open("w", encoding="utf-8") as handle:
+            for kind in sources:
+                listing, read = listings[kind]
+                files = listing()
+                if not files:
+                    raise ValueError(f"sources: no {kind} files on this machine")
+                chars = taken = 0
+                for path, text in sample(files, read, max_chars, seed):
+                    line = json.dumps({"text": text, "kind": kind, "source": str(path)}) + "\n"
+                    handle.write(line)
+                    digest.update(line.encode())
+                    chars, taken = chars + len(text), taken + 1
+                    if progress is not None:
+                        progress(kind, taken)
+                manifest["sources"][kind] = {"files": taken, "of": len(files), "chars": chars}
+        partial.replace(out / "corpus.jsonl")
+    finally:
+        partial.unlink(missing_ok=True)
     manifest["excluded"] = {"stdlib": sorted(excluded.stdlib), "manual": sorted(excluded.manual)}
     manifest["sha256"] = digest.hexdigest()
     (out / "corpus.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -70,7 +70,23 @@ class EagleConfig:
             object.__setattr__(self, "variant", EagleVariant(self.variant))
         except ValueError:
             raise ValueError(f"variant must be eagle1 or eagle3, got {self.variant!r}") from None
+        if not isinstance(self.feature_layers, list | tuple) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in self.feature_layers
+        ):
+            raise ValueError(f"feature_layers must be layer numbers, got {self.feature_layers!r}")
         object.__setattr__(self, "feature_layers", tuple(self.feature_layers))
+        for name in ("own_head", "fc_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value > 0
+            ):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
         for name in (
             "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim",
             "vocab_size", "draft_vocab_size",
