@@ -94,5 +94,5 @@ def test_calibration_prompts_that_are_not_prompts_are_named(tmp_path):
         with pytest.raises(ValueError, match=rf"calibrate: .*{message}"):
             _read_prompts(path, tokenizer)
     path.write_bytes(b"\xff\n")
-    with pytest.raises(ValueError, match="calibrate: .* is not UTF-8 text"):
+    with pytest.raises(ValueError, match=r"calibrate: .* is not UTF-8 text"):
         _read_prompts(path, tokenizer)
