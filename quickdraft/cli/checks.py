@@ -28,9 +28,10 @@ def _conformance(args: argparse.Namespace) -> int:
     if not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"seed must be in 0..{MAX_SEED}, got {args.seed}")
     from quickdraft.conformance import MIN_SAMPLES
+    from quickdraft.engine.core import MAX_BATCH  # a case's requests share one engine
 
-    if args.samples < MIN_SAMPLES:
-        raise ValueError(f"--samples must be at least {MIN_SAMPLES}, got {args.samples}")
+    if not MIN_SAMPLES <= args.samples <= MAX_BATCH:
+        raise ValueError(f"--samples must be in {MIN_SAMPLES}..{MAX_BATCH}, got {args.samples}")
     if args.samples < POWERFUL_SAMPLES:
         print(
             f"warning: --samples {args.samples} gives the test little power: the suite's broken "

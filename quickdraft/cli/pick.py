@@ -95,6 +95,8 @@ def _pick_inputs(args: argparse.Namespace):
     chosen = None
     if args.methods is not None:
         chosen = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+        if not chosen:
+            raise ValueError(f"--methods: no method named in {args.methods!r}")
     workload = Workload(
         task=args.task,
         temperature=args.temperature,
