@@ -729,6 +729,10 @@ def test_an_exported_drafter_imports_back_and_drafts_the_same(targets, tmp_path,
         spec = make_spec(method="eagle", eagle_dir=str(folder), tree="3,2,5", eagle_lookup=0)
         drafter = build_drafter(spec, target)
         assert isinstance(drafter, EagleDrafter)
+    if variant == "eagle1":  # exported again over the folder, with the whole vocabulary:
+        whole = random_net(target, variant, draft_vocab=target.vocab_size)  # no stale map read
+        folder = export_eagle(whole, target.head_weight.float(), tmp_path / "sglang", "sglang")
+        assert load_eagle(folder).draft_vocab.tolist() == list(range(target.vocab_size))
 
 
 def test_a_third_party_eagle3_checkpoint_scores_its_own_head(targets, tmp_path):
@@ -834,6 +838,11 @@ def test_a_drafter_config_of_wrong_types_is_refused_by_name(targets, tmp_path):
         (folder / "config.json").write_text(json.dumps({**config, field: value}))
         with pytest.raises(ValueError, match=rf"config.json.*{field}"):
             load_eagle(folder)
+    # a null draft vocabulary reads as the whole one (as vLLM reads it), which the weights'
+    # 40-row d2t contradicts: named, not a shape error from load_state_dict
+    (folder / "config.json").write_text(json.dumps({**config, "draft_vocab_size": None}))
+    with pytest.raises(ValueError, match=r"d2t map of 40 rows.*draft_vocab_size is"):
+        load_eagle(folder)
 
 
 def test_an_eagle1_checkpoint_with_a_bias_imports_and_exports_only_where_it_loads(

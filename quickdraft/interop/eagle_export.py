@@ -107,6 +107,8 @@ def export_eagle(
     folder.mkdir(parents=True, exist_ok=True)
     if not eagle3 and config.draft_vocab_size < config.vocab_size:
         torch.save(net.draft_vocab.clone(), folder / TOKEN_MAP)  # row order kept
+    else:  # an earlier export's map would be read back as this drafter's vocabulary
+        (folder / TOKEN_MAP).unlink(missing_ok=True)
     write_safetensors(folder / "model.safetensors", weights)
     (folder / "config.json").write_text(json.dumps(record, indent=2) + "\n")
     return folder

@@ -82,34 +82,24 @@ def import_config(folder: Path, num_target_layers: int | None = None) -> EagleCo
         else:
             raise ArtifactError(path, "names no fused layers (eagle_aux_hidden_state_layer_ids)",
                                 "add them, as vLLM reads them")  # fmt: skip
-    sizes = (hidden, _field(record, path, "intermediate_size"), heads, vocab)
-    try:
-        return _config(record, eagle3, sizes, layers)
-    except (TypeError, ValueError) as error:  # int(None), float("x"), EagleConfig's checks
+    try:  # _number's and EagleConfig's own checks name the field
+        return EagleConfig(
+            variant=EagleVariant.EAGLE3 if eagle3 else EagleVariant.EAGLE1,
+            hidden_size=hidden,
+            intermediate_size=_field(record, path, "intermediate_size"),
+            num_heads=heads,
+            num_kv_heads=_number(record, "num_key_value_heads", heads, int),
+            head_dim=_number(record, "head_dim", hidden // heads, int),
+            vocab_size=vocab,
+            draft_vocab_size=_number(record, "draft_vocab_size", vocab, int),
+            rms_norm_eps=_number(record, "rms_norm_eps", 1e-5, float),
+            rope_theta=_number(record, "rope_theta", 10000.0, float),
+            feature_layers=layers,
+            own_head=eagle3 and record.get("quickdraft_head") != "target",
+            fc_bias=False,
+        )
+    except ValueError as error:
         raise ArtifactError(path, f"has invalid settings ({error})", REMEDY) from None
-
-
-def _config(
-    record: dict, eagle3: bool, sizes: tuple[int, int, int, int], layers: tuple[int, ...]
-) -> EagleConfig:
-    """``import_config``'s EagleConfig from a vLLM/SGLang ``config.json`` ``record``; ``sizes``:
-    hidden, intermediate, heads, vocabulary, already checked."""
-    hidden, intermediate, heads, vocab = sizes
-    return EagleConfig(
-        variant=EagleVariant.EAGLE3 if eagle3 else EagleVariant.EAGLE1,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_heads=heads,
-        num_kv_heads=_number(record, "num_key_value_heads", heads, int),
-        head_dim=_number(record, "head_dim", hidden // heads, int),
-        vocab_size=vocab,
-        draft_vocab_size=_number(record, "draft_vocab_size", vocab, int),
-        rms_norm_eps=_number(record, "rms_norm_eps", 1e-5, float),
-        rope_theta=_number(record, "rope_theta", 10000.0, float),
-        feature_layers=layers,
-        own_head=eagle3 and record.get("quickdraft_head") != "target",
-        fc_bias=False,
-    )
 
 
 def _number(record: dict, name: str, default: float, kind: type) -> Any:
@@ -195,12 +185,15 @@ def _eagle3_vocab(weights: dict, config: EagleConfig, path: Path) -> torch.Tenso
         if config.draft_vocab_size != config.vocab_size:
             raise ArtifactError(path, "has a draft vocabulary but no d2t map", REMEDY)
         return rows
-    vocab = rows + weights["d2t"].long()
-    if (
-        vocab.numel() != config.draft_vocab_size
-        or int(vocab.min()) < 0
-        or (int(vocab.max()) >= config.vocab_size)
-    ):
+    d2t = weights["d2t"].long().flatten()
+    if d2t.numel() != config.draft_vocab_size:
+        problem = f"has a d2t map of {d2t.numel()} rows"
+        raise ArtifactError(
+            path, f"{problem} where config.json's draft_vocab_size is {config.draft_vocab_size}",
+            REMEDY,
+        )  # fmt: skip
+    vocab = rows + d2t
+    if int(vocab.min()) < 0 or int(vocab.max()) >= config.vocab_size:
         raise ArtifactError(path, "d2t maps rows outside the vocabulary", REMEDY)
     if "t2d" in weights:
         t2d = weights["t2d"].bool()
