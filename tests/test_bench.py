@@ -85,6 +85,8 @@ def test_task_and_method_parsing():
         parse_methods("medusa9")
     with pytest.raises(ValueError, match="methods"):
         parse_methods("ngram@x")
+    with pytest.raises(ValueError, match=r"'ngram\+fr:3': ngram takes only @K"):
+        parse_methods("ngram+fr:3")  # a shortlist is draft_model's and eagle's, not ngram's
     with pytest.raises(ValueError, match="repeats"):
         BenchSettings(repeats=0)
 

@@ -113,13 +113,16 @@ def parse_label(part: str, k: int | None = None) -> tuple[str, SpecConfig]:
             raise ValueError(f"methods: {part!r}: {error}") from None
     match = re.match(r"[A-Za-z0-9_]*", part)
     name = match.group(0) if match else ""
-    rest = part[len(name) :].removeprefix("@")
+    after = part[len(name) :]
+    rest = after.removeprefix("@")
     try:
         entry = registry.get(name)
     except ValueError as error:
         raise ValueError(f"methods: unknown method {name!r}; {error}") from None
     try:
         parser = LABELS.get(entry.name)
+        if parser is None and after and not after.startswith("@"):
+            raise ValueError(f"{entry.name} takes only @K, such as {entry.name}@4")
         if parser is None:
             label, fields = k_label(entry.name, rest, k, entry.default_k)
         else:
