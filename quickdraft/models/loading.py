@@ -246,6 +246,9 @@ def resolve(name_or_path: str | Path) -> Path:
     name = str(name_or_path)
     if name in ALIASES:
         return gguf.convert(packaged_gguf(name), sha256=ALIASES[name].sha256)
+    if not name.strip():  # Path("") is the working folder, which nobody means by it
+        raise ValueError(f"name_or_path is empty; give an alias ({', '.join(ALIASES)}), "
+                         "a .gguf file, a folder or a hub id")  # fmt: skip
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
