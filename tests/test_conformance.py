@@ -17,20 +17,17 @@ from quickdraft.cli import main
 from quickdraft.config import LOSSLESS_RULES, AcceptRule
 from quickdraft.conformance import (
     Case,
-    NGramTreeDrafter,
     chi_square,
     exact_distribution,
     full_cases,
     quick_cases,
     run_case,
-    toy_pair,
-    toy_shortlist,
-    toy_tree,
 )
 from quickdraft.drafters.base import Draft
 from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.models.toy import HeadedNGramLM
 from quickdraft.sampling import probs_from_logits, sample
+from quickdraft.toys import NGramTreeDrafter, toy_pair, toy_shortlist, toy_tree
 
 CASES = full_cases()
 
