@@ -22,7 +22,7 @@ import torch
 from transformers import AutoTokenizer
 
 from quickdraft.bench.machine import describe_machine
-from quickdraft.models.loading import resolve
+from quickdraft.models.sources import resolve
 
 RESULTS = Path(__file__).parent / "results" / "grammar_libs.md"
 SCHEMA = {

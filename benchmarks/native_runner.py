@@ -22,7 +22,8 @@ import torch
 
 from quickdraft.bench.machine import describe_machine
 from quickdraft.models.hf import HFModel
-from quickdraft.models.loading import from_transformers, load_model, resolve
+from quickdraft.models.loading import from_transformers, load_model
+from quickdraft.models.sources import resolve
 from quickdraft.pick.calibrate import forward_costs
 
 RESULTS = Path(__file__).parent / "results"

@@ -36,7 +36,8 @@ import torch
 from scipy.stats import binomtest
 
 from quickdraft.bench.machine import describe_machine
-from quickdraft.models.loading import load_model, packaged_gguf
+from quickdraft.models.loading import load_model
+from quickdraft.models.sources import packaged_gguf
 from quickdraft.train.corpus import read_records, tokenize
 
 LLAMA_CPP = "llama.cpp, the same GGUF"

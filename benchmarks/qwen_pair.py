@@ -27,7 +27,8 @@ import torch
 
 from quickdraft import Method, SamplingParams, SpecConfig, generate
 from quickdraft.bench.machine import describe_machine
-from quickdraft.models.loading import load_model, resolve
+from quickdraft.models.loading import load_model
+from quickdraft.models.sources import resolve
 from quickdraft.pick.calibrate import forward_costs
 
 RESULTS = Path(__file__).parent / "results"

@@ -60,7 +60,8 @@ from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.tasks import TASK_DIR, load_tasks
 from quickdraft.drafters.eagle.io import ARTIFACTS as EAGLE_ARTIFACTS
 from quickdraft.drafters.registry import build_drafter, make_spec
-from quickdraft.models.loading import load_model, packaged_gguf
+from quickdraft.models.loading import load_model
+from quickdraft.models.sources import packaged_gguf
 from quickdraft.train.sources import code_prompts
 
 RESULTS = Path(__file__).parent / "results"

@@ -122,7 +122,7 @@ def test_safetensors_written_for_others_get_the_umasks_mode(tmp_path):
 
 def test_a_failed_conversion_leaves_nothing_behind(tmp_path, monkeypatch):
     from quickdraft.models import gguf
-    from quickdraft.models.loading import packaged_gguf
+    from quickdraft.models.sources import packaged_gguf
 
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     broken = tmp_path / "broken.gguf"

@@ -173,7 +173,8 @@ if EXTRA:
     sys.path.insert(0, EXTRA)
 import llama_cpp as L
 from quickdraft.drafters.eagle.io import eagle_folder, load_eagle
-from quickdraft.models.loading import load_model, packaged_gguf
+from quickdraft.models.loading import load_model
+from quickdraft.models.sources import packaged_gguf
 
 target, _ = load_model("smollm2-135m")
 net = load_eagle(eagle_folder("smollm2-135m"), target.config.num_layers)

@@ -141,7 +141,7 @@ def test_smollm2_edge_cases(smollm2):
 def test_smollm2_logits_match_transformers(smollm2):
     from transformers import AutoModelForCausalLM
 
-    from quickdraft.models.loading import resolve
+    from quickdraft.models.sources import resolve
 
     target, tokenizer = smollm2
     hf = AutoModelForCausalLM.from_pretrained(

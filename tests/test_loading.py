@@ -10,7 +10,8 @@ from conftest import prompt_logits, tiny_hf_model
 from quickdraft import SamplingParams, SpecConfig, generate
 from quickdraft.models.hf import HFModel
 from quickdraft.models.llama import LlamaRunner
-from quickdraft.models.loading import ALIASES, load_model, packaged_gguf, resolve
+from quickdraft.models.loading import load_model
+from quickdraft.models.sources import ALIASES, packaged_gguf, resolve
 
 GGUF_NAMES = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",

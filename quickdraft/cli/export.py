@@ -157,7 +157,7 @@ def _export_eagle(args: argparse.Namespace) -> int:
 def _target_gguf(args: argparse.Namespace) -> Path:
     """The target GGUF a llama.cpp export copies its vocabulary from: the given file, else the
     one packaged for a --target alias."""
-    from quickdraft.models.loading import ALIASES, packaged_gguf
+    from quickdraft.models.sources import ALIASES, packaged_gguf
 
     if args.target_gguf is not None:
         if not args.target_gguf.is_file():

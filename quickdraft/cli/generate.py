@@ -27,7 +27,8 @@ DEFAULT_PROMPT = (
 def _add_generate(commands: argparse._SubParsersAction) -> None:
     from quickdraft.config import AcceptRule
     from quickdraft.drafters import registry
-    from quickdraft.models.loading import ALIASES, DEFAULT_MODEL
+    from quickdraft.models.loading import DEFAULT_MODEL
+    from quickdraft.models.sources import ALIASES
 
     generate = commands.add_parser(
         "generate",

@@ -29,7 +29,8 @@ _DRAFT_KEYS = ("draft", "model")
 
 def _add_serve(commands: argparse._SubParsersAction) -> None:
     from quickdraft.engine.core import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
-    from quickdraft.models.loading import ALIASES, DEFAULT_MODEL
+    from quickdraft.models.loading import DEFAULT_MODEL
+    from quickdraft.models.sources import ALIASES
 
     serve = commands.add_parser(
         "serve",

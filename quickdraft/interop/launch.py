@@ -255,7 +255,7 @@ def model_path(name: str, convert: bool = True) -> str:
     False names the folder without making it (a 1.5B's conversion takes minutes; a printed
     command does not need it yet)."""
     from quickdraft.models import gguf
-    from quickdraft.models.loading import ALIASES, resolve
+    from quickdraft.models.sources import ALIASES, resolve
 
     if name not in ALIASES:
         return name
@@ -265,7 +265,7 @@ def model_path(name: str, convert: bool = True) -> str:
 def gguf_path(name: str) -> str | None:
     """A model as the GGUF file llama.cpp loads: an alias's packaged file, a ``.gguf`` path as
     it is; None when there is none (a folder or hub id has to be converted first)."""
-    from quickdraft.models.loading import ALIASES, gguf_location
+    from quickdraft.models.sources import ALIASES, gguf_location
 
     if name in ALIASES:
         return str(gguf_location(name))
