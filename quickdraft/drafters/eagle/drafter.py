@@ -47,7 +47,7 @@ from quickdraft.drafters.base import (
 )
 from quickdraft.drafters.eagle.graft import ancestor_mask, graft
 from quickdraft.drafters.eagle.net import EagleNet, check_fits
-from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree
+from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree, rerank
 from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.models.attention import prefix_tree_mask
 from quickdraft.models.base import FeatureModel, Model
@@ -367,35 +367,7 @@ class EagleDrafter:
             parent_slot = {base + int(c): w for w, c in enumerate(chosen.tolist())}
             outputs_of_level = output
             level_start.append(base + scores[-2].shape[1])
-        return self._rerank(tokens, scores, parents, floor)
-
-    def _rerank(
-        self,
-        tokens: list[torch.Tensor],
-        scores: list[torch.Tensor],
-        parents: list[torch.Tensor],
-        floor: float,
-    ) -> Draft:
-        """Step 3: the ``tokens`` best candidates scoring at least ``floor``, parents before
-        children and, among siblings, best first."""
-        all_tokens = torch.cat(tokens, 1)  # [B, C]
-        total = torch.cat(scores, 1).sum(0).tolist()  # summed over rows: one shared shape
-        all_parents = torch.cat(parents).tolist()
-        depth = [d for d, level in enumerate(scores) for _ in range(level.shape[1])]
-        # Higher score first; ties by depth, so a parent always precedes its child. A child
-        # never outscores its parent, so the floor keeps a tree too.
-        ranked = sorted(range(len(total)), key=lambda i: (-total[i], depth[i]))
-        best = [i for i in ranked if total[i] >= floor and total[i] > -math.inf]
-        best = best[: self.tree.tokens]
-        index: dict[int, int] = {-1: -1}
-        order: list[int] = []
-        for level in range(len(scores)):
-            nodes = [i for i in best if depth[i] == level]
-            for node in sorted(nodes, key=lambda i: (index[all_parents[i]], -total[i])):
-                index[node] = len(order)
-                order.append(node)
-        parent_ids = torch.tensor([index[all_parents[i]] for i in order], dtype=torch.long)
-        return Draft.from_parents(all_tokens[:, order], parent_ids)
+        return rerank(tokens, scores, parents, floor, tree.tokens)
 
     def _graft(self, batch: Batch, draft: Draft) -> Draft:
         """Prompt lookup's continuation as one more branch of the tree (``graft.graft``)."""

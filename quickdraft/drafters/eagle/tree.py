@@ -1,13 +1,17 @@
 """EAGLE-2's dynamic tree settings and the defaults measured for them: how many nodes a step
 drafts, how deep and wide, which nodes are worth verifying, and how much prompt lookup rides
-along (``drafters.eagle`` grows the trees)."""
+along (``drafters.eagle`` grows the trees, ``rerank`` keeps the best of what it grew)."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
+import torch
+
 from quickdraft.config import MAX_DRAFT_TOKENS, MAX_TREE_DEPTH, MAX_TREE_WIDTH, show_value
+from quickdraft.drafters.base import Draft
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +106,33 @@ DEFAULT_TREES = {"cpu": DynamicTree(6, 4, 10, 0.1), "cuda": DynamicTree(6, 10, 6
 # where it repeats its prompt or itself, and the graft costs verify tokens only on a match
 # (measured on SmolLM2-135M: benchmarks/results/defaults.md).
 DEFAULT_LOOKUP = 5
+
+
+def rerank(
+    tokens: list[torch.Tensor],
+    scores: list[torch.Tensor],
+    parents: list[torch.Tensor],
+    floor: float,
+    budget: int,
+) -> Draft:
+    """EAGLE-2's rerank: of the candidates grown level by level (per level: tokens [B, C],
+    scores [B, C] (log path probabilities), parents [C] (candidate index, -1 for the root's
+    children)), the ``budget`` best scoring at least ``floor``, summed over rows (one shared
+    shape), as a Draft: parents before children and, among siblings, best first."""
+    all_tokens = torch.cat(tokens, 1)  # [B, C]
+    total = torch.cat(scores, 1).sum(0).tolist()
+    all_parents = torch.cat(parents).tolist()
+    depth = [d for d, level in enumerate(scores) for _ in range(level.shape[1])]
+    # Higher score first; ties by depth, so a parent always precedes its child. A child
+    # never outscores its parent, so the floor keeps a tree too.
+    ranked = sorted(range(len(total)), key=lambda i: (-total[i], depth[i]))
+    best = [i for i in ranked if total[i] >= floor and total[i] > -math.inf][:budget]
+    index: dict[int, int] = {-1: -1}
+    order: list[int] = []
+    for level in range(len(scores)):
+        nodes = [i for i in best if depth[i] == level]
+        for node in sorted(nodes, key=lambda i: (index[all_parents[i]], -total[i])):
+            index[node] = len(order)
+            order.append(node)
+    parent_ids = torch.tensor([index[all_parents[i]] for i in order], dtype=torch.long)
+    return Draft.from_parents(all_tokens[:, order], parent_ids)
