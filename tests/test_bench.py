@@ -1,4 +1,5 @@
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -85,8 +86,11 @@ def test_task_and_method_parsing():
         parse_methods("medusa9")
     with pytest.raises(ValueError, match="methods"):
         parse_methods("ngram@x")
-    with pytest.raises(ValueError, match=r"'ngram\+fr:3': ngram takes only @K"):
-        parse_methods("ngram+fr:3")  # a shortlist is draft_model's and eagle's, not ngram's
+    for bad in ("ngram+fr:3", "ngram@3+fr:3"):  # a shortlist is draft_model's and eagle's
+        with pytest.raises(ValueError, match=rf"'{re.escape(bad)}': ngram takes only @K"):
+            parse_methods(bad)
+    with pytest.raises(ValueError, match=r"ar \(plain decoding\) takes no options"):
+        parse_methods("ar+fr:3")
     with pytest.raises(ValueError, match="repeats"):
         BenchSettings(repeats=0)
 

@@ -729,9 +729,13 @@ def test_an_exported_drafter_imports_back_and_drafts_the_same(targets, tmp_path,
         spec = make_spec(method="eagle", eagle_dir=str(folder), tree="3,2,5", eagle_lookup=0)
         drafter = build_drafter(spec, target)
         assert isinstance(drafter, EagleDrafter)
-    if variant == "eagle1":  # exported again over the folder, with the whole vocabulary:
-        whole = random_net(target, variant, draft_vocab=target.vocab_size)  # no stale map read
+    if variant == "eagle1":  # exported again over the folder: the whole vocabulary in its own
+        whole = random_net(target, variant, draft_vocab=target.vocab_size)  # order keeps a map,
         folder = export_eagle(whole, target.head_weight.float(), tmp_path / "sglang", "sglang")
+        assert torch.equal(load_eagle(folder).draft_vocab, whole.draft_vocab)
+        whole.draft_vocab.copy_(torch.arange(target.vocab_size))  # in id order it needs none,
+        folder = export_eagle(whole, target.head_weight.float(), tmp_path / "sglang", "sglang")
+        assert not (folder / "token_map.pt").exists()  # and the last export's is not read back
         assert load_eagle(folder).draft_vocab.tolist() == list(range(target.vocab_size))
 
 
@@ -841,8 +845,16 @@ def test_a_drafter_config_of_wrong_types_is_refused_by_name(targets, tmp_path):
     # a null draft vocabulary reads as the whole one (as vLLM reads it), which the weights'
     # 40-row d2t contradicts: named, not a shape error from load_state_dict
     (folder / "config.json").write_text(json.dumps({**config, "draft_vocab_size": None}))
-    with pytest.raises(ValueError, match=r"d2t map of 40 rows.*draft_vocab_size is"):
+    with pytest.raises(ValueError, match=r"d2t map of 40 rows.*draft_vocab_size \(null"):
         load_eagle(folder)
+    (folder / "config.json").write_text(json.dumps({**config, "head_dim": float("inf")}))
+    with pytest.raises(ValueError, match="head_dim must be a finite number"):
+        load_eagle(folder)  # json reads Infinity; int() of it overflows
+    del config["intermediate_size"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="no positive integer intermediate_size") as error:
+        load_eagle(folder)
+    assert "invalid settings" not in str(error.value)  # said once, not wrapped again
 
 
 def test_an_eagle1_checkpoint_with_a_bias_imports_and_exports_only_where_it_loads(

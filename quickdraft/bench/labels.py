@@ -40,7 +40,7 @@ def k_label(name: str, text: str, k: int | None, default_k: int) -> Parsed:
     try:
         chosen = int(text) if text else (default_k if k is None else k)
     except ValueError:
-        raise ValueError(f"the number after @ must be an integer, got {text!r}") from None
+        raise ValueError(f"{name} takes only @K, such as {name}@4; got @{text}") from None
     return f"{name} k={chosen}", {"num_speculative_tokens": chosen}
 
 
@@ -83,6 +83,12 @@ def _eagle(text: str, k: int | None) -> Parsed:
     return label, fields
 
 
+def _ar(text: str, k: int | None) -> Parsed:
+    if text:
+        raise ValueError("ar (plain decoding) takes no options")
+    return "ar", {}
+
+
 def _lookahead(text: str, k: int | None) -> Parsed:
     try:
         values = [int(v) for v in text.split(".")] if text else []
@@ -95,7 +101,7 @@ def _lookahead(text: str, k: int | None) -> Parsed:
 
 
 LABELS: dict[str, Callable[[str, int | None], Parsed]] = {
-    "ar": lambda text, k: ("ar", {}),
+    "ar": _ar,
     "draft_model": _draft_model,
     "medusa": _medusa,
     "eagle": _eagle,
@@ -122,7 +128,7 @@ def parse_label(part: str, k: int | None = None) -> tuple[str, SpecConfig]:
     try:
         parser = LABELS.get(entry.name)
         if parser is None and after and not after.startswith("@"):
-            raise ValueError(f"{entry.name} takes only @K, such as {entry.name}@4")
+            raise ValueError(f"{entry.name} takes only @K, such as {entry.name}@4; got {after}")
         if parser is None:
             label, fields = k_label(entry.name, rest, k, entry.default_k)
         else:

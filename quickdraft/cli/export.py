@@ -144,7 +144,7 @@ def _export_eagle(args: argparse.Namespace) -> int:
         folder = export_eagle(net, head.float(), args.out, args.engine, target.max_positions)
         console.print(f"wrote {folder} ({net.config.variant}, for {args.engine})")
     export = {engine: ("", Path(folder)) for engine in launch.ENGINES}
-    token_map = net.config.variant == "eagle1" and net.config.draft_vocab_size < target.vocab_size
+    token_map = net.config.variant == "eagle1" and (Path(folder) / "token_map.pt").exists()
     configs = launch.eagle(
         net.config.variant, tree.depth, tree.topk, tree.tokens, export, token_map=token_map
     )

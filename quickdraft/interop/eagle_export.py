@@ -7,7 +7,7 @@ The layouts follow the loaders of vLLM (``model_executor/models/llama_eagle.py``
   ``layers.0.*`` without its input norm; embedding and LM head come from the target. vLLM's
   ``fc`` has no bias and rejects one; SGLang's has one, so its export adds a zero bias (or the
   drafter's own) and names the architecture ``LlamaForCausalLMEagle``. A draft vocabulary
-  smaller than the target's is written as ``token_map.pt`` (its token ids, SGLang's
+  other than the target's in id order is written as ``token_map.pt`` (its token ids, SGLang's
   ``--speculative-token-map``), so the engine scores the rows quickdraft trained and measured;
   vLLM's EAGLE-1 has no such map and scores the whole head.
 * EAGLE-3 (one folder for both): ``fc.weight`` [d, 3d], the layer as ``midlayer.*`` with
@@ -105,7 +105,8 @@ def export_eagle(
         record["architectures"] = ["LlamaForCausalLM"]  # vLLM maps it to its EAGLE model
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if not eagle3 and config.draft_vocab_size < config.vocab_size:
+    identity = torch.equal(net.draft_vocab.cpu(), torch.arange(config.vocab_size))
+    if not eagle3 and not identity:  # a subset, or the whole vocabulary in another order
         torch.save(net.draft_vocab.clone(), folder / TOKEN_MAP)  # row order kept
     else:  # an earlier export's map would be read back as this drafter's vocabulary
         (folder / TOKEN_MAP).unlink(missing_ok=True)

@@ -27,6 +27,7 @@ so the imported drafter scores the target's rows as the original did (same draft
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +83,12 @@ def import_config(folder: Path, num_target_layers: int | None = None) -> EagleCo
         else:
             raise ArtifactError(path, "names no fused layers (eagle_aux_hidden_state_layer_ids)",
                                 "add them, as vLLM reads them")  # fmt: skip
+    intermediate = _field(record, path, "intermediate_size")
     try:  # _number's and EagleConfig's own checks name the field
         return EagleConfig(
             variant=EagleVariant.EAGLE3 if eagle3 else EagleVariant.EAGLE1,
             hidden_size=hidden,
-            intermediate_size=_field(record, path, "intermediate_size"),
+            intermediate_size=intermediate,
             num_heads=heads,
             num_kv_heads=_number(record, "num_key_value_heads", heads, int),
             head_dim=_number(record, "head_dim", hidden // heads, int),
@@ -109,8 +111,8 @@ def _number(record: dict, name: str, default: float, kind: type) -> Any:
     value = record.get(name, default)
     if kind is int and not value:
         value = default
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
     if kind is int and value != int(value):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     return kind(value)
@@ -187,10 +189,10 @@ def _eagle3_vocab(weights: dict, config: EagleConfig, path: Path) -> torch.Tenso
         return rows
     d2t = weights["d2t"].long().flatten()
     if d2t.numel() != config.draft_vocab_size:
-        problem = f"has a d2t map of {d2t.numel()} rows"
+        size = config.draft_vocab_size  # a null or absent one reads as vocab_size, as vLLM's
         raise ArtifactError(
-            path, f"{problem} where config.json's draft_vocab_size is {config.draft_vocab_size}",
-            REMEDY,
+            path, f"has a d2t map of {d2t.numel()} rows where config.json's draft_vocab_size "
+            f"(null or absent: its vocab_size) is {size}", REMEDY,
         )  # fmt: skip
     vocab = rows + d2t
     if int(vocab.min()) < 0 or int(vocab.max()) >= config.vocab_size:
