@@ -445,6 +445,7 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_net(targets,
         head_argmax,
         train_net,
     )
+    from quickdraft.train.eagle_objective import collate, step_losses
 
     target = targets["llama-tied"]
     tapped = target.with_taps((0, 1, 2))
@@ -481,6 +482,13 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_net(targets,
     cpu = torch.device("cpu")
     own = evaluate(net, features, held, embed, head, settings, cpu, lambda s: head_argmax(s, head))
     assert own == evaluate(net, features, held, embed, head, settings, cpu)
+    # each step's agreement as scored step by step (the target's token per scored position;
+    # evaluate computes it once per place, shared by the steps)
+    batch = collate(features, held, settings.steps, cpu)
+    _, seen = step_losses(net, embed, head[vocab], batch, settings, noise=False)
+    for record, figure in zip(seen, own["agreement_by_step"], strict=True):
+        choice = head_argmax(record["teachers"][record["place"]], head)
+        assert round(float((vocab[record["draft"]] == choice).float().mean()), 4) == figure
     never = evaluate(net, features, held, embed, head, settings, cpu,
                      lambda s: torch.full(s.shape[:1], -1))  # fmt: skip
     assert never["agreement_by_step"] == [0.0, 0.0] and own["agreement_by_step"][0] > 0.2

@@ -108,7 +108,8 @@ def step_losses(
 ) -> tuple[dict[int, torch.Tensor], list[dict]]:  # fmt: skip
     """Every unrolled step's summed loss over its scored positions (step j -> sum; a step
     with none is left out), and what evaluation needs of it: the draft's and the target's
-    argmax over the draft vocabulary and the target's hidden state there.
+    argmax over the draft vocabulary, and where the target's hidden state there lies among
+    ``teachers`` (its states at every step's label places, shared: steps share most places).
 
     embed: the target's embedding [V, d]; head: its LM head rows of the draft vocabulary
     [S, d]. Step j at anchor t is scored where token t + 2 + j is a reply token; its label
@@ -133,18 +134,20 @@ def step_losses(
     for j, (rows, columns) in enumerate(scored):
         places[rows, columns + 1 + j] = True
     slot = places.flatten().cumsum(0).view_as(places) - 1
+    teachers = hidden[places]  # [places, d]
     with torch.no_grad():
-        target_probs = (hidden[places] @ head.T).softmax(-1)  # [places, S]
+        target_probs = (teachers @ head.T).softmax(-1)  # [places, S]
     losses, seen = {}, []
     for j, (output, (rows, columns)) in enumerate(zip(outputs, scored, strict=True)):
         if rows.numel() == 0:
             continue
-        teacher = hidden[rows, columns + 1 + j]  # [n, d]
-        target = target_probs[slot[rows, columns + 1 + j]]  # [n, S]
+        place = slot[rows, columns + 1 + j]  # [n] into teachers
+        target = target_probs[place]  # [n, S]
         drafted = output[rows, columns - first]
         draft_logits = net.head_input(drafted) @ head.T
         loss = F.cross_entropy(draft_logits, target, reduction="sum")
         if net.config.variant is EagleVariant.EAGLE1:
+            teacher = teachers[place]  # [n, d]
             regression = F.smooth_l1_loss(drafted, teacher, reduction="none").mean(-1).sum()
             loss = 0.1 * loss + settings.regression_weight * regression
         losses[j] = loss
@@ -153,7 +156,8 @@ def step_losses(
                 "step": j,
                 "draft": draft_logits.detach().argmax(-1),
                 "target": target.argmax(-1),
-                "teacher": teacher,
+                "place": place,
+                "teachers": teachers,
             }
         )
     return losses, seen
