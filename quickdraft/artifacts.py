@@ -1,5 +1,6 @@
 """Reading the files quickdraft did not just write: every failure names the file and what to do;
-and writing the safetensors files others read (``write_safetensors``).
+and writing files whole (``written_whole``; the safetensors files others read:
+``write_safetensors``).
 
 A truncated download, a half-written checkpoint or a folder from another version should end in
 one line such as ``drafter.safetensors: truncated or not a safetensors file (...); re-export the
@@ -14,6 +15,8 @@ import json
 import os
 import shutil
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +85,10 @@ def write_safetensors(
     from safetensors.torch import save_file
 
     path = Path(path)
-    partial = path.with_name(f"{path.name}.partial-{partial_suffix()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with written_whole(path) as partial:
         save_file({name: t.contiguous() for name, t in tensors.items()}, str(partial), metadata)
         partial.chmod(_umask_mode(path.parent))
-        partial.replace(path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def _umask_mode(folder: Path) -> int:
@@ -146,6 +145,19 @@ def check_output(path: str | Path | None, *, folder: bool = False) -> None:
         raise ValueError(f"out: {parent} is not a folder")
     if not os.access(parent, os.W_OK):
         raise ValueError(f"out: {parent} is not writable")
+
+
+@contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """A partial file beside ``path`` (``NAME.partial-HOST-PID``) for the block to write: it
+    replaces ``path`` when the block ends, so a reader never sees half a file, and is removed
+    when the block raises (an exception, Ctrl-C), leaving ``path`` as it was."""
+    partial = path.with_name(f"{path.name}.partial-{partial_suffix()}")
+    try:
+        yield partial
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def partial_suffix() -> str:

@@ -15,7 +15,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from quickdraft.artifacts import ArtifactError, partial_suffix, remove_stale_partials
+from quickdraft.artifacts import ArtifactError, remove_stale_partials, written_whole
 from quickdraft.models import gguf
 
 
@@ -91,8 +91,7 @@ def packaged_gguf(alias: str) -> Path:
         return target  # only ever renamed into place after its checksum matched
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(target.parent, "*.partial-*")  # left by interrupted joins
-    partial = target.with_suffix(f".partial-{partial_suffix()}")
-    try:
+    with written_whole(target) as partial:
         with partial.open("wb") as out:
             for distribution, version, member in spec.parts:
                 out.write(_read_member(distribution, version, member))
@@ -102,9 +101,6 @@ def packaged_gguf(alias: str) -> Path:
                 f"{alias}: joined file has sha256 {digest}, expected {spec.sha256}; "
                 f"the packages {spec.parts[0][0]}.. may have changed"
             )
-        partial.rename(target)
-    finally:
-        partial.unlink(missing_ok=True)
     return target
 
 

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from quickdraft.artifacts import remove_stale_partials, written_whole
 from quickdraft.train.roff import page_text
 
 MAN_ROOT = Path("/usr/share/man")
@@ -153,26 +154,25 @@ def build_corpus(
     manifest: dict = {"seed": seed, "max_chars": max_chars, "sources": {}}
     # Written aside and renamed when whole, so an interrupted run leaves the previous corpus
     # as it was, never a part of a new one.
-    partial = out / "corpus.jsonl.partial"
-    try:
-        with partial.open("w", encoding="utf-8") as handle:
-            for kind in sources:
-                listing, read = listings[kind]
-                files = listing()
-                if not files:
-                    raise ValueError(f"sources: no {kind} files on this machine")
-                chars = taken = 0
-                for path, text in sample(files, read, max_chars, seed):
-                    line = json.dumps({"text": text, "kind": kind, "source": str(path)}) + "\n"
-                    handle.write(line)
-                    digest.update(line.encode())
-                    chars, taken = chars + len(text), taken + 1
-                    if progress is not None:
-                        progress(kind, taken)
-                manifest["sources"][kind] = {"files": taken, "of": len(files), "chars": chars}
-        partial.replace(out / "corpus.jsonl")
-    finally:
-        partial.unlink(missing_ok=True)
+    remove_stale_partials(out, "corpus.jsonl.partial-*")
+    with (
+        written_whole(out / "corpus.jsonl") as partial,
+        partial.open("w", encoding="utf-8") as handle,
+    ):
+        for kind in sources:
+            listing, read = listings[kind]
+            files = listing()
+            if not files:
+                raise ValueError(f"sources: no {kind} files on this machine")
+            chars = taken = 0
+            for path, text in sample(files, read, max_chars, seed):
+                line = json.dumps({"text": text, "kind": kind, "source": str(path)}) + "\n"
+                handle.write(line)
+                digest.update(line.encode())
+                chars, taken = chars + len(text), taken + 1
+                if progress is not None:
+                    progress(kind, taken)
+            manifest["sources"][kind] = {"files": taken, "of": len(files), "chars": chars}
     manifest["excluded"] = {"stdlib": sorted(excluded.stdlib), "manual": sorted(excluded.manual)}
     manifest["sha256"] = digest.hexdigest()
     (out / "corpus.json").write_text(json.dumps(manifest, indent=2) + "\n")
