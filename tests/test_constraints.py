@@ -183,3 +183,35 @@ def test_an_engine_keeps_its_most_recent_compiled_constraints(monkeypatch):
     for constraint in (first, second, first, third):
         kept.matcher(constraint)
     assert list(kept.compiled) == [first, third]  # the least recently used left
+
+
+def test_a_request_whose_grammar_fails_ends_alone_with_an_error():
+    """llguidance leaves a matcher in an error state (on a grammar past its per-step limits)
+    instead of raising; its row would be all -inf, NaN under a temperature, which stopped the
+    whole engine. That request now ends with finish reason "error" and no token of the step;
+    the request beside it goes on exactly as alone."""
+    from quickdraft import Engine, SamplingParams, SpecConfig, generate
+    from quickdraft.models.toy import NGramLM, ToyTokenizer
+
+    target, tokenizer = NGramLM.random(8, order=3, seed=4, sharpness=2.0), ToyTokenizer(8)
+    free = SamplingParams(temperature=0.8, seed=7, max_new_tokens=16)
+    spec = SpecConfig(num_speculative_tokens=3, disable_by_batch_size=None)
+    alone = generate(target, [1, 2, 3], sampling=free, spec=spec, draft=target.perturbed(0.3),
+                     tokenizer=tokenizer).token_ids  # fmt: skip
+    engine = Engine.from_spec(target, spec, target.perturbed(0.3), tokenizer=tokenizer)
+    constrained = SamplingParams(temperature=0.8, seed=3, max_new_tokens=16, regex="[abc]+")
+    broken = engine.add_request([1, 2, 3], constrained)
+    other = engine.add_request([1, 2, 3], free)
+    outputs: dict[str, object] = {}
+    kept = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs[out.request_id] = out
+        request = engine.requests.get(broken)
+        if kept is None and request is not None and request.output:
+            kept = list(request.output)
+            assert not request.matcher.inner.consume_token(5)  # "f": refused, now in error
+            assert request.matcher.error is not None
+    assert outputs[broken].finish_reason == "error"
+    assert list(outputs[broken].token_ids) == kept  # the failed step's tokens dropped
+    assert list(outputs[other].token_ids) == alone

@@ -182,3 +182,25 @@ def test_prompt_ids_of_any_integer_type_run_and_others_are_named():
             generate(target, bad, sampling=greedy)
     with pytest.raises(ValueError, match="stop must hold"):
         SamplingParams(stop=[10**5000])
+
+
+@pytest.mark.parametrize("step", [1, 2, 64])
+def test_a_stop_string_split_over_byte_tokens_is_found_however_the_steps_fall(smollm2, step):
+    """Regression: SmolLM2 spends two tokens on each of 结, 束 and 语, so this stop string is
+    six tokens for three characters. Looking back as many tokens as it has characters missed
+    it when the tokens came one a step (plain decoding) and found it when a speculative step
+    brought several: the output depended on speculation."""
+    from quickdraft.engine.requests import Request
+
+    tokenizer = smollm2[1]
+    ids = tokenizer.encode("Hello 结束语 and more")
+    assert len(tokenizer.encode("结束语")) > len("结束语") + 1
+    sampling = SamplingParams(temperature=0, max_new_tokens=64, stop=("结束语",))
+    request = Request("r", [1], sampling, tokenizer, depth=1)
+    for start in range(0, len(ids), step):
+        request.extend(ids[start : start + step], drafted=0)
+        if request.finish_reason is not None:
+            break
+    assert request.finish_reason == "stop"
+    assert request.text() == "Hello "
+    assert tokenizer.decode(request.output).endswith("结束语")

@@ -34,8 +34,9 @@ class Grammars:
         import llguidance
 
         inner = llguidance.LLMatcher(self.tokenizer, constraint.grammar)
-        if inner.is_error():
-            raise ValueError(f"{constraint.kind}: {inner.get_error()}")
+        if inner.is_error():  # its first line: the rest draws the grammar's text
+            first = str(inner.get_error()).strip().splitlines()[0]
+            raise ValueError(f"{constraint.kind}: {first}")
         matcher = Matcher(inner, self.vocab_size)
         if not bool(matcher.allowed().any()):
             raise ValueError(f"{constraint.kind}: no token of this model can begin the output")
@@ -109,6 +110,15 @@ class Matcher:
             masks[len(tokens)] = self.allowed()
         self.rollback(taken)
         return masks
+
+    @property
+    def error(self) -> str | None:
+        """Why the grammar cannot go on, once it cannot (llguidance leaves a matcher in an
+        error state, rather than raising, when a grammar exceeds its per-step limits); else
+        None. Nothing is allowed after it."""
+        if not self.inner.is_error():
+            return None
+        return str(self.inner.get_error()).strip().splitlines()[0]  # then its state, at length
 
     @property
     def done(self) -> bool:

@@ -11,6 +11,8 @@ distribution's, as without a constraint.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections import OrderedDict
 
 import torch
@@ -19,6 +21,8 @@ from quickdraft.constraints import Constraint, Grammars, Matcher
 from quickdraft.drafters.base import Draft
 from quickdraft.engine.requests import Request
 from quickdraft.models.base import Tokenizer
+
+log = logging.getLogger(__name__)
 
 # Compiled constraints an engine keeps (the most recently used): a server that meets many
 # distinct schemas compiles an old one again rather than growing without bound.
@@ -33,21 +37,25 @@ class Constraints:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.grammars: Grammars | None = None
         self.compiled: OrderedDict[Constraint, Matcher] = OrderedDict()
+        # A server binds a request's constraint on a worker thread before it queues (a 400
+        # there, and the compiling off the engine's thread) while the engine admits others.
+        self._lock = threading.Lock()
 
     def matcher(self, constraint: Constraint) -> Matcher:
         """A matcher at the start of a request's output; ValueError naming the constraint's
-        kind when this model cannot follow it."""
+        kind when this model cannot follow it. Safe from any thread."""
         if self.tokenizer is None:
             raise ValueError(f"{constraint.kind}: a constraint needs the engine's tokenizer")
-        if self.grammars is None:
-            self.grammars = Grammars(self.tokenizer, self.vocab_size)
-        template = self.compiled.get(constraint)
-        if template is None:
-            template = self.compiled[constraint] = self.grammars.matcher(constraint)
-            if len(self.compiled) > MAX_COMPILED:
-                self.compiled.popitem(last=False)
-        self.compiled.move_to_end(constraint)
-        return template.copy()
+        with self._lock:
+            if self.grammars is None:
+                self.grammars = Grammars(self.tokenizer, self.vocab_size)
+            template = self.compiled.get(constraint)
+            if template is None:
+                template = self.compiled[constraint] = self.grammars.matcher(constraint)
+                if len(self.compiled) > MAX_COMPILED:
+                    self.compiled.popitem(last=False)
+            self.compiled.move_to_end(constraint)
+            return template.copy()
 
 
 def forced_draft(requests: list[Request], room: int, device: torch.device | str) -> Draft | None:
@@ -100,10 +108,36 @@ def reachable(matcher: Matcher, tokens: list[int], parents: list[int]) -> list[b
     return allowed
 
 
-def mask_logits(logits: torch.Tensor, requests: list[Request], draft: Draft) -> torch.Tensor:
+def failed(requests: list[Request]) -> list[bool]:
+    """Per request, whether its grammar has failed (``Matcher.error``): it allows nothing, so
+    its row would be all -inf (NaN probabilities at a temperature, token 0 when greedy)."""
+    return [request.matcher is not None and request.matcher.error is not None
+            for request in requests]  # fmt: skip
+
+
+def end_failed(requests: list[Request], before: list[bool], emitted: list[int]) -> None:
+    """Finish with reason "error" every request whose grammar failed: those that had failed
+    before this step's verify lose the tokens it gave them (their rows were left unmasked),
+    those whose grammar failed consuming them keep them (they were allowed). The other
+    requests of the batch go on."""
+    for request, was, count in zip(requests, before, emitted, strict=True):
+        if not was and (request.matcher is None or request.matcher.error is None):
+            continue
+        if was:
+            request.drop_last(count)
+        assert request.matcher is not None
+        log.warning("request %s: its constraint failed (%s); it ends with finish reason "
+                    "\"error\"", request.request_id, request.matcher.error)  # fmt: skip
+        request.finish_reason = "error"
+
+
+def mask_logits(
+    logits: torch.Tensor, requests: list[Request], draft: Draft, skip: list[bool]
+) -> torch.Tensor:
     """logits [B, N + 1, V] of the verify pass's pending token and draft nodes, with every
-    constrained row's disallowed tokens at -inf (a copy; unconstrained rows unchanged)."""
-    rows = [b for b, request in enumerate(requests) if request.matcher is not None]
+    constrained row's disallowed tokens at -inf (a copy; unconstrained rows unchanged, and
+    the ``skip`` rows: requests whose grammar failed, which ``end_failed`` ends)."""
+    rows = [b for b, request in enumerate(requests) if request.matcher is not None and not skip[b]]
     if not rows:
         return logits
     logits = logits.clone()

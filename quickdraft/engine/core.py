@@ -279,7 +279,8 @@ class Engine:
         nodes = draft.tokens.shape[1] + 1
 
         # 4. Accept: the accepted path and the corrected or bonus token of every row.
-        logits = constrain.mask_logits(out.logits[:, :nodes], requests, draft)
+        failed = constrain.failed(requests)
+        logits = constrain.mask_logits(out.logits[:, :nodes], requests, draft, failed)
         target_probs = probs_for_rows(logits, batch.sampling)
         num_accepted, next_token, path = accept_rows(
             self.chain_rule, self.tree_rule, draft, target_probs, batch
@@ -296,6 +297,7 @@ class Engine:
         self.rows.append(batch, chunk, num_accepted + 1)
         emitted = extend_outputs(requests, chunk, num_accepted, draft.depth, logprobs, self.stats)
         record_details(requests, draft, path, num_accepted, next_token, emitted)
+        constrain.end_failed(requests, failed, emitted)
 
         # 6. Observe: the drafter reads what it declared, at the kept positions.
         if self.drafter is not None:

@@ -193,14 +193,26 @@ class Request:
                 self.finish_reason = "stop"
         return keep
 
+    def drop_last(self, count: int) -> None:
+        """Forget the last ``count`` output tokens (a step's, when its request fails)."""
+        if count:
+            del self.output[-count:], self.from_draft[-count:]
+            if self.logprobs is not None:
+                del self.logprobs[-count:]
+
     def _stop_string_cut(self, added: int) -> int | None:
         """The output length that ends at the first token completing a stop string, when the
         last ``added`` tokens completed one. Only a tail is decoded: the new tokens and as
-        many before them as the longest stop string has characters (a token decodes to at
-        least one), so a long output costs no more per step than a short one."""
+        many before them as the longest stop string has UTF-8 bytes, so a long output costs no
+        more per step than a short one. Bytes, not characters: a byte-level tokenizer splits
+        one character over several tokens (SmolLM2 spends two on 结), and counting characters
+        missed such a stop when the tokens came one a step but found it when a speculative
+        step brought them together, so the output depended on speculation. Every token but
+        the special ones (which decode to nothing and are stop ids when they end a turn)
+        decodes to at least one byte."""
         assert self.tokenizer is not None
         decode, stops = self.tokenizer.decode, self.sampling.stop
-        reach = max(len(s) for s in stops) + 1
+        reach = max(len(s.encode("utf-8")) for s in stops) + 1
         first = len(self.output) - added
 
         def completes(end: int) -> bool:
