@@ -301,6 +301,9 @@ def test_api_key(target, tokenizer):
         assert raw(url, "GET", "/health")[0] == 200  # health and metrics stay open
 
 
+_NO_SUCH_TOKEN = 'start: <[999999]> "a"'  # a token id past the vocabulary
+
+
 def _bad_requests() -> list[tuple[str, object, str | None, int]]:
     """(path, body, the param the error must name, status)."""
     c, chat = "/v1/completions", "/v1/chat/completions"
@@ -390,6 +393,14 @@ def _bad_requests() -> list[tuple[str, object, str | None, int]]:
         (c, {"prompt": "a", "guided_json": "{bad"}, "guided_json", 400),
         (c, {"prompt": "a", "structured_outputs": {"xml": "x"}}, "structured_outputs", 400),
         (c, {"prompt": "a", "guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", 400),
+        # Valid alone, but not with this tokenizer: refused before it queues, streamed too.
+        (c, {"prompt": "a", "guided_grammar": _NO_SUCH_TOKEN}, "guided_grammar", 400),
+        (
+            c,
+            {"prompt": "a", "guided_grammar": _NO_SUCH_TOKEN, "stream": True},
+            "guided_grammar",
+            400,
+        ),
         (c, {"prompt": "a" * (5 << 20)}, None, 413),
         ("/v1/nothing", {"prompt": "a"}, None, 404),
     ]

@@ -32,6 +32,8 @@ from quickdraft.server.protocol import (
     ApiError,
     ChatRequest,
     CompletionRequest,
+    constraint_field,
+    constraint_for,
     parse,
     read_json,
     refuse_unsupported,
@@ -193,6 +195,7 @@ def create_app(
                 field,
             )
         prompts = await run_in_threadpool(_prompts, req, tokenizer)
+        await _bind_constraint(req, loop.engine)
         jobs = []
         for ids in prompts:
             for n in range(req.choices_per_prompt):
@@ -231,6 +234,22 @@ def create_app(
         return Response(status_code=499) if body is None else JSONResponse(body)
 
     return app
+
+
+async def _bind_constraint(req: CompletionRequest | ChatRequest, engine: Engine) -> None:
+    """Bind the request's structured output to the model's tokenizer before it queues, off
+    the event loop (the first one builds the tokenizer's index, 0.3-1.4 s): a grammar this
+    model cannot follow is a 400 naming its field, before a stream has begun, and not on the
+    engine's thread, where it stalled every running request. Compiled once, then cached."""
+    constraint = constraint_for(req)
+    if constraint is None:
+        return
+    try:
+        await run_in_threadpool(engine.constraints.matcher, constraint)
+    except ValueError as error:
+        field = constraint_field(req)
+        message = str(error).split(": ", 1)[-1]
+        raise ApiError(400, f"{field}: {message}", field) from None
 
 
 async def _body(request: Request, limit: int) -> bytes:

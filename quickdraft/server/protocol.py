@@ -220,6 +220,25 @@ def constraint_for(request: CompletionRequest | ChatRequest) -> Constraint | Non
     """The request's structured output, from OpenAI's ``response_format`` (chat) or vLLM's
     extensions; a 400 naming the field for a malformed one, or for more than one. The schema
     is always enforced (``strict`` false asks for less, and gets it too)."""
+    given = _structured_outputs(request)
+    if not given:
+        return None
+    field, kind, value = given[0]
+    try:
+        return Constraint(kind, value)
+    except ValueError as error:
+        message = str(error).split(": ", 1)[-1]
+        raise ApiError(400, f"{field}: {message}", field) from None
+
+
+def constraint_field(request: CompletionRequest | ChatRequest) -> str:
+    """The field that set the request's structured output (``constraint_for`` checked it)."""
+    return _structured_outputs(request)[0][0]
+
+
+def _structured_outputs(request: CompletionRequest | ChatRequest) -> list[tuple[str, str, Any]]:
+    """(field, kind, value) of the structured output the request asks for; a 400 for more
+    than one, or for an unknown key of ``structured_outputs``."""
     given: list[tuple[str, str, Any]] = []  # (field, kind, value)
     for key, kind in _VLLM_KINDS.items():
         value = getattr(request, f"guided_{key}")
@@ -239,14 +258,7 @@ def constraint_for(request: CompletionRequest | ChatRequest) -> Constraint | Non
     if len(given) > 1:
         fields = ", ".join(field for field, _, _ in given)
         raise ApiError(400, f"set one structured output, got {fields}", given[1][0])
-    if not given:
-        return None
-    field, kind, value = given[0]
-    try:
-        return Constraint(kind, value)
-    except ValueError as error:
-        message = str(error).split(": ", 1)[-1]
-        raise ApiError(400, f"{field}: {message}", field) from None
+    return given
 
 
 def _response_format(response_format: dict[str, Any]) -> list[tuple[str, str, Any]]:
