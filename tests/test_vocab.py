@@ -673,6 +673,26 @@ def test_regenerate_reads_no_file_it_cannot_name_and_never_truncates_another_kin
             "--out", str(prompts)]  # fmt: skip
     assert main(argv) != 0  # refused before any model loads
     assert "out: " in capsys.readouterr().err and prompts.read_text() == '{"messages": [1]}\n'
+    # A whole last line that is no reply is another kind of file, not a torn write: refused,
+    # the file unchanged (it was emptied), and named by the option that gave it.
+    asking = json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n"
+    prompts.write_text(asking)
+    for option in ("out", "answered"):
+        with pytest.raises(ValueError, match=f"{option}: .*prompts.jsonl:1 is not a reply"):
+            answered(prompts, option=option)
+    assert prompts.read_text() == asking
+    # Records split at newlines only: U+2028 and U+0085 are valid inside a JSON string.
+    odd = {"prompt": "one\u2028line\x85still", "kind": "text"}
+    prompts.write_text(json.dumps(odd, ensure_ascii=False) + "\n")
+    assert read_prompts(prompts)[0]["messages"][0]["content"] == odd["prompt"]
+    (tmp_path / "lines.txt").write_text("first\u2028half\nsecond\n")
+    assert len(read_prompts(tmp_path / "lines.txt")) == 2
+    (tmp_path / "upper.JSONL").write_text(json.dumps({"prompt": "x"}) + "\n")
+    assert read_prompts(tmp_path / "upper.JSONL")[0]["messages"][0]["content"] == "x"
+    for bad in (None, ["a", "b"], 3):
+        prompts.write_text(json.dumps({"prompt": bad}) + "\n")
+        with pytest.raises(ValueError, match=r"prompts: .*:1: 'prompt' must be a string"):
+            read_prompts(prompts)
 
 
 def test_data_regenerate_writes_the_targets_replies_and_resumes(tmp_path, smollm2):
@@ -751,6 +771,25 @@ def test_regenerate_leaves_out_prompts_longer_than_the_context(tmp_path, smollm2
     assert set(written) == {"edge/generated", "short/generated"}
     edge = len(tokenizer.apply_chat(prompts[1]["messages"]))
     assert edge + 64 > 512 and counts["tokens"] == 64 + (512 - edge)  # the edge: up to the end
+
+
+def test_a_resumed_sampled_regenerate_asks_the_copies_still_unanswered(tmp_path, smollm2):
+    """Sampled replies to a repeated prompt differ, so every copy is asked; a run resumed
+    after one copy's reply asks the other two (it skipped all three)."""
+    from quickdraft.models.loading import load_model
+    from quickdraft.train.replies import regenerate
+
+    folder, _ = tiny_folder_and_corpus(tmp_path, smollm2, "llama-tied")
+    model, tokenizer = load_model(folder)
+    turns = [{"role": "user", "content": "x"}]
+    prompts = [{"index": i, "line": i + 1, "kind": "text", "messages": turns} for i in range(3)]
+    out = tmp_path / "replies.jsonl"
+    first = {"messages": [*turns, {"role": "assistant", "content": "a reply"}]}
+    out.write_text(json.dumps(first) + "\n")
+    sampling = SamplingParams(temperature=0.8, max_new_tokens=4, seed=1)
+    counts = regenerate(model, tokenizer, prompts, out, sampling, name="tiny", batch_size=2)
+    assert counts["skipped"] == 1 and counts["answered"] == 2
+    assert len(out.read_text().splitlines()) == 3
 
 
 def test_regenerate_stores_the_eagle_features_extraction_would(tmp_path, smollm2):

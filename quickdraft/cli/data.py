@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,6 +192,8 @@ def _followups(args: argparse.Namespace) -> int:
     from quickdraft.train.followups import followup_prompts
 
     check_output(args.out_file)
+    if any(args.out_file.resolve() == path.resolve() for path in args.replies):
+        raise ValueError(f"out: {args.out_file} is one of the replies files; give another --out")
     records = followup_prompts(args.replies, args.count, seed=args.seed, max_chars=args.max_chars)
     return _write_prompts(args, records, "follow-up prompts")
 
@@ -213,8 +216,11 @@ def _write_prompts(args: argparse.Namespace, records: list[dict], what: str) -> 
     """``records`` as --out's JSONL lines, and one line saying how many of --count."""
     import json
 
+    from quickdraft.artifacts import written_whole
+
     args.out_file.parent.mkdir(parents=True, exist_ok=True)
-    args.out_file.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    with written_whole(args.out_file) as partial:
+        partial.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     note = "" if len(records) == args.count else f" (all there are; {args.count:,} asked)"
     console.print(f"wrote {args.out_file}: {len(records):,} {what}{note}")
     return 0
@@ -227,7 +233,7 @@ def _regenerate(args: argparse.Namespace) -> int:
     from quickdraft.artifacts import check_output
     from quickdraft.config import SamplingParams
     from quickdraft.models.loading import load_model
-    from quickdraft.train.replies import read_prompts, regenerate
+    from quickdraft.train.replies import answered, read_prompts, regenerate
 
     check_output(args.out_file)
     if args.out_file.resolve() == args.prompts.resolve():
@@ -236,12 +242,19 @@ def _regenerate(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     prompts = read_prompts(args.prompts)[: args.limit]
+    # Everything a run could refuse is refused before the model loads (minutes on the 1.5B):
+    # the sampling settings, and the files holding replies already written.
+    sampling = SamplingParams(
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed
+    )
+    for path in args.answered:
+        if not path.is_file():
+            raise ValueError(f"answered: {path} is not a file")
+        answered(path, repair=False, option="answered")
+    answered(args.out_file, repair=False)
     model, tokenizer = load_model(args.target, quant=args.quant)
     recorder = _feature_recorder(args, model) if args.eagle_features else None
-    sampling = SamplingParams(
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
-        stop_token_ids=tokenizer.eos_token_ids,
-    )  # fmt: skip
+    sampling = dataclasses.replace(sampling, stop_token_ids=tokenizer.eos_token_ids)
     with (
         _terminate_as_interrupt(),
         Progress(*_progress_columns(), console=console, transient=True) as progress,

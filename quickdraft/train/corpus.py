@@ -81,6 +81,16 @@ def check_record(record: dict, where: str, option: str = "data") -> None:
             raise ValueError(f"{field}.content must be a string")
 
 
+def text_lines(text: str) -> list[str]:
+    """A text's lines, split at newlines only: ``str.splitlines`` also splits at U+0085,
+    U+2028, U+2029 and form feeds, which JSON strings may hold raw (``ensure_ascii=False``
+    writes them), so a valid record would read as two broken ones."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
 def read_utf8(path: Path, field: str) -> str:
     """A text file's content; a ValueError naming ``field`` and the file where it is not
     UTF-8."""
@@ -94,7 +104,7 @@ def jsonl_objects(path: Path, field: str) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSONL file; a line that is not a
     JSON object, or a file that is not UTF-8, is a ValueError naming ``field``, the file and
     the line."""
-    for number, line in enumerate(read_utf8(path, field).splitlines(), 1):
+    for number, line in enumerate(text_lines(read_utf8(path, field)), 1):
         if not line.strip():
             continue
         try:

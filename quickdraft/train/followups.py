@@ -81,11 +81,13 @@ def followup_prompts(
             turns = record.get("messages")
             if not (isinstance(turns, list) and len(turns) == 2):
                 continue
+            if not all(isinstance(t, dict) and isinstance(t.get("content"), str) for t in turns):
+                continue  # not text turns (null content, content parts): not a reply of ours
             if [t.get("role") for t in turns] != ["user", "assistant"]:
                 continue
-            if not turns[1].get("content", "").strip():
+            if not turns[1]["content"].strip():
                 continue
-            if sum(len(str(t.get("content", ""))) for t in turns) > max_chars:
+            if sum(len(t["content"]) for t in turns) > max_chars:
                 continue
             kind = str(record.get("kind", "conversation")).split("/")[0]
             by_kind.setdefault(kind, []).append(

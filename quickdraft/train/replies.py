@@ -25,13 +25,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from quickdraft.artifacts import written_whole
 from quickdraft.config import SamplingParams
 from quickdraft.engine import Engine
 from quickdraft.models.base import Model
-from quickdraft.train.corpus import check_record, jsonl_objects, read_utf8, tokenize
+from quickdraft.train.corpus import check_record, jsonl_objects, read_utf8, text_lines, tokenize
 from quickdraft.train.eagle_features import FeatureRecorder
 
 Progress = Callable[[int, int, int, float], None]  # (done, total, tokens, seconds)
@@ -42,7 +44,7 @@ def read_prompts(path: Path) -> list[dict]:
     if not path.is_file():
         raise ValueError(f"prompts: {path} is not a file")
     by_kind: dict[str, list[dict]] = {}
-    if path.suffix == ".jsonl":
+    if path.suffix.lower() == ".jsonl":
         for number, record in jsonl_objects(path, "prompts"):
             if "messages" in record:
                 check_record(record, f"{path}:{number}", option="prompts")
@@ -53,7 +55,9 @@ def read_prompts(path: Path) -> list[dict]:
                 ends_asking = bool(turns) and turns[-1].get("role") == "user"
                 messages = turns if ends_asking else turns[:first]
             elif "prompt" in record:
-                messages = [{"role": "user", "content": str(record["prompt"])}]
+                if not isinstance(record["prompt"], str):
+                    raise ValueError(f"prompts: {path}:{number}: 'prompt' must be a string")
+                messages = [{"role": "user", "content": record["prompt"]}]
             else:
                 raise ValueError(f"prompts: {path}:{number} has neither 'messages' nor 'prompt'")
             if not messages:
@@ -63,7 +67,7 @@ def read_prompts(path: Path) -> list[dict]:
                 {"line": number, "messages": messages, "kind": kind}
             )
     else:
-        for number, line in enumerate(read_utf8(path, "prompts").splitlines(), 1):
+        for number, line in enumerate(text_lines(read_utf8(path, "prompts")), 1):
             if line.strip():
                 messages = [{"role": "user", "content": line}]
                 by_kind.setdefault("text", []).append(
@@ -85,34 +89,31 @@ def _key(messages: list[dict]) -> str:
     return json.dumps(messages, sort_keys=True, ensure_ascii=False)
 
 
-def answered(out: Path, repair: bool = True) -> set[str]:
-    """The prompts (their turns before the reply, as ``_key``) already answered in ``out``; a
-    last line cut off mid-write is removed (with ``repair``; else only not counted). Replies
-    are written a line at a time, so only the last line can be cut off: any other line that
-    is not a reply (another kind of file given as ``--out``) is a ValueError, and the file is
-    left as it is."""
+def answered(out: Path, repair: bool = True, option: str = "out") -> Counter[str]:
+    """How many times each prompt (its turns before the reply, as ``_key``) is answered in
+    ``out``; a last line cut off mid-write is removed (with ``repair``, the file replaced
+    whole; else only not counted). Replies are written a line at a time, newline included, so
+    only a last line without its newline can be cut off: any other line that is not a reply
+    (another kind of file given as ``--out``) is a ValueError naming ``option``, and the file
+    is left as it is."""
     if not out.exists():
-        return set()
-    lines = read_utf8(out, "out").splitlines(keepends=True)
-    done, kept = set(), []
+        return Counter()
+    lines = read_utf8(out, option).split("\n")
+    cut = lines.pop()  # "" after a whole last line; else what a cut-off write left
+    done: Counter[str] = Counter()
     for number, line in enumerate(lines, 1):
-        last = number == len(lines)
-        if last and not line.endswith("\n"):
-            break  # no newline: cut off mid-write, even if it parses
         if not line.strip():
-            kept.append(line)
             continue
         try:
-            done.add(_reply_key(line))
+            done[_reply_key(line)] += 1
         except ValueError:  # JSONDecodeError is one
-            if last:
-                break  # a cut-off line: answered again
             raise ValueError(
-                f"out: {out}:{number} is not a reply of data regenerate; give another --out"
+                f"{option}: {out}:{number} is not a reply of data regenerate; "
+                f"give another --{option}"
             ) from None
-        kept.append(line)
-    if repair and len(kept) != len(lines):
-        out.write_text("".join(kept), encoding="utf-8")
+    if repair and cut:
+        with written_whole(out) as partial:
+            partial.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return done
 
 
@@ -154,8 +155,18 @@ def regenerate(
     for path in answered_in:
         if not path.is_file():
             raise ValueError(f"answered: {path} is not a file")
-    done = answered(out).union(*(answered(path, repair=False) for path in answered_in))
-    todo = [p for p in prompts if _key(p["messages"]) not in done]
+    done = answered(out)
+    for path in answered_in:
+        done += answered(path, repair=False, option="answered")
+    # A sampled run asks every copy of a repeated prompt, so each answer stands for one copy
+    # and a resumed run asks the copies still unanswered; a greedy one asks one copy only.
+    todo = []
+    for prompt in prompts:
+        key = _key(prompt["messages"])
+        if done[key] > 0:
+            done[key] -= sampling.temperature > 0
+        else:
+            todo.append(prompt)
     done_here = len(prompts) - len(todo)  # answered in ``out`` and asked here
     repeated = 0
     if sampling.temperature == 0:
