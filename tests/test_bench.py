@@ -91,6 +91,9 @@ def test_task_and_method_parsing():
             parse_methods(bad)
     with pytest.raises(ValueError, match=r"ar \(plain decoding\) takes no options"):
         parse_methods("ar+fr:3")
+    for bad in ("eagle@p0.05", "eagle@6.4.10p", "eagle@p"):  # no floor dropped silently
+        with pytest.raises(ValueError, match=r"eagle takes @DEPTH.TOPK.TOKENS\[pMIN_PROB\]"):
+            parse_methods(bad)
     with pytest.raises(ValueError, match="repeats"):
         BenchSettings(repeats=0)
 

@@ -64,7 +64,11 @@ def _medusa(text: str, k: int | None) -> Parsed:
 
 def _eagle(text: str, k: int | None) -> Parsed:
     label_tree, *extras = text.split("+")
-    shape, _, min_prob = label_tree.partition("p")
+    shape, p, min_prob = label_tree.partition("p")
+    if p and not (shape and min_prob):  # "p0.05" alone would read as the default tree
+        raise ValueError(
+            f"eagle takes @DEPTH.TOPK.TOKENS[pMIN_PROB], such as eagle@6.4.10p0.1; got @{text}"
+        )
     tree = shape.replace(".", ",") + (f",{min_prob}" if min_prob else "") if shape else "default"
     fields: dict[str, Any] = {"tree": tree}
     label = "eagle" + (f" tree={tree}" if label_tree else "")
