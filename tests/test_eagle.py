@@ -548,6 +548,14 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_net(targets,
     kept, _ = train_net(features, config, vocab, embed, head, onward, tmp_path / "c")
     for name, value in net.state_dict().items():  # saved in fp16
         torch.testing.assert_close(kept.state_dict()[name], value, atol=2e-3, rtol=1e-2)
+    # train_eagle keys its checkpoints by the --init drafter's content, not its path: a run
+    # again from the same folder after it was rewritten (more epochs there) is a new run.
+    from quickdraft.train.common import folder_digest
+
+    first = folder_digest(tmp_path / "saved")
+    assert folder_digest(tmp_path / "saved") == first
+    save_eagle(tmp_path / "saved", EagleNet(config))
+    assert folder_digest(tmp_path / "saved") != first
     save_eagle(tmp_path / "eagle1", EagleNet(EagleConfig.for_target(target.config, "eagle1", 101)))
     elsewhere = EagleTraining(steps=2, draft_vocab=101, epochs=1, init=str(tmp_path / "eagle1"))
     with pytest.raises(ValueError, match=r"init: .* another drafter: variant"):
@@ -578,6 +586,26 @@ def test_shipped_drafter_on_smollm2_is_the_default_and_token_identical(smollm2):
         target, tokenizer.apply_chat("Name three colours."), sampling=sampled, draft=drafter
     )
     assert len(out.token_ids) <= 24 and out.stats.verify_steps >= 1
+    # A second build for the same target (generate builds one per call) reuses the packed
+    # layers and head rows: quantizing them was 3 s of every call on the 1.5B. Another
+    # quantization, or the folder rewritten, is another network.
+    again = build_drafter(SpecConfig(method="eagle"), target, target_name="smollm2-135m")
+    assert again is not drafter and again.net is drafter.net and again.head is drafter.head
+    fp32 = build_drafter(
+        make_spec(method="eagle", drafter_int8=False), target, target_name="smollm2-135m"
+    )
+    assert fp32.net is not drafter.net
+
+
+def test_a_rewritten_eagle_folder_is_read_again(tmp_path, targets):
+    from quickdraft.drafters.eagle.build import build_eagle
+
+    target = targets["llama-tied"]
+    save_eagle(tmp_path / "d", random_net(target, "eagle3", draft_vocab=12))
+    first = build_eagle(target, tmp_path / "d", int8=True)
+    assert build_eagle(target, tmp_path / "d", int8=True).net is first.net
+    save_eagle(tmp_path / "d", random_net(target, "eagle3", draft_vocab=12, seed=1))
+    assert build_eagle(target, tmp_path / "d", int8=True).net is not first.net
 
 
 @pytest.mark.parametrize("kind", ["fr", "fr-pa", "dyna", "dyna-pa", "dyna-pa-threaded", "hybrid"])

@@ -3,12 +3,14 @@ registry's builder, ``build``)."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 
 from quickdraft.config import SpecConfig
 from quickdraft.drafters.base import BuildContext
 from quickdraft.drafters.eagle.drafter import EagleDrafter
 from quickdraft.drafters.eagle.io import eagle_folder, load_eagle, shortlist_choice, tree_choice
+from quickdraft.drafters.eagle.net import EagleNet
 from quickdraft.drafters.eagle.options import EagleOptions
 from quickdraft.drafters.eagle.tree import DynamicTree, EagleTree
 from quickdraft.drafters.suffix.hybrid import SuffixFirst, suffix_first
@@ -33,13 +35,42 @@ def build_eagle(
     none; ``shortlist``: the head's rows per depth, out of the target's whole vocabulary."""
     return EagleDrafter(
         target,
-        load_eagle(folder, getattr(getattr(target, "config", None), "num_layers", None)),
+        _loaded(Path(folder), getattr(getattr(target, "config", None), "num_layers", None)),
         tree or EagleTree().resolve(target.device.type),
         int8=int8,
         lookup=lookup,
         lookup_ngram=lookup_ngram,
         shortlist=shortlist,
     )
+
+
+# Networks read from their folders, the last few: ``generate`` builds an engine, and so its
+# drafter, per call, and reading a network again would cost more than the call's first steps.
+# Keyed by the folder's files as they are now (name, size, modification time, inode: files are
+# replaced whole), so a folder rewritten in between (a training run's output) is read again.
+_LOADED: OrderedDict[tuple, EagleNet] = OrderedDict()
+_KEEP = 2
+
+
+def _loaded(folder: Path, num_target_layers: int | None) -> EagleNet:
+    """``load_eagle(folder, num_target_layers)``, from memory when the folder is unchanged;
+    the network is shared, never modified (drafters pack or copy it)."""
+    try:
+        files = tuple(
+            (p.name, (info := p.stat()).st_size, info.st_mtime_ns, info.st_ino)
+            for p in sorted(folder.iterdir())
+            if p.is_file()
+        )
+    except OSError:  # not there, not a folder: load_eagle names it
+        return load_eagle(folder, num_target_layers)
+    key = (str(folder.resolve()), num_target_layers, files)
+    net = _LOADED.get(key)
+    if net is None:
+        net = _LOADED[key] = load_eagle(folder, num_target_layers)
+        while len(_LOADED) > _KEEP:
+            _LOADED.popitem(last=False)
+    _LOADED.move_to_end(key)
+    return net
 
 
 def build(spec: SpecConfig, context: BuildContext) -> EagleDrafter | SuffixFirst:
