@@ -53,6 +53,7 @@ def files(tmp_path_factory, smollm2):
     hidden = smollm2[0].config.hidden_size
     good = root / "medusa_good"
     save_heads(good, MedusaHeads(MedusaConfig(hidden_size=hidden, vocab_size=49152)))
+    made["good_heads"] = good  # SmolLM2's width: not the tiny model's
     for name, edit in {
         "medusa_bad_json": lambda d: (d / "medusa.json").write_text("[1, 2"),
         "medusa_no_config": lambda d: (d / "medusa.json").write_text(json.dumps({"x": 1})),
@@ -201,6 +202,8 @@ def invocations(f) -> list[list[str]]:
         ["export", "eagle", "--target", "smollm2-135m", "--target-gguf", str(f["junk_gguf"]),
          "--out", out],  # a GGUF for an engine that takes none
         ["export", "eagle", "--target", str(f["tiny"]), "--engine", "llama.cpp", "--out", out],
+        ["export", "medusa", "--target", str(f["tiny"]), "--medusa-dir", str(f["good_heads"]),
+         "--out", out],
         ["pick", "--calibrate", "/no/such/prompts.jsonl"],
         ["pick", "--calibrate", str(f["bad_prompts"])],
         ["pick", "--methods", "bogus"],

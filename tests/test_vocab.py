@@ -320,6 +320,18 @@ def test_corpus_reading_and_balanced_sampling(tmp_path, smollm2):
     assert len(chosen) == 3 and sum(s.tokens == list(range(20)) for s in chosen) == 1
     with pytest.raises(ValueError, match="data"):
         read_records([tmp_path / "missing.jsonl"])
+    # A chat with no reply scores nothing (its prompt's generation prefix outruns its tokens):
+    # left out of a sample, and a sample of only such chats is refused by name.
+    asking = tokenize({"messages": [{"role": "user", "content": "hello"}]}, tokenizer, 512)
+    assert asking.start == len(asking.tokens)
+    assert balanced_sample([asking, *sequences[:2]], 10_000) == sequences[:2]
+    with pytest.raises(ValueError, match="data: no record has text to learn from"):
+        balanced_sample([asking], 10_000)
+    # Medusa's and the router's features and checkpoints are keyed by what the sample holds.
+    from quickdraft.train.common import sample_digest
+
+    edited = [Sequence([*sequences[0].tokens[:-1], 99], 1, "a"), *sequences[1:]]
+    assert sample_digest(sequences) == sample_digest(list(sequences)) != sample_digest(edited)
     (tmp_path / "bad.jsonl").write_text('{"other": 1}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
         read_records([tmp_path / "bad.jsonl"])

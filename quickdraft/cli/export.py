@@ -109,6 +109,11 @@ def _export_medusa(args: argparse.Namespace) -> int:
             f"medusa_dir: heads for a vocabulary of {heads.config.vocab_size}, the target has "
             f"{target.vocab_size}"
         )
+    width = target.config.hidden_size  # type: ignore[attr-defined]
+    if heads.config.hidden_size != width:  # the Qwen aliases share a vocabulary, not a width
+        raise ValueError(
+            f"medusa_dir: heads for hidden size {heads.config.hidden_size}, the target's is {width}"
+        )
     folder = export_medusa(heads, target.head_weight.float(), args.out)  # type: ignore[attr-defined]
     console.print(f"wrote {folder} ({heads.config.num_heads} heads, for vllm)")
     config = launch.medusa(heads.config.num_heads, ("", Path(folder)))[0]

@@ -31,10 +31,10 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -52,6 +52,31 @@ PRECISIONS = ("auto", "no", "bf16", "fp16")
 def fingerprint(settings: dict) -> str:
     """A short stable key of JSON-able settings: cache folders and checkpoints are named by it."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sample_digest(sample: Iterable[Any]) -> str:
+    """What a training sample holds (each sequence's tokens and first scored position): its
+    features and checkpoints are keyed by it, so a data file that changed at the same path
+    makes another run instead of resuming, or reusing, the old one."""
+    digest = hashlib.sha256()
+    for sequence in sample:
+        digest.update(json.dumps([sequence.tokens, sequence.start]).encode())
+    return digest.hexdigest()[:16]
+
+
+def folder_digest(folder: str | Path) -> str:
+    """What a saved drafter folder holds (its weights and config, by name): a run started from it
+    (``--init``) or reading it (``--eagle-dir``) is keyed by its content, not its path, which a
+    later run may have rewritten."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(folder).iterdir()):
+        weights = path.suffix in (".safetensors", ".pt")
+        if path.is_file() and (weights or path.name in ("eagle.json", "config.json")):
+            digest.update(path.name.encode())
+            with path.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 22), b""):
+                    digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 def check_settings(settings: object, counts: Sequence[str]) -> None:

@@ -138,17 +138,28 @@ def tokenize(record: dict, tokenizer: Tokenizer, max_tokens: int) -> Sequence:
         start = len(tokenizer.apply_chat(messages[:first_reply])) if first_reply else 0
     else:
         tokens, start = tokenizer.encode(record["text"]), 1
-    return Sequence(tokens[:max_tokens], min(max(start, 1), max_tokens), kind)
+    # A chat with no assistant turn (the prompt with its generation prefix outruns the
+    # tokens), or a prompt longer than max_tokens, scores nothing: start at the end.
+    tokens = tokens[:max_tokens]
+    return Sequence(tokens, min(max(start, 1), len(tokens)), kind)
 
 
 def balanced_sample(sequences: list[Sequence], budget: int, seed: int = 0) -> list[Sequence]:
     """About ``budget`` scored positions, split evenly across kinds (a kind with less text
     gives all it has and the rest go to the others), sequences shuffled within each kind.
     A sequence repeated (the same tokens scored from the same position) is taken once: a copy
-    teaches nothing new and would sit on both sides of a held-out split."""
+    teaches nothing new and would sit on both sides of a held-out split. A sequence with
+    nothing to score (a chat without an assistant turn) is left out; a ValueError when no
+    sequence has anything."""
     by_kind: dict[str, list[Sequence]] = {}
     seen: set[tuple[tuple[int, ...], int]] = set()
-    for sequence in sequences:
+    scoring = [s for s in sequences if len(s.tokens) > s.start]
+    if sequences and not scoring:
+        raise ValueError(
+            "data: no record has text to learn from (a chat needs an assistant turn, a text "
+            "at least two tokens)"
+        )
+    for sequence in scoring:
         identity = (tuple(sequence.tokens), sequence.start)
         if identity not in seen:
             seen.add(identity)

@@ -36,6 +36,7 @@ from quickdraft.train.common import (
     Run,
     Scaling,
     fingerprint,
+    folder_digest,
     global_batches,
     one_cycle,
     running_processes,
@@ -312,7 +313,12 @@ def train_eagle(
     # The checkpoints' key names the sample's content too: a corpus file that grew between
     # sessions is another run, not this one resumed over other sequences.
     contents = hashlib.sha256("".join(map(sequence_key, sample)).encode()).hexdigest()[:16]
-    key = fingerprint({**feature_settings, **_settings_record(settings), "sample": contents})
+    # And the --init drafter's content, not its path: training again from a folder that a run
+    # has since rewritten (more epochs on the same folder) must not resume the old run.
+    start = {"init_contents": folder_digest(settings.init)} if settings.init else {}
+    key = fingerprint(
+        {**feature_settings, **_settings_record(settings), "sample": contents, **start}
+    )
     embed = target.embed.float()
     lm_head = target.head_weight.float()[: target.vocab_size]
     net, metrics = train_net(

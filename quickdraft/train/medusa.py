@@ -32,6 +32,7 @@ from quickdraft.train.common import (
     global_batches,
     one_cycle,
     running_processes,
+    sample_digest,
 )
 from quickdraft.train.corpus import Sequence
 from quickdraft.train.medusa_features import HeadFeatures, Progress, extract, head_labels, split
@@ -257,6 +258,7 @@ def build_heads(
         "budget_tokens": budget_tokens,
         "max_tokens": max_tokens,
         "seed": training.seed,
+        "sample": sample_digest(sample),  # a data file changed at the same path: another run
     }
     folder = cache / f"medusa-features-{fingerprint(feature_settings)}"
     processes = running_processes()

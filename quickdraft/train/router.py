@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from quickdraft.artifacts import ArtifactError, read_checkpoint
+from quickdraft.artifacts import ArtifactError, read_checkpoint, written_whole
 from quickdraft.train.common import check_settings
 from quickdraft.train.features import Features
 from quickdraft.vocab.router import Router, RouterConfig
@@ -110,20 +110,21 @@ def train_router(
         if held_loss < best_loss:
             best_loss = held_loss
             best_state = {n: t.clone() for n, t in router.state_dict().items()}
-        torch.save(
-            {
-                "settings": asdict(settings),
-                "clusters": num_clusters,
-                "router": router.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "schedule": schedule.state_dict(),
-                "history": history,
-                "best_loss": best_loss,
-                "best": best_state,
-                "epoch": epoch,
-            },
-            checkpoint,
-        )
+        with written_whole(checkpoint) as partial:  # an interrupted save keeps the last one
+            torch.save(
+                {
+                    "settings": asdict(settings),
+                    "clusters": num_clusters,
+                    "router": router.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "schedule": schedule.state_dict(),
+                    "history": history,
+                    "best_loss": best_loss,
+                    "best": best_state,
+                    "epoch": epoch,
+                },
+                partial,
+            )
     if best_state is not None:
         router.load_state_dict(best_state)
     return router.eval(), {"history": history, "train_rows": len(train), "held_rows": len(held)}

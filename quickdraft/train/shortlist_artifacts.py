@@ -84,7 +84,7 @@ def build_artifacts(
     """Frequency list, clusters and router for ``settings.draft`` into ``out``."""
     from quickdraft.drafters.eagle.io import load_eagle
     from quickdraft.models.loading import load_model
-    from quickdraft.train.common import fingerprint
+    from quickdraft.train.common import fingerprint, folder_digest, sample_digest
     from quickdraft.train.corpus import balanced_sample, read_records, tokenize
     from quickdraft.train.features import DrafterSource, EagleSource, extract
     from quickdraft.vocab.clusters import spherical_kmeans
@@ -156,12 +156,14 @@ def build_artifacts(
         "max_tokens": settings.max_tokens,
         "seed": training.seed,
         "data": list(settings.data),
+        "sample": sample_digest(sample),  # a data file changed at the same path: another run
     }
     if eagle:
         assert settings.eagle_dir is not None
         net = load_eagle(settings.eagle_dir, draft.config.num_layers)  # type: ignore[attr-defined]
         source: DrafterSource | EagleSource = EagleSource(draft, net)
         feature_settings["eagle_dir"] = str(settings.eagle_dir)
+        feature_settings["eagle_contents"] = folder_digest(settings.eagle_dir)  # retrained there
         feature_settings["int8"] = False  # the target runs in float
     else:
         source = DrafterSource(draft, target)
