@@ -38,7 +38,8 @@ class Grammars:
             first = str(inner.get_error()).strip().splitlines()[0]
             raise ValueError(f"{constraint.kind}: {first}")
         matcher = Matcher(inner, self.vocab_size)
-        if not bool(matcher.allowed().any()):
+        # llguidance may say so by failing the first mask (NoExtensionBias) or by an empty one.
+        if not bool(matcher.allowed().any()) or matcher.error is not None:
             raise ValueError(f"{constraint.kind}: no token of this model can begin the output")
         return matcher
 
