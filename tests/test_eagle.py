@@ -765,6 +765,15 @@ def test_an_exported_drafter_imports_back_and_drafts_the_same(targets, tmp_path,
         spec = make_spec(method="eagle", eagle_dir=str(folder), tree="3,2,5", eagle_lookup=0)
         drafter = build_drafter(spec, target)
         assert isinstance(drafter, EagleDrafter)
+    # The drafter's own tree and lookup travel in config.json's "quickdraft" key: the export
+    # read back grows the tree the original does (the engines ignore the key).
+    from quickdraft.drafters.eagle.io import run_choices, tree_choice
+
+    choices = {"tree": {"cpu": "3,2,5,0.1"}, "lookup": 2}
+    folder = export_eagle(original, target.head_weight.float(), tmp_path / "chosen", "vllm",
+                          target.max_positions, choices)  # fmt: skip
+    assert run_choices(folder) == choices
+    assert tree_choice(EagleTree(), None, folder, "cpu") == (DynamicTree(3, 2, 5, 0.1), 2)
     if variant == "eagle1":  # exported again over the folder: the whole vocabulary in its own
         whole = random_net(target, variant, draft_vocab=target.vocab_size)  # order keeps a map,
         folder = export_eagle(whole, target.head_weight.float(), tmp_path / "sglang", "sglang")

@@ -122,7 +122,7 @@ def _export_medusa(args: argparse.Namespace) -> int:
 
 
 def _export_eagle(args: argparse.Namespace) -> int:
-    from quickdraft.drafters.eagle.io import eagle_folder, load_eagle
+    from quickdraft.drafters.eagle.io import eagle_folder, load_eagle, run_choices
     from quickdraft.drafters.eagle.net import check_fits
     from quickdraft.drafters.eagle.tree import EagleTree
     from quickdraft.interop import launch
@@ -135,7 +135,8 @@ def _export_eagle(args: argparse.Namespace) -> int:
         raise ValueError("target_gguf: only --engine llama.cpp takes the target's GGUF")
     target_file = _target_gguf(args) if args.engine == "llama.cpp" else None
     target, _ = load_model(args.target)
-    net = load_eagle(eagle_folder(args.target, args.eagle_dir), target.config.num_layers)
+    source = eagle_folder(args.target, args.eagle_dir)
+    net = load_eagle(source, target.config.num_layers)
     check_fits(net, target)  # an export must load where generate would
     head = target.head_weight  # type: ignore[attr-defined]
     tree = EagleTree().resolve("cuda")  # the engines run on GPUs
@@ -146,7 +147,10 @@ def _export_eagle(args: argparse.Namespace) -> int:
         console.print(f"wrote {written} ({net.config.variant}, for llama.cpp)")
         folder = args.out
     else:
-        folder = export_eagle(net, head.float(), args.out, args.engine, target.max_positions)
+        choices = run_choices(source)
+        folder = export_eagle(
+            net, head.float(), args.out, args.engine, target.max_positions, choices
+        )
         console.print(f"wrote {folder} ({net.config.variant}, for {args.engine})")
     export = {engine: ("", Path(folder)) for engine in launch.ENGINES}
     token_map = net.config.variant == "eagle1" and (Path(folder) / "token_map.pt").exists()

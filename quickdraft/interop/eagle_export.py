@@ -43,9 +43,13 @@ def export_eagle(
     folder: str | Path,
     engine: str = "vllm",
     max_positions: int = 8192,
+    choices: dict | None = None,
 ) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (fp16) into ``folder``. lm_head: the
-    target's LM head weight [V, d] (EAGLE-3 stores its draft vocabulary's rows)."""
+    target's LM head weight [V, d] (EAGLE-3 stores its draft vocabulary's rows). ``choices``:
+    the drafter's own run settings (its ``eagle.json``'s ``tree`` and ``lookup``), kept under
+    ``config.json``'s ``quickdraft`` key (engines ignore it), so the export read back with
+    ``--eagle-dir`` drafts as the original did."""
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     config = net.config
@@ -103,6 +107,8 @@ def export_eagle(
         if config.fc_bias:
             raise ValueError("engine: vLLM's EAGLE-1 has no fc bias; export for sglang")
         record["architectures"] = ["LlamaForCausalLM"]  # vLLM maps it to its EAGLE model
+    if choices:
+        record["quickdraft"] = dict(choices)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     identity = torch.equal(net.draft_vocab.cpu(), torch.arange(config.vocab_size))

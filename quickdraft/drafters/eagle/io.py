@@ -156,15 +156,40 @@ def shipped_shortlist(folder: str | Path) -> ShortlistChoice:
         ) from None
 
 
+RUN_CHOICES = ("tree", "lookup")  # what an export carries of a drafter's eagle.json
+
+
+def run_choices(folder: str | Path) -> dict:
+    """The run settings a drafter's folder names (``RUN_CHOICES``): from its ``eagle.json``,
+    or from ``config.json``'s ``quickdraft`` key in a folder ``export eagle`` wrote (engines
+    ignore the key); {} where there are none."""
+    folder = Path(folder)
+    if (folder / CONFIG_FILE).exists():
+        record = read_json(folder / CONFIG_FILE, REMEDY, required=("config",))
+    elif (folder / "config.json").exists():
+        record = read_json(folder / "config.json", REMEDY).get("quickdraft", {})
+        if not isinstance(record, dict):
+            raise artifacts.ArtifactError(
+                folder / "config.json", "'quickdraft' must be an object", REMEDY
+            )
+    else:
+        return {}
+    return {key: record[key] for key in RUN_CHOICES if key in record}
+
+
+def _choices_file(folder: str | Path) -> Path:
+    """The file ``run_choices`` reads (for the errors that name it)."""
+    own = Path(folder) / CONFIG_FILE
+    return own if own.exists() else Path(folder) / "config.json"
+
+
 def shipped_tree(folder: str | Path, device: str) -> DynamicTree | None:
     """The tree this drafter grows on ``device`` ("cpu", "cuda") when none is asked for:
     ``"tree": {"cpu": "DEPTH,TOPK,TOKENS[,MIN_PROB]"}`` in its ``eagle.json``, set where a
     sweep on calibration prompts measured it faster than the device's default
     (``benchmarks/eagle_tree_sweep.py``); None: the device's default."""
-    path = Path(folder) / CONFIG_FILE
-    if not path.exists():
-        return None
-    trees = read_json(path, REMEDY, required=("config",)).get("tree", {})
+    path = _choices_file(folder)
+    trees = run_choices(folder).get("tree", {})
     if not isinstance(trees, dict):
         raise artifacts.ArtifactError(path, "'tree' must map a device to a tree", REMEDY)
     text = trees.get(device)
@@ -180,10 +205,8 @@ def shipped_lookup(folder: str | Path) -> int | None:
     """The prompt-lookup tokens this drafter grafts onto its trees when ``eagle_lookup`` is
     not given: ``"lookup"`` in its ``eagle.json``, measured with its tree; None: the
     default (``tree.DEFAULT_LOOKUP``)."""
-    path = Path(folder) / CONFIG_FILE
-    if not path.exists():
-        return None
-    lookup = read_json(path, REMEDY, required=("config",)).get("lookup")
+    path = _choices_file(folder)
+    lookup = run_choices(folder).get("lookup")
     if lookup is not None and (
         isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0
     ):
