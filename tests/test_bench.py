@@ -331,3 +331,16 @@ def test_every_committed_result_renders_to_its_report(path):
     kind = path.parent.relative_to(REPO / "benchmarks" / "results").parts[0]
     render = renderers.get(kind) or renderers["bench"]  # `quickdraft bench` runs
     assert render(result) == (path.parent / "report.md").read_text()
+
+
+def test_a_k_given_to_a_method_it_does_not_size_is_ignored_with_a_warning():
+    """vLLM's configs give EAGLE num_speculative_tokens; quickdraft's EAGLE grows a tree, so
+    the value is ignored, but never silently."""
+    from quickdraft.drafters.registry import make_spec
+
+    with pytest.warns(UserWarning, match=r"num_speculative_tokens: eagle .* 3 is ignored"):
+        spec = make_spec("eagle", 3)
+    assert spec == make_spec("eagle")
+    with pytest.warns(UserWarning, match="lookahead_window"):
+        make_spec("lookahead", 5)
+    assert make_spec("ngram", 3).num_speculative_tokens == 3  # k sizes these

@@ -60,7 +60,8 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "--num-speculative-tokens",
         type=strict_int,
         default=None,
-        help="draft tokens per step (default: the method's, 4 for draft_model, 5 for ngram)",
+        help="draft tokens per step (default: the method's, 4 for draft_model, 5 for ngram); "
+        "eagle, medusa and lookahead size their drafts with their own options and ignore it",
     )
     generate.add_argument(
         "--acceptance", default="rejection_sampling", choices=[rule.value for rule in AcceptRule]

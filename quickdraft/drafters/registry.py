@@ -14,6 +14,7 @@ server): each field goes to the method's options class, which parses it once.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,8 @@ class MethodEntry:
     default_k:   draft tokens per step when none is given.
     draft_model: whether it drafts with a separate draft model (--draft), which the builder
                  then finds in ``BuildContext.draft``.
+    sized_by:    for a method whose draft k does not size (a tree, a window), what does: a
+                 k given to it is ignored with a warning saying so. Empty: k sizes it.
     """
 
     name: str
@@ -60,6 +63,7 @@ class MethodEntry:
     description: str
     default_k: int = 4
     draft_model: bool = False
+    sized_by: str = ""
 
     @property
     def drafts(self) -> bool:
@@ -168,6 +172,16 @@ def make_spec(
     ``make_spec("eagle", tree="6,4,10,0.1", draft_shortlist="fr:38818")``. Each option goes
     to the method's options class and is parsed there, once; k defaults to the method's."""
     entry = get(method)
+    if num_speculative_tokens is not None and entry.sized_by:
+        # vLLM's configs give EAGLE a k; here it grows a tree. Ignored, but never silently,
+        # and a k that is no k at all is refused as for any method.
+        SpecConfig(entry.name, num_speculative_tokens)
+        warnings.warn(
+            f"num_speculative_tokens: {entry.name} does not draft k tokens a step, so "
+            f"{num_speculative_tokens} is ignored ({entry.sized_by})",
+            stacklevel=2,
+        )
+        num_speculative_tokens = None
     given = disable_by_batch_size is not ...
     policy = {"disable_by_batch_size": disable_by_batch_size} if given else {}
     return SpecConfig(
@@ -271,6 +285,7 @@ register(
         NoOptions,
         None,
         "plain autoregressive decoding: no drafts, the baseline",
+        sized_by="plain decoding drafts nothing",
     )
 )
 register(
@@ -297,6 +312,7 @@ register(
         MedusaOptions,
         medusa.build,
         "Medusa heads on the target draft a tree (trained per target)",
+        sized_by="its tree option sizes the draft",
     )
 )
 register(
@@ -305,6 +321,7 @@ register(
         EagleOptions,
         eagle.build,
         "an EAGLE drafter on the target's features grows a dynamic tree (trained per target)",
+        sized_by="its tree option, DEPTH,TOPK,TOKENS, sizes the draft",
     )
 )
 register(
@@ -313,6 +330,7 @@ register(
         lookahead.LookaheadOptions,
         lookahead.build,
         "lookahead decoding: Jacobi iteration and an n-gram pool, nothing trained",
+        sized_by="lookahead_window and lookahead_ngram size the draft",
     )
 )
 register(
