@@ -96,3 +96,24 @@ def test_calibration_prompts_that_are_not_prompts_are_named(tmp_path):
     path.write_bytes(b"\xff\n")
     with pytest.raises(ValueError, match=r"calibrate: .* is not UTF-8 text"):
         _read_prompts(path, tokenizer)
+
+
+def test_calibration_takes_a_draft_padded_to_another_vocabulary_with_its_tokenizer(smollm2):
+    """As generate and bench do: a draft whose vocabulary is padded (same tokenizer) runs
+    with both tokenizers given, and is refused by name without them."""
+    from conftest import tiny_hf_model
+
+    from quickdraft.models.llama import LlamaRunner
+
+    target, tokenizer = smollm2
+    padded = tiny_hf_model("llama-tied", vocab_size=49152 + 64, layers=1)
+    draft = LlamaRunner.from_state_dict(padded.config.to_dict(), padded.state_dict())
+    prompts = [tokenizer.encode("a b c a b c a b")]
+    context = PickContext(target="smollm2-135m", draft="tiny")
+    workload = Workload(methods=("ar", "draft_model"))
+    result = calibrate(target, prompts, context, workload, draft=draft, max_new_tokens=4,
+                       confirm=False, tokenizer=tokenizer, draft_tokenizer=tokenizer)  # fmt: skip
+    assert any(m.label.startswith("draft_model") for m in result.measured)
+    with pytest.raises(ValueError, match="vocabulary"):
+        calibrate(target, prompts, context, workload, draft=draft, max_new_tokens=4,
+                  confirm=False)  # fmt: skip

@@ -150,11 +150,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     if not args.calibrate.is_file():
         raise ValueError(f"calibrate: {args.calibrate} is not a file")
     target, tokenizer = load_model(context.target, quant=args.quant)
-    draft = None
+    draft = draft_tokenizer = None
     if context.draft is not None and (
         workload.methods is None or "draft_model" in workload.methods
     ):
-        draft, _ = load_model(context.draft, int8=True)
+        draft, draft_tokenizer = load_model(context.draft, int8=True)
     prompts = _read_prompts(args.calibrate, tokenizer)
     with Progress(*_progress_columns(), console=console, transient=True) as progress:
         advance = _stages(progress)
@@ -168,6 +168,8 @@ def _calibrate(args: argparse.Namespace) -> int:
             stop_token_ids=tokenizer.eos_token_ids,
             budget_seconds=args.budget_seconds,
             progress=advance,
+            tokenizer=tokenizer,
+            draft_tokenizer=draft_tokenizer,
         )
     data = describe(result)
     if args.json:

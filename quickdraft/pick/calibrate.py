@@ -32,7 +32,7 @@ import torch
 from quickdraft.config import Method, SamplingParams, SpecConfig
 from quickdraft.drafters import registry
 from quickdraft.engine import generate
-from quickdraft.models.base import Model
+from quickdraft.models.base import Model, Tokenizer
 from quickdraft.pick.candidates import support
 from quickdraft.pick.context import PickContext, StepPrior
 from quickdraft.pick.picker import Option, Recommendation, Workload, choose, finish, options
@@ -118,13 +118,13 @@ def _sampling(workload: Workload, max_new_tokens: int, stop: tuple[int, ...]) ->
     )  # fmt: skip
 
 
-def _run(target, prompts, sampling, spec, draft) -> Stats:
-    """One spec over the prompts, pooled stats (times and acceptance)."""
+def _run(target, prompts, sampling, spec, draft, tokenizers) -> Stats:
+    """One spec over the prompts, pooled stats (times and acceptance). ``tokenizers``: the
+    target's and the draft's, which ``generate`` checks a draft's vocabulary against."""
     uses_draft = registry.get(spec.method).draft_model
     pooled = Stats(k=0)
     for prompt in prompts:
-        out = generate(target, prompt, sampling=sampling, spec=spec,
-                       draft=draft if uses_draft else None)  # fmt: skip
+        out = _generate(target, prompt, sampling, spec, draft if uses_draft else None, tokenizers)
         stats = out.stats
         pooled.k = max(pooled.k, stats.k)
         pooled.accepted_drafts.extend(stats.accepted_drafts)
@@ -136,6 +136,14 @@ def _run(target, prompts, sampling, spec, draft) -> Stats:
         pooled.time_prefill += stats.time_prefill
         pooled.time_total += stats.time_total
     return pooled
+
+
+def _generate(target, prompt, sampling, spec, draft, tokenizers):
+    tokenizer, draft_tokenizer = tokenizers
+    if draft is None:
+        draft_tokenizer = None
+    return generate(target, prompt, sampling=sampling, spec=spec, draft=draft,
+                    tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)  # fmt: skip
 
 
 def calibrate(
@@ -150,7 +158,13 @@ def calibrate(
     budget_seconds: float = 300.0,
     confirm: bool = True,
     progress: Progress | None = None,
+    tokenizer: Tokenizer | None = None,
+    draft_tokenizer: Tokenizer | None = None,
 ) -> Calibration:
+    """Measure the candidate configurations on ``prompts`` and choose. ``tokenizer`` and
+    ``draft_tokenizer``: the target's and the draft's, for a draft model whose vocabulary is
+    padded to another size (as ``generate`` and ``bench`` take it), and to refuse a draft of
+    another tokenizer as they do."""
     if not prompts:
         raise ValueError("calibrate: no prompts")
     if budget_seconds <= 0:
@@ -173,10 +187,11 @@ def calibrate(
     used = max(1, min(len(prompts), int(affordable)))
     chosen_prompts = prompts[:used]
     sampling = _sampling(workload, max_new_tokens, stop_token_ids)
+    tokenizers = (tokenizer, draft_tokenizer)
     measured: list[Measured] = []
     done = 0
     for spec in chains:
-        stats = _run(target, chosen_prompts, sampling, spec, draft)
+        stats = _run(target, chosen_prompts, sampling, spec, draft, tokenizers)
         profile = _chain_profile(stats, spec)
         for option in candidates:
             if _is_chain(option) and _chain_key(option.spec) == _chain_key(spec):
@@ -189,7 +204,7 @@ def calibrate(
         if progress is not None:
             progress("measuring", done, runs)
     for option in singles:
-        stats = _run(target, chosen_prompts, sampling, option.spec, draft)
+        stats = _run(target, chosen_prompts, sampling, option.spec, draft, tokenizers)
         steps = max(stats.target_forwards, 1)
         tokens = stats.new_tokens / steps
         draft_s, verify_s = stats.time_draft / steps, stats.time_verify / steps
@@ -209,13 +224,13 @@ def calibrate(
     calibration = Calibration(verify_seconds, measured, choice, used)
     if confirm and choice.speculate:
         _confirm(calibration, target, chosen_prompts, sampling, draft, rescored, workload,
-                 context, progress)  # fmt: skip
+                 context, progress, tokenizers)  # fmt: skip
     calibration.seconds = time.perf_counter() - started
     return calibration
 
 
 def _confirm(calibration, target, prompts, sampling, draft, rescored, workload, context,
-             progress) -> None:  # fmt: skip
+             progress, tokenizers) -> None:  # fmt: skip
     """Plain decoding, the choice and the runner-up (another method's best), interleaved
     prompt by prompt; the faster of the two measured becomes the choice."""
     choice = calibration.choice
@@ -231,8 +246,8 @@ def _confirm(calibration, target, prompts, sampling, draft, rescored, workload, 
     for index, prompt in enumerate(prompts):
         for label, spec in contenders:
             uses_draft = registry.get(spec.method).draft_model
-            out = generate(target, prompt, sampling=sampling, spec=spec,
-                           draft=draft if uses_draft else None)  # fmt: skip
+            out = _generate(target, prompt, sampling, spec, draft if uses_draft else None,
+                            tokenizers)  # fmt: skip
             rates[label].append(out.stats.decode_tokens_per_second)
         if progress is not None:
             progress("confirming", index + 1, len(prompts))
