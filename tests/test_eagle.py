@@ -536,7 +536,7 @@ def test_training_learns_and_an_interrupted_run_resumes_to_the_same_net(targets,
     assert [h["epoch"] for h in again["history"]] == list(range(1, 7))
 
     other = EagleTraining(steps=1, draft_vocab=101, epochs=6, batch_size=4, checkpoint_every=7)
-    with pytest.raises(ValueError, match="checkpoint"):
+    with pytest.raises(ValueError, match=r"checkpoint: .* or data: .*settings.steps 2 \(now 1\)"):
         train_net(features, config, vocab, embed, head, other, tmp_path / "b")
 
     # --init: a run starts from a saved drafter's layers (here with a step too small to move

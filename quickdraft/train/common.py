@@ -54,6 +54,17 @@ def fingerprint(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _flat(record: dict, prefix: str = "") -> dict:
+    """A nested record's leaves by dotted name (``settings.steps``)."""
+    flat = {}
+    for name, value in record.items():
+        if isinstance(value, dict):
+            flat |= _flat(value, f"{prefix}{name}.")
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
 def sample_digest(sample: Iterable[Any]) -> str:
     """What a training sample holds (each sequence's tokens and first scored position): its
     features and checkpoints are keyed by it, so a data file that changed at the same path
@@ -369,7 +380,17 @@ class Run:
                 state, f"not a quickdraft training state ({error})", "delete the folder"
             ) from None
         if identity != self.identity:
-            raise ValueError(f"checkpoint: {self.folder} was made with other settings or data")
+            saved, now = _flat(identity), _flat(self.identity)
+            differ = [
+                f"{name} {saved.get(name)!r} (now {now.get(name)!r})"
+                for name in sorted(set(saved) | set(now))
+                if saved.get(name) != now.get(name)
+            ]
+            raise ValueError(
+                f"checkpoint: {self.folder} was made with other settings or data: "
+                f"{', '.join(differ)}; give those again to resume, or delete the folder to start "
+                "over"
+            )
         self.accelerator.load_state(str(state))
         self.history, self.step = history, step
 
