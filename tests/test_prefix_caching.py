@@ -109,14 +109,44 @@ def test_an_aborted_prefill_leaves_only_what_it_cached(target):
 
 
 def test_off_by_choice_and_for_drafters_that_read_the_prompts_features(target):
+    from quickdraft.drafters.medusa.drafter import MedusaDrafter
+    from quickdraft.drafters.medusa.net import MedusaConfig, MedusaHeads
+
     engine = Engine(target, max_batch=1, prefix_caching=False)
     first = run(engine, FIRST)
     assert run(engine, FIRST + first.token_ids).stats.cached_prompt_tokens == 0
-    eagle = EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 2, 5))
-    engine = Engine(target, eagle, **ALWAYS, max_batch=1)
-    assert not engine.prefix_caching  # its begin reads every prompt position's taps
-    first = run(engine, FIRST)
-    turn = FIRST + first.token_ids + [3]
-    second = run(engine, turn)
-    assert second.stats.cached_prompt_tokens == 0
-    assert second.token_ids == generate(target, turn, sampling=GREEDY).token_ids
+    config = MedusaConfig(hidden_size=target.config.hidden_size, vocab_size=target.vocab_size)
+    medusa = MedusaDrafter(target, MedusaHeads(config))
+    assert not Engine(target, medusa, **ALWAYS, max_batch=1).prefix_caching  # reads features
+    # and keeps none of a slot's last text
+
+
+@pytest.mark.parametrize("variant", ["eagle3", "eagle1"])
+def test_eagle_resumes_a_slots_prefix_with_the_drafts_of_a_fresh_engine(target, variant):
+    """EAGLE keeps its own cache per slot: a session's next turn reuses the target's cached
+    prefix but one token (whose feature its entry there needs) and the drafter's entries
+    before it, so it prefills only the rest and drafts as an engine that read it all."""
+    net = random_net(target, variant)
+
+    def engine(caching: bool) -> Engine:
+        eagle = EagleDrafter(target, net, DynamicTree(3, 2, 5))
+        return Engine(target, eagle, **ALWAYS, max_batch=2, prefix_caching=caching)
+
+    cached = engine(True)
+    assert cached.prefix_caching
+    first = run(cached, FIRST)
+    turn = FIRST + first.token_ids + [7, 8, 9]
+    second = run(cached, turn)
+    done = len(FIRST) + len(first.token_ids)
+    assert done - 3 <= second.stats.cached_prompt_tokens <= done - 1
+    fresh = run(engine(False), turn)
+    assert fresh.stats.cached_prompt_tokens == 0
+    assert second.token_ids == fresh.token_ids == generate(target, turn, sampling=GREEDY).token_ids
+    assert second.stats.accepted_drafts == fresh.stats.accepted_drafts
+    # A prompt diverging inside the slot's text keeps the entries before the divergence only.
+    branch = [*turn[:6], 60, 61, 62]
+    out = run(cached, branch)
+    assert out.stats.cached_prompt_tokens == 5
+    again = run(engine(False), branch)
+    assert out.token_ids == again.token_ids
+    assert out.stats.accepted_drafts == again.stats.accepted_drafts

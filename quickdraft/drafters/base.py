@@ -44,6 +44,14 @@ class Needs:
     side_tokens: the most side-branch tokens (``SideBranch``) it sends a step.
     shortens:    whether it honours ``Batch.limit`` (a draft of at most that many tokens),
                  so the engine may choose each step's k (adaptive k).
+    resumes:     for a drafter that reads features (``hidden``, ``taps``): whether it keeps,
+                 per slot, what it made of the slot's last text, so the engine may reuse a
+                 slot's cached prefix (prefix caching) for it too. It then says how much with
+                 ``resumable()`` ([slots]: the leading positions of each slot's last text it
+                 holds), and a request that reuses r cached tokens joins with the features of
+                 the rest only (``StepResult.kept`` = prompt - 1 - r); a drafter's state past
+                 r is to be dropped at ``begin``. Drafters that read no features resume
+                 always (they read the text).
     """
 
     tokens: int
@@ -52,6 +60,7 @@ class Needs:
     taps: tuple[int, ...] = ()
     side_tokens: int = 0
     shortens: bool = False
+    resumes: bool = False
 
     def __post_init__(self) -> None:
         if self.tokens < 0 or self.depth < 0 or self.depth > max(self.tokens, 0):
@@ -272,7 +281,8 @@ class Drafter(Protocol):
     reserve(rows, capacity): allocate per-row state for ``rows`` slots of up to ``capacity``
                        tokens (the engine calls it once, before any begin).
     begin(start):      requests joined, in the slots ``start.batch.slots``; ``start`` covers
-                       them with their prompt's prefill (``StepResult`` with kept = prompt - 1).
+                       them with their prompt's prefill (``StepResult`` with kept = prompt - 1,
+                       less the cached tokens a feature drafter that ``resumes`` keeps).
                        Whatever a slot held for an earlier request is to be overwritten.
     propose(batch):    a Draft for the running requests, in the slots ``batch.slots``.
     observe(result):   after the verify step committed, for every running request (in the

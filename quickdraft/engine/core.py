@@ -145,7 +145,8 @@ class Engine:
         self.goodput = None
         if adaptive_k and drafter is not None:
             self.goodput = GoodputRule.for_drafter(drafter, max_batch)
-        self.prefix_caching = prefix_caching and not (self.needs.hidden or self.needs.taps)
+        features = self.needs.hidden or bool(self.needs.taps)
+        self.prefix_caching = prefix_caching and (not features or self.needs.resumes)
         self.generator = make_generator(seed, self.device)
         keep = (self.needs.hidden, self.needs.taps)
         self.scheduler = Scheduler(self.rows, prefill_chunk, keep, self.generator)
@@ -326,7 +327,7 @@ class Engine:
         done (the drafter begins them). The running requests and their batch; None when no
         request runs (the step was all prefill)."""
         scheduler = self.scheduler
-        admitted = scheduler.admit(self.cache.lengths if self.prefix_caching else None)
+        admitted = scheduler.admit(self._cached() if self.prefix_caching else None)
         if admitted is not None:
             self.runner.reset(*admitted)
         plan = scheduler.prefill()
@@ -345,6 +346,15 @@ class Engine:
             self.stats.time_prefill += prefill
             self.stats.time_total += prefill
         return running
+
+    def _cached(self) -> torch.Tensor:
+        """[slots] the leading tokens of each slot's last text a request may reuse: the
+        target's cache, and for a feature drafter no more than it holds plus the one token
+        whose feature the target recomputes (``Scheduler.features``)."""
+        if not self.scheduler.features:
+            return self.cache.lengths
+        held = self.drafter.resumable().to(self.cache.lengths.device)  # type: ignore[union-attr]
+        return torch.minimum(self.cache.lengths, held + 1)
 
     def _propose(self, batch: Batch, requests: list[Request]) -> Draft:
         threshold = self.disable_by_batch_size

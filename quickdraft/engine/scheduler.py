@@ -120,6 +120,10 @@ class Scheduler:
         self.rows = rows
         self.prefill_chunk = prefill_chunk
         self.keep_hidden, self.keep_taps = keep_hidden
+        # A feature drafter resumes a slot at r cached tokens with the features of position r
+        # on (its entry r - 1 pairs position r - 1's feature with token r): the target keeps
+        # one token less than the prompts share, and recomputes the feature there.
+        self.features = bool(self.keep_hidden or self.keep_taps)
         self.generator = generator
         self.waiting: deque[Request] = deque()
         self._running: Slots | None = None  # the running requests' slots; None: to rebuild
@@ -187,7 +191,7 @@ class Scheduler:
             slot, reused = -1, 0
             if shared is not None:
                 best = int(shared[row].argmax())  # the first of the longest: slots ascend
-                reused = int(shared[row, best])
+                reused = max(int(shared[row, best]) - self.features, 0)
                 if reused > 0:
                     slot = reusable[best]
                     shared[:, best] = -1  # taken
@@ -283,7 +287,9 @@ class Scheduler:
             request.status = Status.RUNNING
         self._running = None
         device = self.rows.device
-        kept = torch.tensor([len(r.prompt) - 1 for r in joined], device=device)
+        reused = [r.stats.cached_prompt_tokens if self.features else 0 for r in joined]
+        kept = [len(r.prompt) - 1 - c for r, c in zip(joined, reused, strict=True)]
+        kept = torch.tensor(kept, device=device)
         hidden = pad_rows([r.prompt_hidden for r in joined]) if self.keep_hidden else None
         taps = {
             layer: pad_rows([[t[layer] for t in r.prompt_taps] for r in joined])

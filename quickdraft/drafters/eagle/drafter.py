@@ -113,6 +113,7 @@ class EagleDrafter:
             depth=max(self.tree.depth, lookup),
             hidden=True,
             taps=taps,
+            resumes=True,
         )
         self.embed = target.embed
         self.shortlist = shortlist
@@ -174,11 +175,18 @@ class EagleDrafter:
             self.shortlist_context.reserve(rows, self.device)
         self._fresh = [[] for _ in range(rows)]
 
+    def resumable(self) -> torch.Tensor:
+        """[slots] entries each slot holds of its last text (``Needs.resumes``): entry i read
+        position i's feature and token i + 1, so a prompt sharing tokens 0..r keeps r."""
+        assert self.cache is not None, "reserve() first"
+        return self.cache.lengths
+
     def begin(self, start: StepResult) -> None:
-        """The prompt's features wait to become the new slots' first entries."""
+        """The prompt's features wait to become the new slots' entries, after the ones a
+        reused prefix keeps (the prompt less its last token less the features that came)."""
         assert self.cache is not None, "reserve() first"
         slots = start.batch.slots
-        self.cache.select(slots).rollback(0)
+        self.cache.select(slots).rollback(start.batch.lengths - 1 - start.kept)
         slots.put(self._root, 0.0)  # nothing of a slot's last request
         slots.put(self._root_feature, 0.0)
         for slot, fresh in zip(slots.host, self._features(start), strict=True):

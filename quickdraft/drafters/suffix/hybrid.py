@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from quickdraft.drafters.base import Batch, Draft, Drafter, StepResult
 from quickdraft.drafters.suffix.drafter import SuffixDrafter
 
@@ -63,6 +65,9 @@ class SuffixFirst:
     def reserve(self, rows: int, capacity: int) -> None:
         self.model.reserve(rows, capacity)
         self.suffix.reserve(rows, capacity)
+
+    def resumable(self) -> torch.Tensor:
+        return self.model.resumable()  # type: ignore[attr-defined]  # as Needs.resumes says
 
     def begin(self, start: StepResult) -> None:
         self.model.begin(start)
