@@ -46,7 +46,12 @@ from quickdraft.engine.requests import (
 )
 from quickdraft.engine.runner import ModelRunner
 from quickdraft.engine.scheduler import Rows, Scheduler, Usage
-from quickdraft.engine.verify import accept_rows, emitted_logprobs, emitted_tokens
+from quickdraft.engine.verify import (
+    accept_rows,
+    emitted_logprobs,
+    emitted_tokens,
+    greedy_undrafted,
+)
 from quickdraft.models.base import FeatureModel, Model, Tokenizer
 from quickdraft.sampling import make_generator, probs_for_rows
 from quickdraft.stats import Stats
@@ -282,10 +287,13 @@ class Engine:
         # 4. Accept: the accepted path and the corrected or bonus token of every row.
         failed = constrain.failed(requests)
         logits = constrain.mask_logits(out.logits[:, :nodes], requests, draft, failed)
-        target_probs = probs_for_rows(logits, batch.sampling)
-        num_accepted, next_token, path = accept_rows(
-            self.chain_rule, self.tree_rule, draft, target_probs, batch
-        )
+        if nodes == 1 and all(params.greedy for params in batch.sampling):
+            num_accepted, next_token, path = greedy_undrafted(logits)
+        else:
+            target_probs = probs_for_rows(logits, batch.sampling)
+            num_accepted, next_token, path = accept_rows(
+                self.chain_rule, self.tree_rule, draft, target_probs, batch
+            )
         verified = time.perf_counter()
 
         # 5. Commit: the cache keeps the pending token and the accepted nodes; the slots'

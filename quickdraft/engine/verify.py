@@ -50,6 +50,17 @@ def accept_rows(
     return num_accepted, next_token, path
 
 
+def greedy_undrafted(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``accept_rows`` for a step with nothing drafted and every row greedy: each row's next
+    token is the target's argmax at its pending position (ties to the lowest id, the token
+    of ``probs_from_logits``' one-hot row), read without building a distribution over the
+    vocabulary for each row and walking it (0.5 ms of a 30 ms step on a 150k vocabulary).
+    logits: [B, T, V] of the verify pass, masked where a constraint applies."""
+    next_token = logits[:, 0].argmax(dim=-1)
+    num_accepted = torch.zeros_like(next_token)
+    return num_accepted, next_token, num_accepted.new_empty(next_token.shape[0], 0)
+
+
 def _path(verdict: Verdict, depth: int) -> torch.Tensor:
     if verdict.path is not None:
         return verdict.path[:, :depth]
