@@ -56,6 +56,19 @@ from quickdraft.models.kv_cache import KVCache
 from quickdraft.models.ops import draft_linear, packed_copy
 from quickdraft.vocab.shortlist import Shortlist
 
+
+def _first_rows(fresh: list[tuple], count: int) -> list[tuple]:
+    """The first ``count`` positions of a slot's waiting features (none for count <= 0)."""
+    kept: list[tuple] = []
+    for hidden, taps in fresh:
+        if count <= 0:
+            break
+        take = min(count, hidden.shape[0])
+        kept.append((hidden[:take], {i: t[:take] for i, t in taps.items()}))
+        count -= take
+    return kept
+
+
 # The packed (quantized) layers and head rows of each network for each target, shared by the
 # drafters built from them: quantizing them is most of a drafter's build (3 s for the 1.5B's
 # 16,384 head rows and layer), and ``generate`` builds a drafter per call. Weakly held: a
@@ -176,21 +189,29 @@ class EagleDrafter:
         self._fresh = [[] for _ in range(rows)]
 
     def resumable(self) -> torch.Tensor:
-        """[slots] entries each slot holds of its last text (``Needs.resumes``): entry i read
-        position i's feature and token i + 1, so a prompt sharing tokens 0..r keeps r."""
+        """[slots] entries each slot holds of its last text (``Needs.resumes``), those made and
+        those whose features wait for a propose (the last steps', or every step's when
+        suffix decoding drafted them): entry i reads position i's feature and token i + 1,
+        so a prompt sharing tokens 0..r with the slot's text keeps r."""
         assert self.cache is not None, "reserve() first"
-        return self.cache.lengths
+        waiting = [sum(h.shape[0] for h, _ in row) for row in self._fresh]
+        return self.cache.lengths + torch.tensor(waiting, device=self.cache.lengths.device)
 
     def begin(self, start: StepResult) -> None:
-        """The prompt's features wait to become the new slots' entries, after the ones a
-        reused prefix keeps (the prompt less its last token less the features that came)."""
+        """The prompt's features wait to become the new slots' entries, after the r entries
+        a reused prefix keeps (r: the prompt less its last token less the features that
+        came): the made ones past r are dropped, waiting features before r are kept."""
         assert self.cache is not None, "reserve() first"
         slots = start.batch.slots
-        self.cache.select(slots).rollback(start.batch.lengths - 1 - start.kept)
+        keep = (start.batch.lengths - 1 - start.kept).tolist()
+        made = self.cache.select(slots).lengths.tolist()
+        self.cache.select(slots).rollback(
+            torch.tensor([min(k, m) for k, m in zip(keep, made, strict=True)], device=self.device)
+        )
         slots.put(self._root, 0.0)  # nothing of a slot's last request
         slots.put(self._root_feature, 0.0)
-        for slot, fresh in zip(slots.host, self._features(start), strict=True):
-            self._fresh[slot] = fresh
+        for b, (slot, fresh) in enumerate(zip(slots.host, self._features(start), strict=True)):
+            self._fresh[slot] = _first_rows(self._fresh[slot], keep[b] - made[b]) + fresh
         if self.shortlist_context is not None:
             self.shortlist_context.begin(start.batch)
 
