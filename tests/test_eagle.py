@@ -393,14 +393,15 @@ def test_train_eagle_command_then_generate_and_export(tmp_path, smollm2, capsys)
         # By default the whole prompt stays in view, as it does when drafting.
         assert metrics["features"]["context"] == metrics["features"]["max_tokens"]
         runs = {}
-        for method in ("ar", "eagle"):
+        # auto with --eagle-dir runs eagle (no drafter ships for this folder: it was ngram's)
+        for method in ("ar", "eagle", "auto"):
             argv = ["generate", "Hello there", "--target", str(folder), "--method", method,
                     "--max-new-tokens", "12", "--json"]  # fmt: skip
-            if method == "eagle":
+            if method != "ar":
                 argv += ["--eagle-dir", str(out), "--tree", "3,2,5"]
             assert main(argv) == 0
             runs[method] = json.loads(capsys.readouterr().out)["token_ids"]
-        assert runs["ar"] == runs["eagle"]
+        assert runs["ar"] == runs["eagle"] == runs["auto"]
 
         for engine in ("vllm", "sglang"):
             exported = tmp_path / f"{variant}-{engine}"

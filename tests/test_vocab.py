@@ -335,6 +335,12 @@ def test_corpus_reading_and_balanced_sampling(tmp_path, smollm2):
     (tmp_path / "bad.jsonl").write_text('{"other": 1}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
         read_records([tmp_path / "bad.jsonl"])
+    # A chat dataset saved as one JSON array would be trained on as its JSON text: refused.
+    (tmp_path / "chats.json").write_text(json.dumps(records))
+    with pytest.raises(ValueError, match=r"chats\.json is a JSON array of records"):
+        read_records([tmp_path / "chats.json"])
+    (tmp_path / "settings.json").write_text('{"a": [1, 2]}')  # other JSON is text, as before
+    assert read_records([tmp_path / "settings.json"])[0]["kind"] == ".json"
 
 
 def test_features_are_cached_and_resumable(tmp_path, pair):

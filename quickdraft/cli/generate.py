@@ -50,7 +50,8 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
         "--method",
         default="auto",
         choices=["auto", *registry.names()],
-        help="auto: draft_model with --draft, else eagle where an EAGLE drafter ships for "
+        help="auto: eagle with --eagle-dir, medusa with --medusa-dir, draft_model with --draft, "
+        "else eagle where an EAGLE drafter ships for "
         "the target (the fastest method measured for it), else ngram; "
         + "; ".join(f"{entry.name}: {entry.description}" for entry in registry.entries()),
     )
@@ -212,8 +213,11 @@ def _generate(args: argparse.Namespace) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    method = auto_method(args.target, args.draft, args.backend)
-    entry = registry.get(method if args.method == "auto" else args.method)
+    method = args.method
+    if method == "auto":  # a drafter's folder given says which method it is for
+        method = "eagle" if args.eagle_dir else "medusa" if args.medusa_dir else None
+        method = method or auto_method(args.target, args.draft, args.backend)
+    entry = registry.get(method)
     options = registry.given_options(
         {
             "draft_temperature": args.draft_temperature,

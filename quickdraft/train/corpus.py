@@ -52,7 +52,27 @@ def _file_records(file: Path) -> Iterator[dict]:
             check_record(record, f"{file}:{number}")
             yield record
     elif file.suffix in TEXT_SUFFIXES:
-        yield {"text": file.read_text(encoding="utf-8", errors="replace"), "kind": file.suffix}
+        text = file.read_text(encoding="utf-8", errors="replace")
+        if file.suffix == ".json" and _records_in_json(text):
+            raise ValueError(
+                f"data: {file} is a JSON array of records; write them one a line as .jsonl to "
+                "train on them (a .json file is otherwise read as text)"
+            )
+        yield {"text": text, "kind": file.suffix}
+
+
+def _records_in_json(text: str) -> bool:
+    """Whether a .json file holds training records (a list of chats or texts), which would
+    otherwise be trained on as the JSON text itself."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(v, dict) and ("messages" in v or "text" in v) for v in value)
+    )
 
 
 ROLES = ("system", "user", "assistant", "tool")
