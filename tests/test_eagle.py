@@ -328,6 +328,28 @@ def test_train_eagle_extracts_features_from_the_quantized_target(tmp_path, smoll
     assert f"eagle-features-{fingerprint({**store, 'quant': None, 'store': 2})}" not in cached
 
 
+def test_two_writers_of_a_feature_store_never_take_one_shard_number(tmp_path, monkeypatch):
+    """Another writer (a second extraction, data regenerate --eagle-features) claims the
+    number this one chose between its listing and its claim: this one takes the next, and
+    neither shard is replaced."""
+    from quickdraft.train import eagle_features
+
+    real_link = eagle_features.os.link
+    raced = []
+
+    def other_writer_first(source, destination):
+        if not raced:  # the other writer's shard lands on the chosen number first
+            raced.append(destination)
+            torch.save({"keys": ["theirs"]}, destination)
+        return real_link(source, destination)
+
+    monkeypatch.setattr(eagle_features.os, "link", other_writer_first)
+    eagle_features.write_shard(tmp_path, {"keys": ["ours"]})
+    shards = sorted(tmp_path.glob("shard-*.pt"))
+    assert [torch.load(p)["keys"] for p in shards] == [["theirs"], ["ours"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [p.name for p in shards]  # no partial
+
+
 def test_feature_store_extracts_only_what_it_lacks(targets, tmp_path):
     """The store keys sequences by content: a grown corpus extracts only its new sequences,
     an interrupted run only the shards it lost, and what comes back (memory-mapped) is what a

@@ -11,7 +11,8 @@ grows between sessions (training data made over several) reuses everything extra
 before. Shards are read memory-mapped: a million-token store of a 1.5B target (about 12 GB)
 is paged in as training reads it, not held in memory.
 
-Two writers fill a store, one at a time: ``extract`` (a prefill per sequence, at the target's
+Two writers fill a store, at once if need be (each shard claims its number without
+replacing another's: ``write_shard``): ``extract`` (a prefill per sequence, at the target's
 prefill rate) and ``FeatureRecorder``, which ``data regenerate --eagle-features`` runs as the
 engine's drafter while the replies are generated, so the target's features come with its
 replies at no extra forward pass. The feature at a token depends only on the tokens before
@@ -22,6 +23,7 @@ prefill (the q4 kernel is batch-invariant; attention's sums are not).
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +31,12 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.artifacts import ArtifactError, read_checkpoint
+from quickdraft.artifacts import (
+    ArtifactError,
+    partial_suffix,
+    read_checkpoint,
+    remove_stale_partials,
+)
 from quickdraft.drafters.base import Draft, Needs, Stateless, StepResult
 from quickdraft.models.llama import LlamaRunner
 from quickdraft.train.corpus import Sequence
@@ -154,11 +161,22 @@ def _entry(
 
 def write_shard(folder: Path, shard: dict[str, list]) -> None:
     """``shard`` (lists of the keys and FIELDS) as the store's next shard, whole or not at
-    all (written aside, then renamed)."""
-    numbers = [int(p.stem.split("-")[1]) for p in folder.glob("shard-*.pt")]
-    path = folder / f"shard-{max(numbers, default=-1) + 1:05d}.pt"
-    torch.save(shard, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").rename(path)
+    all: written aside under this process's own name, then linked to the next free number,
+    which fails rather than replaces when another writer of the store (a second extraction,
+    ``data regenerate --eagle-features``) took that number meanwhile: then the next."""
+    remove_stale_partials(folder, "shard.partial-*")
+    partial = folder / f"shard.partial-{partial_suffix()}"
+    try:
+        torch.save(shard, partial)
+        while True:
+            numbers = [int(p.stem.split("-")[1]) for p in folder.glob("shard-*.pt")]
+            try:
+                os.link(partial, folder / f"shard-{max(numbers, default=-1) + 1:05d}.pt")
+                return
+            except FileExistsError:
+                continue
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 class FeatureRecorder(Stateless):
