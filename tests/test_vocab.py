@@ -500,7 +500,7 @@ def test_train_router_command_then_generate_with_its_artifacts(tmp_path, smollm2
     assert "shortlist_dir" in capsys.readouterr().err
 
 
-def test_train_frequency_counts_every_token_of_a_corpus(tmp_path, smollm2):
+def test_train_frequency_counts_every_token_of_a_corpus(tmp_path, smollm2, capsys):
     import json
 
     from conftest import tiny_folder_and_corpus
@@ -530,6 +530,14 @@ def test_train_frequency_counts_every_token_of_a_corpus(tmp_path, smollm2):
     assert main(args) == 0
     assert torch.equal(load_ranked(routed), ranked)
     assert main([*args, "--frequency-data", str(source)]) == 2  # one or the other
+    # A list counted with another, larger tokenizer (ids past this head) is refused by name.
+    from quickdraft.vocab.shortlist import load_frequency, save_frequency
+
+    wider = torch.cat([load_frequency(out), torch.ones(100)])
+    save_frequency(tmp_path / "wider", wider, {"model": "another"})
+    widened = [*args[:7], str(tmp_path / "wider"), *args[8:]]
+    assert main(widened) == 2
+    assert "counted with another tokenizer" in capsys.readouterr().err
 
 
 def test_route_false_is_the_context_or_core_alone_and_router_inputs_are_checked(tmp_path):

@@ -121,6 +121,11 @@ def build_artifacts(
             raise ValueError(
                 f"frequency: {settings.frequency} counts {counts.numel()} ids, the head has {vocab}"
             )
+        if bool((counts[vocab:] > 0).any()):  # text never holds a padding row's id
+            raise ValueError(
+                f"frequency: {settings.frequency} counts ids past the head's {vocab}: it was "
+                "counted with another tokenizer"
+            )
         save_frequency(out, counts[:vocab], {"from": str(settings.frequency)})
     else:
         counted = sequences
