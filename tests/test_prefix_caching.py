@@ -3,6 +3,7 @@ that request's text (a session's next turn) takes the slot and prefills only the
 tokens stay those of a fresh engine, greedy and seeded."""
 
 import pytest
+import torch
 from conftest import tiny_hf_model
 from test_eagle import random_net
 
@@ -174,3 +175,37 @@ def test_eagle_behind_suffix_decoding_resumes_with_the_features_it_never_drafted
     run(plain, repeated)
     assert second.stats.cached_prompt_tokens >= run(plain, turn).stats.cached_prompt_tokens - 1
     assert second.token_ids == generate(target, turn, sampling=GREEDY).token_ids
+
+
+def test_eagle_after_a_prefill_aborted_midway_keeps_only_the_prefix_both_hold(target):
+    """A request aborted while prefilling (a client gone) left the target's cache holding its
+    own chunks, but EAGLE's entries still the slot's last text: a retry of the same prompt
+    reused entries of another text. It keeps only the prefix both held, and drafts as a fresh
+    engine."""
+    net = random_net(target, "eagle3")
+
+    def engine(caching: bool) -> Engine:
+        eagle = EagleDrafter(target, net, DynamicTree(3, 2, 5))
+        return Engine(target, eagle, **ALWAYS, max_batch=1, prefill_chunk=4,
+                      prefix_caching=caching)  # fmt: skip
+
+    a = [5, 17, 3, 99, 42, 5, 17, 3, 8, 9, 10, 11, 12, 13, 14, 15]
+    cached = engine(True)
+    run(cached, a)
+    b = a[:5] + list(range(60, 76))
+    cached.add_request(b, GREEDY, request_id="b")
+    for _ in range(3):  # chunks of b past its divergence from a at 5
+        cached.step()
+    cached.abort("b")
+    cached.step()
+    retried = run(cached, b)
+    fresh = run(engine(False), b)
+    assert retried.stats.cached_prompt_tokens <= 4
+    assert retried.token_ids == fresh.token_ids
+    assert retried.stats.accepted_drafts == fresh.stats.accepted_drafts
+    held = cached.drafter.cache.lengths[0]
+    made = engine(False)
+    run(made, b)
+    assert torch.allclose(
+        cached.drafter.cache.keys[0, 0, :held], made.drafter.cache.keys[0, 0, :held], atol=1e-4
+    )

@@ -46,16 +46,23 @@ class Constraints:
         kind when this model cannot follow it. Safe from any thread."""
         if self.tokenizer is None:
             raise ValueError(f"{constraint.kind}: a constraint needs the engine's tokenizer")
-        with self._lock:
+        with self._lock:  # the tokenizer's index, built once
             if self.grammars is None:
                 self.grammars = Grammars(self.tokenizer, self.vocab_size)
             template = self.compiled.get(constraint)
-            if template is None:
-                template = self.compiled[constraint] = self.grammars.matcher(constraint)
-                if len(self.compiled) > MAX_COMPILED:
-                    self.compiled.popitem(last=False)
+            if template is not None:
+                self.compiled.move_to_end(constraint)
+                return template.copy()
+        # Compiled outside the lock: the engine adding a request whose constraint is
+        # compiled never waits behind a worker compiling another's (two compiling one
+        # constraint at once both do; the second's replaces the first's).
+        template = self.grammars.matcher(constraint)
+        with self._lock:
+            self.compiled[constraint] = template
             self.compiled.move_to_end(constraint)
-            return template.copy()
+            if len(self.compiled) > MAX_COMPILED:
+                self.compiled.popitem(last=False)
+        return template.copy()
 
 
 def forced_draft(requests: list[Request], room: int, device: torch.device | str) -> Draft | None:

@@ -52,7 +52,7 @@ from quickdraft.engine.verify import (
     emitted_tokens,
     greedy_undrafted,
 )
-from quickdraft.models.base import FeatureModel, Model, Tokenizer
+from quickdraft.models.base import FeatureModel, Model, Slots, Tokenizer
 from quickdraft.sampling import make_generator, probs_for_rows
 from quickdraft.stats import Stats
 
@@ -84,8 +84,9 @@ class Engine:
         for drafters whose drafts may be cut short between steps (``Needs.shortens``).
     prefix_caching: a request takes the free slot whose cache holds the most of its prompt's
         beginning, left by the slot's last request, and prefills only the rest (a session's
-        next turn: its last prompt and reply, then the new message). Not with drafters that
-        read the prompt's hidden states (EAGLE, Medusa): those need the whole prefill.
+        next turn: its last prompt and reply, then the new message). With drafters that read
+        the prompt's features only where they keep their own per slot (``Needs.resumes``:
+        EAGLE; not Medusa, which needs the whole prefill).
     """
 
     def __init__(
@@ -238,6 +239,12 @@ class Engine:
         if request.status is Status.WAITING:
             self.scheduler.drop_waiting(request)
         else:
+            if request.status is Status.PREFILL and self.scheduler.features:
+                # Its chunks replaced the slot's cache past the prefix it reused, but a
+                # feature drafter is realigned only when a request joins, so it still holds
+                # the slot's last text there: keep only the prefix both hold.
+                view = self.cache.select(Slots.of([request.slot], self.device))
+                view.rollback(request.stats.cached_prompt_tokens)
             if self.drafter is not None:
                 self.drafter.release(request.slot, completed=False)
             self.scheduler.leave([request])
@@ -335,7 +342,8 @@ class Engine:
         done (the drafter begins them). The running requests and their batch; None when no
         request runs (the step was all prefill)."""
         scheduler = self.scheduler
-        admitted = scheduler.admit(self._cached() if self.prefix_caching else None)
+        caching = self.prefix_caching and bool(scheduler.waiting)
+        admitted = scheduler.admit(self._cached() if caching else None)
         if admitted is not None:
             self.runner.reset(*admitted)
         plan = scheduler.prefill()

@@ -73,7 +73,9 @@ def _first_rows(fresh: list[tuple], count: int) -> list[tuple]:
 # drafters built from them: quantizing them is most of a drafter's build (3 s for the 1.5B's
 # 16,384 head rows and layer), and ``generate`` builds a drafter per call. Weakly held: a
 # target or network no longer used takes its packed copies with it. Nothing in them changes
-# after packing, so engines (and threads) share them.
+# after packing, so engines (and threads) share them. Keyed by the objects: a network (or a
+# target's head) changed in place after a drafter was built from it packs again only as a
+# new object (``copy.deepcopy``, or ``load_eagle`` of the saved folder).
 _PACKED: WeakKeyDictionary[Any, WeakKeyDictionary[EagleNet, dict[tuple[str, bool], Any]]] = (
     WeakKeyDictionary()
 )
