@@ -205,11 +205,9 @@ class EagleDrafter:
         came): the made ones past r are dropped, waiting features before r are kept."""
         assert self.cache is not None, "reserve() first"
         slots = start.batch.slots
-        keep = (start.batch.lengths - 1 - start.kept).tolist()
-        made = self.cache.select(slots).lengths.tolist()
-        self.cache.select(slots).rollback(
-            torch.tensor([min(k, m) for k, m in zip(keep, made, strict=True)], device=self.device)
-        )
+        view, reused = self.cache.select(slots), start.batch.lengths - 1 - start.kept
+        keep, made = reused.tolist(), view.lengths.tolist()
+        view.rollback(torch.minimum(reused, view.lengths))
         slots.put(self._root, 0.0)  # nothing of a slot's last request
         slots.put(self._root_feature, 0.0)
         for b, (slot, fresh) in enumerate(zip(slots.host, self._features(start), strict=True)):
