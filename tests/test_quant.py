@@ -312,6 +312,49 @@ def test_a_fused_product_of_two_forms_keeps_each_runs_own(monkeypatch):
     assert (out - reference).norm() / reference.norm() < 0.02
 
 
+def test_a_quantized_files_tensors_keep_its_float16_factors():
+    """What a GGUF reader dequantizes from Q4_K and Q6_K blocks (float16 d and dmin) loads in
+    half records: the file's own bytes a weight for Q6_K (6.5625 bits) and 4.625 for Q4_K (its
+    6-bit scales kept in a byte each), the weights exactly the file's, and the product the
+    same bits as the float32 records of the same codes."""
+    from quickdraft.kernels import superblock
+    from quickdraft.models.ops import Linear
+
+    generator = torch.Generator().manual_seed(8)
+    out, inner = 32, 512
+    q = torch.randint(0, 16, (out, inner // 32, 32), generator=generator).float()
+    q[..., 0], q[..., 1] = 0, 15
+    sc = torch.randint(1, 64, (out, inner // 32), generator=generator).float()
+    sc[:, ::8] = 63
+    m = torch.randint(0, 64, (out, inner // 32), generator=generator).float()
+    m[:, 1::8] = 63
+    d = (torch.rand(out, inner // 256, generator=generator) * 1e-3).half().float()
+    dmin = (torch.rand(out, inner // 256, generator=generator) * 1e-3).half().float()
+    scale, minimum = d.repeat_interleave(8, 1) * sc, dmin.repeat_interleave(8, 1) * m
+    q4_k = (q * scale.unsqueeze(-1) - minimum.unsqueeze(-1)).view(out, inner)
+    six = torch.randint(0, 64, (out, inner // 16, 16), generator=generator).float()
+    six[..., 0] = 0
+    sub = torch.randint(-127, 128, (out, inner // 16), generator=generator).float()
+    sub[:, ::16] = -128
+    d6 = (torch.rand(out, inner // 256, generator=generator) * 1e-4 + 1e-5).half().float()
+    q6_k = ((d6.repeat_interleave(16, 1) * sub).unsqueeze(-1) * (six - 32)).view(out, inner)
+    x = torch.randn(3, inner, generator=generator)
+    for weight, bits in ((q4_k, 4.625), (q6_k, 6.5625)):
+        layer = Linear(weight.clone(), None, prepack=False)
+        layer.quantize_q4(4, exact_only=True, groups_fallback=True)
+        part = layer.quantized_weights
+        assert isinstance(part, superblock.SuperWeights) and part.half, bits
+        assert part.nbytes == out * inner * bits / 8
+        codes = superblock.to_half(
+            superblock.quantize(weight) if bits < 5 else superblock.quantize_q6k(weight)
+        )
+        assert float((codes.dequantize() - weight).abs().max()) <= 1e-6 * float(weight.abs().max())
+        wide = superblock.SuperWeights(
+            out, inner, part.path, superblock.pack(codes), None, None, part.bits, part.sub
+        )
+        assert torch.equal(layer(x), superblock.linear(x, wide))
+
+
 def test_runs_that_fall_back_alike_stay_one_product():
     """Rows 4 bits reproduce one by one, among stray rows nothing does, beside rows nothing
     does: the first run, judged whole, falls back like the second, so the layer stays one

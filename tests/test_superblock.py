@@ -17,7 +17,15 @@ BITS = sb.BITS
 FORMS = [*BITS, "q6k"]
 
 
-def random_codes(out: int, inner: int, seed: int = 0, bits: int | str = 4) -> sb.SuperCodes:
+def random_codes(
+    out: int, inner: int, seed: int = 0, bits: int | str = 4, half: bool = False
+) -> sb.SuperCodes:
+    """Random codes; ``half``: their factors float16, as a GGUF's (packed in half records)."""
+    codes = _random_codes(out, inner, seed, bits)
+    return sb.to_half(codes) if half else codes
+
+
+def _random_codes(out: int, inner: int, seed: int, bits: int | str) -> sb.SuperCodes:
     generator = torch.Generator().manual_seed(seed)
     groups, supers = inner // sb.GROUP, sb.supers_of(inner // sb.GROUP)
     if bits == "q6k":
@@ -119,13 +127,15 @@ def test_quantize_refuses_a_width_not_in_groups():
         sb.quantize(torch.randn(4, 64), bits=3)
 
 
+@pytest.mark.parametrize("half", [False, True], ids=["float32", "half"])
 @pytest.mark.parametrize("bits", FORMS)
 @pytest.mark.parametrize("path", PATHS)
-def test_every_path_gives_the_reference_bits(path, bits):
-    codes = random_codes(40, 352, seed=1, bits=bits)  # 11 groups: a superblock and 3 more
+def test_every_path_gives_the_reference_bits(path, bits, half):
+    codes = random_codes(40, 352, seed=1, bits=bits, half=half)  # 11 groups: 1 superblock + 3
     generator = torch.Generator().manual_seed(3)
     bias = torch.randn(40, generator=generator)
     layer = sb.SuperWeights.build(codes, bias, path=path)
+    assert layer.half == (half and path != kernels.REFERENCE)
     x = torch.randn(9, 352, generator=generator) * 3
     x[2, :256] = 0.0  # a zero superblock: scale 0
     x[4, 7] = 400.0  # an outlier coarsens only its own superblock
@@ -179,13 +189,14 @@ def test_the_integer_sums_do_not_overflow_at_the_extremes(path, bits):
     assert torch.allclose(y, expected, rtol=1e-4), (y[:, 0], expected[:, 0])
 
 
+@pytest.mark.parametrize("half", [False, True], ids=["float32", "half"])
 @pytest.mark.parametrize("bits", FORMS)
 @pytest.mark.parametrize("path", PATHS)
-def test_a_row_is_the_same_alone_or_in_any_batch(path, bits):
+def test_a_row_is_the_same_alone_or_in_any_batch(path, bits, half):
     """Whole tiles (16 rows with VNNI, 8 with AVX2) and remainders of every size: a row's bits
     never depend on its neighbours."""
     generator = torch.Generator().manual_seed(2)
-    codes = random_codes(50, 288, seed=2, bits=bits)
+    codes = random_codes(50, 288, seed=2, bits=bits, half=half)
     layer = sb.SuperWeights.build(codes, torch.randn(50, generator=generator), path=path)
     x = torch.randn(64, 288, generator=generator)
     whole = sb.linear(x, layer)
@@ -214,3 +225,29 @@ def test_empty_batch_and_sizes():
     assert sb.linear(torch.empty(0, 288), layer).shape == (0, 16)
     # 4.75 bits a weight for whole superblocks: codes, 8 sub-scales, 8 minimums, two floats
     assert sb.SuperWeights.build(random_codes(16, 256)).nbytes == 16 * 256 * 4.75 / 8
+
+
+@pytest.mark.parametrize("bits", FORMS)
+@pytest.mark.parametrize("path", [p for p in PATHS if p != kernels.REFERENCE])
+def test_half_records_hold_the_same_weights_in_fewer_bytes(path, bits):
+    """Codes whose factors are float16 pack in half records: the same product bit for bit as
+    the float32 records, in a GGUF's own bytes for its forms (Q4_K's d and dmin, Q6_K's d)."""
+    codes = random_codes(48, 512, seed=6, bits=bits, half=True)
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(5, 512, generator=generator)
+    half = sb.SuperWeights.build(codes, path=path)
+    wide = sb.SuperWeights(48, 512, path, sb.pack(codes), None, None, half.bits, half.sub)
+    assert half.half and not wide.half
+    assert torch.equal(sb.linear(x, half), sb.linear(x, wide))
+    bits_a_weight = {4: 4.625, 6: 6.625, 8: 8.625, "q6k": 6.5625}[bits]
+    assert half.nbytes == 48 * 512 * bits_a_weight / 8
+    with pytest.raises(ValueError, match="half records need factors that are float16"):
+        sb.pack(random_codes(16, 256, bits=bits), half=True)
+
+
+def test_factors_that_are_not_float16_keep_float32_records():
+    codes = random_codes(16, 256)
+    assert not sb.holds_half(codes) and not sb.SuperWeights.build(codes).half
+    assert sb.holds_half(sb.to_half(codes))
+    q6k = sb.to_half(random_codes(16, 256, bits="q6k"))
+    assert torch.equal(q6k.dmin, q6k.d * -32) and sb.holds_half(q6k)

@@ -9,17 +9,18 @@ namespace quickdraft_kernels {
 
 // y [rows, n] = x [rows, k] W^T + b, W packed as superblock.cpp states; bias may be null.
 // path: 1 AVX-512 VNNI, 2 AVX2 (the caller checked the CPU runs it). sub: 32, or 16 for 6-bit
-// codes in a GGUF's Q6_K form (a signed sub-scale per 16 inputs).
+// codes in a GGUF's Q6_K form (a signed sub-scale per 16 inputs). half: the records hold their
+// float factors in float16.
 void superblock_product(const float* x, int64_t rows, const uint8_t* packed, int64_t n,
                         int64_t k, const float* bias, int64_t path, int64_t bits, int64_t sub,
-                        float* y);
+                        bool half, float* y);
 
 // The same for groups.cpp's layout (bits 4 or 8).
 void group_product(const float* x, int64_t rows, const uint8_t* packed, int64_t n, int64_t k,
                    const float* bias, int64_t path, int64_t bits, float* y);
 
 // Bytes of the packed weights of an n x k layer in each layout: what the ops check.
-int64_t superblock_bytes(int64_t n, int64_t k, int64_t bits);
+int64_t superblock_bytes(int64_t n, int64_t k, int64_t bits, int64_t sub, bool half);
 int64_t group_bytes(int64_t n, int64_t k, int64_t bits);
 
 // Attention of G queries, each over exactly the cache slots it sees, in their order.

@@ -17,8 +17,8 @@
 // Per layer, in order: weights holds the attention norm, the MLP norm, then the packed parts of
 // the q/k/v, o, gate/up and down products; biases holds each part's bias (or None); spec holds
 // per product its part count, then per part its layout (0 superblock, 1 groups), out
-// features, in features, code bits and sub-block (32, or 16 for superblocks in a GGUF's Q6_K
-// form). A product's parts are runs of its output rows, each in its own form (a quantized
+// features, in features, code bits, sub-block (32, or 16 for superblocks in a GGUF's Q6_K
+// form) and whether a superblock record holds its factors in float16. A product's parts are runs of its output rows, each in its own form (a quantized
 // file's q/k in 4 bits beside its value projection in Q6_K): their outputs side by side.
 
 #include <ATen/Parallel.h>
@@ -45,12 +45,13 @@ namespace {
 using quickdraft_kernels::Attention;
 using quickdraft_simd::sum256;
 
-constexpr int64_t kNorms = 2, kProducts = 4, kSpecPerPart = 5;
+constexpr int64_t kNorms = 2, kProducts = 4, kSpecPerPart = 6;
 
 struct Part {
   const uint8_t* packed;
   const float* bias;
   int64_t layout, n, k, bits, sub;
+  bool half;
 };
 
 struct Product {
@@ -61,7 +62,7 @@ struct Product {
 void run(const Part& p, const float* x, int64_t rows, int64_t path, float* y) {
   if (p.layout == 0) {
     quickdraft_kernels::superblock_product(x, rows, p.packed, p.n, p.k, p.bias, path, p.bits,
-                                           p.sub, y);
+                                           p.sub, p.half, y);
   } else {
     quickdraft_kernels::group_product(x, rows, p.packed, p.n, p.k, p.bias, path, p.bits, y);
   }
@@ -221,12 +222,13 @@ std::vector<at::Tensor> decoder_layers(
         TORCH_CHECK(at_weight < weights.size() && at_bias < biases.size(),
                     "decoder_layers: weights, biases and spec do not describe the same layers");
         const at::Tensor& packed = weights[at_weight];
-        const int64_t bytes = s[0] == 0 ? quickdraft_kernels::superblock_bytes(s[1], s[2], s[3])
+        const int64_t bytes = s[0] == 0 ? quickdraft_kernels::superblock_bytes(s[1], s[2], s[3],
+                                                                               s[4], s[5] != 0)
                                         : quickdraft_kernels::group_bytes(s[1], s[2], s[3]);
         TORCH_CHECK((s[0] == 0 || s[0] == 1) && s[1] > 0 && s[2] % 32 == 0 &&
                         (s[3] == 4 || s[3] == 8 || (s[0] == 0 && s[3] == 6)) &&
                         (s[4] == 32 || (s[0] == 0 && s[3] == 6 && s[4] == 16)) &&
-                        packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                        (s[5] == 0 || (s[0] == 0 && s[5] == 1)) && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                         packed.numel() == bytes,
                     "decoder_layers: layer ", l, "'s product ", p, " does not match its spec");
         const std::optional<at::Tensor> bias = biases.get(at_bias);
@@ -240,7 +242,8 @@ std::vector<at::Tensor> decoder_layers(
         }
         TORCH_CHECK(j == 0 || s[2] == product.k,
                     "decoder_layers: layer ", l, "'s product ", p, " has parts of two widths");
-        product.parts.push_back({packed.data_ptr<uint8_t>(), b, s[0], s[1], s[2], s[3], s[4]});
+        product.parts.push_back(
+            {packed.data_ptr<uint8_t>(), b, s[0], s[1], s[2], s[3], s[4], s[5] != 0});
         product.n += s[1];
         product.k = s[2];
       }

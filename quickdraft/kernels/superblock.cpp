@@ -23,8 +23,10 @@
 //
 // Packed layout (uint8): per block of 16 outputs, its superblocks in order; a superblock's
 // record is its groups' codes, then sc [8][16] uint8, mn [4 pairs][16 lanes][2] int8 (mn[2p + t]
-// of a lane at 32p + 2 lane + t), d [16] and dmin [16] float32. Groups past a short
-// superblock's end have sc = mn = 0. A group's codes, chunks of 64 bytes (what one VNNI
+// of a lane at 32p + 2 lane + t), d [16] and dmin [16] float32; or, in a "half" record, d and
+// dmin in float16 (a Q6_K-form record d alone, its dmin being -32 d): the packer writes one
+// where every factor is a float16 (a GGUF's are), so it holds the same values in fewer bytes
+// and no bit of a result changes. Groups past a short superblock's end have sc = mn = 0. A group's codes, chunks of 64 bytes (what one VNNI
 // instruction multiplies against 4 broadcast activation bytes, 16 outputs at once): 4 bits, 4
 // chunks, chunk c holding inputs 8c..8c+7, byte 4 * lane + t: low nibble q[lane][8c + t], high
 // nibble q[lane][8c + 4 + t]; 8 bits, 8 chunks, chunk c holding inputs 4c..4c+3, byte
@@ -99,26 +101,37 @@ Activations quantize_rows(const float* x, int64_t rows, int64_t k, bool halves) 
 }
 
 // The last tile, of n < kRows rows.
-template <template <int, int> class Tile, int Bits, int R>
+template <template <int, bool, int> class Tile, int Form, bool Half, int R>
 inline void dispatch_rest(int64_t n, const uint8_t* block, const Activations& a, int64_t first,
                           int64_t k, float* out) {
   if constexpr (R > 0) {
-    if (n == R) return Tile<Bits, R>::run(block, a, first, k, out);
-    dispatch_rest<Tile, Bits, R - 1>(n, block, a, first, k, out);
+    if (n == R) return Tile<Form, Half, R>::run(block, a, first, k, out);
+    dispatch_rest<Tile, Form, Half, R - 1>(n, block, a, first, k, out);
   }
 }
 
 // One block of 16 outputs for every row, in whole tiles and one tile of the rest.
-template <template <int, int> class Tile, int Bits>
+template <template <int, bool, int> class Tile, int Form, bool Half>
 void run_block(const uint8_t* block, const Activations& a, int64_t rows, int64_t k, float* out) {
-  constexpr int kRows = Tile<Bits, 1>::kRows;
+  constexpr int kRows = Tile<Form, Half, 1>::kRows;
   std::fill(out, out + rows * kLanes, 0.0f);
   int64_t first = 0;
   for (; first + kRows <= rows; first += kRows) {
-    Tile<Bits, kRows>::run(block, a, first, k, out + first * kLanes);
+    Tile<Form, Half, kRows>::run(block, a, first, k, out + first * kLanes);
   }
   float* rest = out + first * kLanes;
-  dispatch_rest<Tile, Bits, kRows - 1>(rows - first, block, a, first, k, rest);
+  dispatch_rest<Tile, Form, Half, kRows - 1>(rows - first, block, a, first, k, rest);
+}
+
+using BlockRun = void (*)(const uint8_t*, const Activations&, int64_t, int64_t, float*);
+
+// The block function of a path and form.
+template <template <int, bool, int> class Tile, bool Half>
+BlockRun block_run(bool q6k, int64_t bits) {
+  return q6k         ? run_block<Tile, kQ6K, Half>
+         : bits == 4 ? run_block<Tile, 4, Half>
+         : bits == 6 ? run_block<Tile, 6, Half>
+                     : run_block<Tile, 8, Half>;
 }
 
 // The fastest path this CPU runs (0: none, use the PyTorch reference).
@@ -134,30 +147,26 @@ bool path_supported(int64_t path) { return supported(path); }
 
 namespace quickdraft_kernels {
 
-int64_t superblock_bytes(int64_t n, int64_t k, int64_t bits) {
-  return (n + kLanes - 1) / kLanes * block_bytes(k, bits);
+int64_t superblock_bytes(int64_t n, int64_t k, int64_t bits, int64_t sub, bool half) {
+  return (n + kLanes - 1) / kLanes * block_bytes(k, bits, sub == 16, half);
 }
 
 void superblock_product(const float* x, int64_t rows, const uint8_t* packed, int64_t n,
                         int64_t k, const float* bias, int64_t path, int64_t bits, int64_t sub,
-                        float* y) {
+                        bool half, float* y) {
   if (rows == 0) return;
-  const int64_t blocks = (n + kLanes - 1) / kLanes, stride = block_bytes(k, bits);
   const bool q6k = sub == 16;
+  const int64_t blocks = (n + kLanes - 1) / kLanes, stride = block_bytes(k, bits, q6k, half);
   const Activations a = quantize_rows(x, rows, k, q6k);
+  const BlockRun run = path == kAvx512Vnni
+                           ? (half ? block_run<Avx512Vnni, true>(q6k, bits)
+                                   : block_run<Avx512Vnni, false>(q6k, bits))
+                           : (half ? block_run<Avx2, true>(q6k, bits)
+                                   : block_run<Avx2, false>(q6k, bits));
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(rows * kLanes);
     for (int64_t block = begin; block < end; ++block) {
       const uint8_t* records = packed + block * stride;
-      const auto run = path == kAvx512Vnni
-                           ? (q6k         ? run_block<Avx512Vnni, kQ6K>
-                              : bits == 4 ? run_block<Avx512Vnni, 4>
-                              : bits == 6 ? run_block<Avx512Vnni, 6>
-                                          : run_block<Avx512Vnni, 8>)
-                           : (q6k         ? run_block<Avx2, kQ6K>
-                              : bits == 4 ? run_block<Avx2, 4>
-                              : bits == 6 ? run_block<Avx2, 6>
-                                          : run_block<Avx2, 8>);
       run(records, a, rows, k, acc.data());
       write_block(acc.data(), rows, n, block * kLanes, bias, y);
     }
@@ -170,7 +179,7 @@ namespace {
 
 at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t k,
                              const std::optional<at::Tensor>& bias, int64_t path,
-                             int64_t bits, int64_t sub) {
+                             int64_t bits, int64_t sub, bool half) {
   TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "superblock_linear: bits must be 4, 6 or 8");
   TORCH_CHECK(sub == 32 || (sub == 16 && bits == 6),
               "superblock_linear: sub-blocks of 32 inputs, or of 16 with 6 bits");
@@ -179,7 +188,7 @@ at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int6
               "superblock_linear: x must be contiguous float32 on CPU");
   TORCH_CHECK(k % kGroup == 0, "superblock_linear: in_features must be a multiple of 32");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  packed.numel() == quickdraft_kernels::superblock_bytes(n, k, bits),
+                  packed.numel() == quickdraft_kernels::superblock_bytes(n, k, bits, sub, half),
               "superblock_linear: packed weights do not match ", n, " x ", k);
   TORCH_CHECK(path != kAuto && supported(path), "superblock_linear: this CPU cannot run path ",
               path);
@@ -192,7 +201,7 @@ at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int6
   at::Tensor out = at::empty({x.size(0), n}, x.options());
   quickdraft_kernels::superblock_product(x.data_ptr<float>(), x.size(0),
                                          packed.data_ptr<uint8_t>(), n, k, b, path, bits, sub,
-                                         out.data_ptr<float>());
+                                         half, out.data_ptr<float>());
   return out;
 }
 
@@ -200,7 +209,7 @@ at::Tensor superblock_linear(const at::Tensor& x, const at::Tensor& packed, int6
 
 TORCH_LIBRARY_FRAGMENT(quickdraft_kernels, m) {
   m.def("superblock_linear(Tensor x, Tensor packed, int n, int k, Tensor? bias, int path, "
-        "int bits, int sub=32) "
+        "int bits, int sub=32, bool half=False) "
         "-> Tensor");
   m.def("supported(int path) -> bool", &path_supported);
   m.def("best_path() -> int", &best_path);

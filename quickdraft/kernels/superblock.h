@@ -12,13 +12,23 @@ namespace quickdraft_superblock {
 using namespace quickdraft_simd;
 
 constexpr int64_t kSuper = 8;  // groups a superblock
-constexpr int64_t kMetaBytes = kSuper * kLanes * 2 + 2 * kLanes * 4;
+// A record's sub-scales and minimums: 8 groups of 16 lanes, a byte each.
+constexpr int64_t kScaleBytes = kSuper * kLanes * 2;
 // The code forms a tile computes: 4, 6 and 8 bits with a sub-scale and minimum per 32 inputs,
 // and kQ6K, a GGUF's Q6_K: 6-bit codes with a signed sub-scale per 16 inputs that is also its
 // minimum's (w = d * sc * q + dmin * sc, dmin = -32 d).
 constexpr int kQ6K = 16;
 template <int Form>
 constexpr int kBits = Form == kQ6K ? 6 : Form;
+
+// A record's bytes after its codes: the sub-scales and minimums, then d and dmin per lane in
+// float32, or with ``half`` in float16 (what a GGUF's Q4_K and Q6_K blocks hold), where the
+// Q6_K form keeps d alone (its dmin is -32 d).
+constexpr int64_t meta_bytes(bool q6k, bool half) {
+  return kScaleBytes + (half ? (q6k ? 1 : 2) * kLanes * 2 : 2 * kLanes * 4);
+}
+template <int Form, bool Half>
+constexpr int64_t kMetaBytes = meta_bytes(Form == kQ6K, Half);
 
 // A group's codes in a block of 16 outputs.
 template <int Form>
@@ -29,9 +39,9 @@ constexpr int64_t code_bytes() {
 inline int64_t supers_of(int64_t groups) { return (groups + kSuper - 1) / kSuper; }
 
 // Bytes of one block of 16 outputs over k inputs.
-inline int64_t block_bytes(int64_t k, int64_t bits) {
+inline int64_t block_bytes(int64_t k, int64_t bits, bool q6k, bool half) {
   const int64_t groups = k / kGroup;
-  return groups * kLanes * kGroup * bits / 8 + supers_of(groups) * kMetaBytes;
+  return groups * kLanes * kGroup * bits / 8 + supers_of(groups) * meta_bytes(q6k, half);
 }
 
 // Row activations, quantized per superblock: codes, the scale, the int16 sums of the codes

@@ -37,7 +37,6 @@ SUPER = 8  # groups a superblock
 Q6K_SUB = 16  # inputs a sub-scale covers in the Q6_K form
 Q6K_OFFSET = 32
 LANES = 16
-META_BYTES = SUPER * LANES * 2 + 2 * LANES * 4
 # Sub-scale grids tried per superblock: 255 steps (the finest), and 63 (a GGUF's Q4_K, whose
 # scales come back exactly on it); the minimums' grids likewise.
 SCALE_STEPS = (255, 63)
@@ -214,9 +213,33 @@ def _fit(
     return [q.to(torch.uint8), sc.to(torch.uint8), mn.to(torch.int8), d, dmin, error]
 
 
-def pack(codes: SuperCodes) -> torch.Tensor:
+def holds_half(codes: SuperCodes) -> bool:
+    """Whether every float factor of ``codes`` is a float16 (and in the Q6_K form dmin is
+    -32 d), so that the kernel's half records hold them: what a GGUF's blocks store."""
+
+    def half(t: torch.Tensor) -> bool:
+        return bool(torch.equal(t.half().float(), t))
+
+    if codes.sub == Q6K_SUB:
+        return half(codes.d) and torch.equal(codes.dmin, codes.d * -Q6K_OFFSET)
+    return half(codes.d) and half(codes.dmin)
+
+
+def to_half(codes: SuperCodes) -> SuperCodes:
+    """``codes`` with d and dmin rounded to float16 (nearest, as a GGUF stores them; the Q6_K
+    form's dmin again -32 d): for codes that came from a quantized file, whose factors were
+    float16 before the refit moved them by a float32 rounding."""
+    d = codes.d.half().float()
+    dmin = d * -Q6K_OFFSET if codes.sub == Q6K_SUB else codes.dmin.half().float()
+    return SuperCodes(codes.q, codes.sc, codes.mn, d, dmin, codes.bits, codes.sub)
+
+
+def pack(codes: SuperCodes, half: bool = False) -> torch.Tensor:
     """The kernel's layout (``superblock.cpp``): per block of 16 outputs, its superblocks'
-    records in order; outputs padded to a multiple of 16 with zero weights."""
+    records in order; outputs padded to a multiple of 16 with zero weights. ``half``: the
+    records' factors in float16 (``holds_half`` must hold)."""
+    if half and not holds_half(codes):
+        raise ValueError("q4: half records need factors that are float16 (holds_half)")
     q, sc, mn, d, dmin = codes.q, codes.sc, codes.mn, codes.d, codes.dmin
     out, inner = q.shape
     groups = inner // GROUP
@@ -259,10 +282,16 @@ def pack(codes: SuperCodes) -> torch.Tensor:
                 sc[:, :, s].transpose(1, 2),  # [8][16]
                 mn[:, :, s].permute(0, 2, 1, 3),  # [4][16][2]
             ]
+        factors = [d] if half and codes.sub == Q6K_SUB else [d, dmin]
         meta = [
             *(part.reshape(blocks, -1).view(torch.uint8) for part in scales),
-            d.view(blocks, LANES, supers)[:, :, s].contiguous().view(torch.uint8),
-            dmin.view(blocks, LANES, supers)[:, :, s].contiguous().view(torch.uint8),
+            *(
+                f.view(blocks, LANES, supers)[:, :, s]
+                .to(torch.half if half else torch.float32)
+                .contiguous()
+                .view(torch.uint8)
+                for f in factors
+            ),
         ]
         records.append(data[:, s * SUPER : s * SUPER + n].reshape(blocks, -1))
         records += [part.reshape(blocks, -1) for part in meta]
@@ -282,17 +311,21 @@ class SuperWeights:
     bias: torch.Tensor | None
     bits: int = 4
     sub: int = GROUP
+    half: bool = False  # records with float16 factors (``pack``)
 
     @classmethod
     def build(
         cls, codes: SuperCodes, bias: torch.Tensor | None = None, path: str = "auto"
     ) -> SuperWeights:
+        """Packed for ``path``; in half records wherever the factors allow (fewer bytes to
+        read a token, the same results)."""
         path = kernels.check_path(path)
         out, inner = codes.q.shape
         bias = None if bias is None else bias.float().contiguous()
         if path == kernels.REFERENCE:
             return cls(out, inner, path, None, codes, bias)
-        return cls(out, inner, path, pack(codes), None, bias, codes.bits, codes.sub)
+        half = holds_half(codes)
+        return cls(out, inner, path, pack(codes, half), None, bias, codes.bits, codes.sub, half)
 
     @property
     def nbytes(self) -> int:
@@ -318,6 +351,7 @@ def linear(x: torch.Tensor, weights: SuperWeights) -> torch.Tensor:
         kernels.PATHS[weights.path],
         weights.bits,
         weights.sub,
+        weights.half,
     )
 
 

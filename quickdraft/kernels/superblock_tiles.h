@@ -13,11 +13,38 @@
 
 namespace quickdraft_superblock {
 
+// A record's d (which 0) or dmin (1) for its 16 lanes, as float32.
+template <int Form, bool Half>
+__attribute__((target("avx512f"), always_inline)) inline __m512 factors(const uint8_t* meta,
+                                                                         int which) {
+  const uint8_t* at = meta + kScaleBytes;
+  if constexpr (!Half) return _mm512_loadu_ps(reinterpret_cast<const float*>(at) + 16 * which);
+  const int i = Form == kQ6K ? 0 : which;  // the Q6_K form's dmin: -32 d
+  const __m512 f =
+      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at) + i));
+  return Form == kQ6K && which ? _mm512_mul_ps(f, _mm512_set1_ps(-32.0f)) : f;
+}
+
+// The same, 8 lanes: half 0 or 1 of the 16 (AVX2 and F16C).
+template <int Form, bool Half>
+__attribute__((target("avx2,f16c"), always_inline)) inline __m256 factors8(const uint8_t* meta,
+                                                                            int which, int half) {
+  const uint8_t* at = meta + kScaleBytes;
+  if constexpr (!Half) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(at) + 16 * which + 8 * half);
+  }
+  const int i = Form == kQ6K ? 0 : which;  // the Q6_K form's dmin: -32 d
+  const __m256 f =
+      _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 32 * i + 16 * half)));
+  return Form == kQ6K && which ? _mm256_mul_ps(f, _mm256_set1_ps(-32.0f)) : f;
+}
+
 // A superblock's integer sums S (one vector a row) to floats, added to out:
 // the minimums' sums M in int8 pairs against the activation sums in pairs (4 pairs of groups,
 // or for kQ6K a pair of halves for each group: its sub-scales), then
-// (d * float(S) + dmin * float(M)) * a, in that order.
-template <int Form, int R>
+// (d * float(S) + dmin * float(M)) * a, in that order. With ``Half`` the record holds d and dmin
+// in float16 (for kQ6K d alone, dmin being -32 d, exact in float32): the same float32 values.
+template <int Form, bool Half, int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) inline void
 add_superblock(
     const uint8_t* meta, const Activations& a, int64_t first, int64_t s, int64_t n,
@@ -30,8 +57,8 @@ add_superblock(
     mn[pair] = _mm512_cvtepi8_epi16(
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(minimums + 32 * pair)));
   }
-  const __m512 d = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 256));
-  const __m512 dmin = _mm512_loadu_ps(reinterpret_cast<const float*>(meta + 320));
+  const __m512 d = factors<Form, Half>(meta, 0);
+  const __m512 dmin = factors<Form, Half>(meta, 1);
   for (int r = 0; r < R; ++r) {
     const int16_t* sums = &a.sums[((first + r) * a.supers + s) * a.per];
     __m512i M = _mm512_setzero_si512();
@@ -52,7 +79,7 @@ add_superblock(
 // entry) superblock by superblock. 4-bit codes: chunk c (of 4) holds inputs 8c..8c+3 in its
 // low nibbles, 8c+4..8c+7 in its high ones; 8-bit codes: chunk c (of 8) holds inputs 4c..4c+3.
 // kQ6K: each group's two halves times their own sub-scales, which are also the minimums'.
-template <int Form, int R>
+template <int Form, bool Half, int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile_avx512_vnni(
     const uint8_t* block, const Activations& a, int64_t first, int64_t k, float* out) {
   const int64_t groups = k / kGroup;
@@ -99,13 +126,13 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
         S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(dot, sc));
       }
     }
-    add_superblock<Form, R>(meta, a, first, s, n, S, out);
-    record = meta + kMetaBytes;
+    add_superblock<Form, Half, R>(meta, a, first, s, n, S, out);
+    record = meta + kMetaBytes<Form, Half>;
   }
 }
 
 // The same sums with AVX2, 8 outputs (half a block) at a time (``dot_avx2``).
-template <int Form, int R>
+template <int Form, bool Half, int R>
 __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* block,
                                                                const Activations& a,
                                                                int64_t first, int64_t k,
@@ -161,34 +188,34 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* bl
           M[r] = _mm256_add_epi32(M[r], _mm256_madd_epi16(mn, _mm256_set1_epi32(sums)));
         }
       }
-      const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(meta + 256) + 8 * half);
-      const __m256 dmin = _mm256_loadu_ps(reinterpret_cast<const float*>(meta + 320) + 8 * half);
+      const __m256 d = factors8<Form, Half>(meta, 0, half);
+      const __m256 dmin = factors8<Form, Half>(meta, 1, half);
       for (int r = 0; r < R; ++r) {
         const __m256 t = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(S[r])),
                                        _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(M[r])));
         acc[r] = _mm256_add_ps(
             acc[r], _mm256_mul_ps(t, _mm256_set1_ps(a.scale[(first + r) * a.supers + s])));
       }
-      record = meta + kMetaBytes;
+      record = meta + kMetaBytes<Form, Half>;
     }
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * kLanes + 8 * half, acc[r]);
   }
 }
 
 // A path's tile: up to kRows rows at once (as many as its vector registers hold).
-template <int Bits, int R>
+template <int Form, bool Half, int R>
 struct Avx512Vnni {
   static constexpr int kRows = kTile;
   static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out) {
-    tile_avx512_vnni<Bits, R>(b, a, first, k, out);
+    tile_avx512_vnni<Form, Half, R>(b, a, first, k, out);
   }
 };
 
-template <int Bits, int R>
+template <int Form, bool Half, int R>
 struct Avx2 {
   static constexpr int kRows = 8;  // 16 registers of 256 bits
   static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out) {
-    tile_avx2<Bits, R>(b, a, first, k, out);
+    tile_avx2<Form, Half, R>(b, a, first, k, out);
   }
 };
 

@@ -31,7 +31,7 @@ class Stack:
     """The arguments ``decoder_layers`` takes for a run of layers: per layer its two norms and
     four products' packed parts (most products have one; ``ops.StackedWeights`` more), their
     biases, and per product its part count, then per part (layout, out, in, bits,
-    sub-block)."""
+    sub-block, half records)."""
 
     weights: list[torch.Tensor]
     biases: list[torch.Tensor | None]
@@ -63,7 +63,8 @@ class Stack:
                     biases.append(part.bias)
                     layout = 0 if isinstance(part, superblock.SuperWeights) else 1
                     sub = getattr(part, "sub", superblock.GROUP)
-                    spec += [layout, part.out_features, part.in_features, part.bits, sub]
+                    half = int(getattr(part, "half", False))
+                    spec += [layout, part.out_features, part.in_features, part.bits, sub, half]
                     paths.add(part.path)
         if len(paths) != 1:
             return None

@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from quickdraft.artifacts import ArtifactError, brief, partial_suffix, remove_stale_partials
@@ -121,3 +122,123 @@ def _save_tokenizer(path: Path, folder: Path) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tokenizer.save_pretrained(str(folder))
+
+
+# Hugging Face's projection names to llama.cpp's, for the tensors read as blocks.
+_BLOCK_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+class BlockSource:
+    """The Q4_K and Q6_K tensors of the GGUF file a converted folder came from, as the 4-bit
+    kernel's codes (``kernels.superblock.SuperCodes``), read from the file's blocks: the
+    file's own integers and float16 factors, which the float weights of the converted folder
+    are the dequantization of (``Linear.quantize_q4`` checks that before it takes them). A
+    Q4_K_M file then loads without fitting codes to its floats again (the 1.5B's took three
+    minutes) and every record keeps the file's float16 factors (fewer bytes a token)."""
+
+    def __init__(self, path: Path, tied: bool):
+        from gguf import GGUFReader
+
+        self.reader = GGUFReader(str(path))
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.tied = tied
+
+    @classmethod
+    def of(cls, folder: Path, tied: bool) -> BlockSource | None:
+        """The source of a converted ``folder`` (its ``source.json``), or None where there is
+        none or its file is gone or changed (the float weights are then quantized as they
+        are)."""
+        try:
+            source = json.loads((Path(folder) / "source.json").read_text())
+            path = Path(source["gguf"])
+            if not path.is_file():
+                return None
+            return cls(path, tied)
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            return None
+
+    def codes(self, name: str) -> Any:
+        """The codes of the Hugging Face weight ``name`` (``model.layers.3.mlp.up_proj.weight``,
+        ``lm_head.weight``), or None where its tensor is not Q4_K or Q6_K."""
+        from gguf import GGMLQuantizationType
+
+        tensor = self.tensors.get(self._gguf_name(name) or "")
+        if tensor is None:
+            return None
+        kinds = {GGMLQuantizationType.Q4_K: q4_k_codes, GGMLQuantizationType.Q6_K: q6_k_codes}
+        decode = kinds.get(tensor.tensor_type)
+        if decode is None:
+            return None
+        rows, inner = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists columns first
+        if inner % 256:
+            return None
+        return decode(np.asarray(tensor.data).reshape(rows * inner // 256, -1), rows, inner)
+
+    def _gguf_name(self, name: str) -> str | None:
+        if name == "lm_head.weight":
+            return "token_embd.weight" if self.tied else "output.weight"
+        parts = name.split(".")
+        if len(parts) != 6 or parts[:2] != ["model", "layers"] or parts[-1] != "weight":
+            return None
+        short = _BLOCK_NAMES.get(".".join(parts[3:5]))
+        return None if short is None else f"blk.{parts[2]}.{short}.weight"
+
+
+def q4_k_codes(blocks: np.ndarray, rows: int, inner: int) -> Any:
+    """Q4_K blocks [n, 144] (d, dmin float16, 12 bytes of 6-bit scales and minimums, 128 of
+    codes) as superblock codes: w = d * sc * q - dmin * m = d * sc * q + dmin * (-m)."""
+    from gguf.quants import Q4_K
+
+    from quickdraft.kernels import superblock
+
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(
+        1, 1, 2, 1
+    )
+    q = (qs & np.uint8(15)).reshape(rows, inner)
+    supers = inner // 256
+    return superblock.SuperCodes(
+        torch.from_numpy(np.ascontiguousarray(q)),
+        torch.from_numpy(sc.astype(np.uint8).reshape(rows, supers * 8)),
+        torch.from_numpy((-m.astype(np.int16)).astype(np.int8).reshape(rows, supers * 8)),
+        torch.from_numpy(d.reshape(rows, supers)),
+        torch.from_numpy(dmin.reshape(rows, supers)),
+    )
+
+
+def q6_k_codes(blocks: np.ndarray, rows: int, inner: int) -> Any:
+    """Q6_K blocks [n, 210] (128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales,
+    d float16) as the superblock Q6_K form: w = d * sc * (q - 32), q in 0..63."""
+    from quickdraft.kernels import superblock
+
+    ql = blocks[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(
+        1, 1, 2, 1
+    )
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(
+        1, 1, 4, 1
+    )
+    q = (ql & np.uint8(15)).reshape(-1, 256) | ((qh & np.uint8(3)).reshape(-1, 256) << np.uint8(4))
+    sc = blocks[:, 192:208].copy().view(np.int8)
+    d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32)
+    supers = inner // 256
+    sc_t = torch.from_numpy(np.ascontiguousarray(sc).reshape(rows, supers * 16))
+    d_t = torch.from_numpy(d.reshape(rows, supers))
+    return superblock.SuperCodes(
+        torch.from_numpy(np.ascontiguousarray(q).reshape(rows, inner)),
+        sc_t,
+        sc_t,
+        d_t,
+        d_t * -superblock.Q6K_OFFSET,
+        bits=6,
+        sub=superblock.Q6K_SUB,
+    )

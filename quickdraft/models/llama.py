@@ -108,6 +108,7 @@ class LlamaRunner:
         q4_exact: bool = False,
         q4_bits: int = 4,
         quantized_cache: Path | None = None,
+        q4_source: Any = None,
     ):
         if shared and (int8 or q4):
             field = "int8" if int8 else "q4"
@@ -157,7 +158,7 @@ class LlamaRunner:
         elif q4:
             original = None if probe is None else self._logits(probe)
             for layout in LAYOUTS:
-                self._quantize_q4(q4_bits, q4_exact, layout)
+                self._quantize_q4(q4_bits, q4_exact, layout, q4_source)
                 self.quant_check = self._check(probe, original)
                 # Superblocks share an activation scale over 256 inputs; a model with outlier
                 # channels (SmolLM2-135M: 92.9% top-1 agreement on the probe against 97.5%)
@@ -186,13 +187,37 @@ class LlamaRunner:
         }
         return "+".join(layout for layout in LAYOUTS if layout in used) or None
 
-    def _quantize_q4(self, bits: int, exact_only: bool, layout: str) -> None:
+    def _quantize_q4(self, bits: int, exact_only: bool, layout: str, source: Any = None) -> None:
+        """Every projection to ``bits``; with ``exact_only`` and a ``source``
+        (``gguf.BlockSource``) on superblocks, each takes its file's own blocks where they
+        are Q4_K or Q6_K (a 4-bit target: 8-bit codes would be wider than the file's)."""
         self._stacks.clear()
         # A 4-bit target's 8-bit fallbacks multiply activations per 32, as llama.cpp's do.
         fallback = bits == 4
-        self.head.quantize_q4(HEAD_BITS, exact_only, layout, groups_fallback=fallback)
-        for linear_layer in self._projections()[1:]:
-            linear_layer.quantize_q4(bits, exact_only, layout, groups_fallback=fallback)
+        blocks = exact_only and source is not None and layout == "superblock" and bits == 4
+        for linear_layer, names in zip(self._projections(), self._weight_names(), strict=True):
+            given = None
+            if blocks:
+                found = [source.codes(name) for name in names]
+                given = None if any(c is None for c in found) else found
+            head = linear_layer is self.head
+            linear_layer.quantize_q4(
+                HEAD_BITS if head else bits, exact_only, layout, groups_fallback=fallback,
+                given=given,
+            )  # fmt: skip
+
+    def _weight_names(self) -> list[tuple[str, ...]]:
+        """The Hugging Face weights of each of ``_projections``, in their rows' order."""
+        names: list[tuple[str, ...]] = [("lm_head.weight",)]
+        for i in range(len(self.layers)):
+            attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            names += [
+                tuple(attn + f"{p}_proj.weight" for p in "qkv"),
+                (attn + "o_proj.weight",),
+                (mlp + "gate_proj.weight", mlp + "up_proj.weight"),
+                (mlp + "down_proj.weight",),
+            ]
+        return names
 
     def _projections(self) -> list[Linear]:
         """Every linear layer: the head, then each layer's q/k/v, o, gate/up and down."""

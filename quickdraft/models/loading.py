@@ -129,6 +129,9 @@ def load_model(
             q4_exact=exact,
             q4_bits=8 if quant == "int8" else 4,
             quantized_cache=None if quant is None else quantized.cache_path(weights, quant, exact),
+            q4_source=gguf.BlockSource.of(folder, bool(config.get("tie_word_embeddings")))
+            if q4 and exact
+            else None,
         )
     except KeyError as error:
         raise ArtifactError(folder, f"lacks the weight {error}", remedy) from None

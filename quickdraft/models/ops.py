@@ -20,6 +20,12 @@ from quickdraft.models import int8 as int8_ops
 # error: a GGUF's Q4_1 blocks come back exactly, its Q4_K blocks to float16 rounding of their
 # scales (about 1e-4), while 4 bits lose about 0.03 of a Q6_K tensor and 0.08 of float ones.
 EXACT_ERROR = 0.005
+# What rounding a row's factors to float16 may add to its error, relative to its norm: a
+# quantized file's rows (float16 factors found again) add none; others about 2e-4.
+HALF_ERROR = 1e-5
+# How far a file's own codes may dequantize from its converted float weights, relative to the
+# largest: a float32 rounding (a Q6_K's d * sc * (q - 32) against d * sc * q - 32 d * sc).
+GIVEN_ERROR = 1e-6
 # The codes a quantized file's tensor gets when neither 4 bits nor the Q6_K form
 # (``superblock.quantize_q6k``) reproduce it (a GGUF's Q8_0 tensors). A GGUF's Q6_K tensors (its
 # head and some value and down projections in a Q4_K_M file) keep their own form, 6.75 bits a
@@ -159,7 +165,7 @@ class Linear:
 
     def quantize_q4(
         self, bits: int = 4, exact_only: bool = False, layout: str = "superblock",
-        groups_fallback: bool = False,
+        groups_fallback: bool = False, given: list[superblock.SuperCodes] | None = None,
     ) -> None:  # fmt: skip
         """To 4-bit (or 8-bit) weights in place: batch-invariant by construction, and needing
         no calibration. ``layout``: "superblock" (``kernels.superblock``: activations quantized
@@ -168,10 +174,12 @@ class Linear:
         ``exact_only``: weights that came from a quantized file take the narrowest form that
         reproduces them (within ``EXACT_ERROR``): ``bits`` if 4, then on superblocks the Q6_K
         form, else ``EXACT_FALLBACK_BITS``; so a GGUF's 6- and 8-bit tensors are not rounded
-        again to 4; with ``groups_fallback`` (a 4-bit target) the 8-bit fallback takes the
-        groups layout (``EXACT_FALLBACK_BITS`` says why). A fused product whose rows came in
-        different forms keeps each run in its own (``MAX_PARTS``). It may run again with
-        another layout until ``release_dense``.
+        again to 4; ``given``: the file's own codes for the weight's rows, in order (a
+        GGUF's Q4_K and Q6_K blocks, ``gguf.BlockSource``), taken as they are where they
+        reproduce the weight (with ``exact_only``, on superblocks); with ``groups_fallback``
+        (a 4-bit target) the 8-bit fallback takes the groups layout (``EXACT_FALLBACK_BITS``
+        says why). A fused product whose rows came in different forms keeps each run in its
+        own (``MAX_PARTS``). It may run again with another layout until ``release_dense``.
         CPU float32 layers only (others stay as they are); a width that is not a multiple of
         32 raises ValueError."""
         weight = self.weight if self.weight is not None else self._dense
@@ -185,10 +193,11 @@ class Linear:
         module = superblock if layout == "superblock" else groups
         if module is groups and bits == 6:
             bits = 8  # the groups layout has no 6-bit codes
-        if exact_only:
+        runs = _given_runs(given, weight) if exact_only and module is superblock else None
+        if runs is None and exact_only:
             fallback = groups if groups_fallback else module
             runs = _exact_runs(module, weight, bits, fallback)
-        else:
+        elif runs is None:
             runs = [module.quantize(weight, bits)]
         parts, first = [], 0
         for codes in runs:
@@ -247,6 +256,8 @@ def _exact_runs(module: Any, weight: torch.Tensor, bits: int, fallback: Any) -> 
     for make in makers:
         codes = make()
         errors = (codes.dequantize() - weight).pow(2).sum(dim=1)
+        if module is superblock:
+            codes, errors = _as_half(codes, errors, weight, norms)
         if _fits(errors, norms):
             return [codes]
         tried.append((codes, errors))
@@ -272,6 +283,57 @@ def _exact_runs(module: Any, weight: torch.Tensor, bits: int, fallback: Any) -> 
     if any(a == b for a, b in itertools.pairwise(kinds)):
         return [whole]
     return runs
+
+
+def _given_runs(given: list[superblock.SuperCodes] | None, weight: torch.Tensor) -> list | None:
+    """A file's own codes for ``weight``'s rows as runs of one form each (a Q4_K_M file's q
+    and k in Q4_K, its v in Q6_K), or None where there are none or they do not give the
+    weight (a file whose float weights were rearranged, such as llama.cpp's q/k order)."""
+    if not given or sum(c.q.shape[0] for c in given) != weight.shape[0]:
+        return None
+    if any(c.q.shape[1] != weight.shape[1] for c in given):
+        return None
+    runs: list[superblock.SuperCodes] = []
+    for codes in given:
+        last = runs[-1] if runs else None
+        if last is not None and (last.bits, last.sub) == (codes.bits, codes.sub):
+            joined = (torch.cat([getattr(last, f), getattr(codes, f)]) for f in _CODE_TENSORS)
+            runs[-1] = superblock.SuperCodes(*joined, bits=codes.bits, sub=codes.sub)
+        else:
+            runs.append(codes)
+    first = 0
+    for codes in runs:
+        rows = weight[first : first + codes.q.shape[0]]
+        error = (codes.dequantize() - rows).abs().max()
+        if not bool(error <= GIVEN_ERROR * rows.abs().max()):
+            return None
+        first += codes.q.shape[0]
+    return runs
+
+
+_CODE_TENSORS = ("q", "sc", "mn", "d", "dmin")
+
+
+def _as_half(
+    codes: superblock.SuperCodes, errors: torch.Tensor, weight: torch.Tensor, norms: torch.Tensor
+) -> tuple[superblock.SuperCodes, torch.Tensor]:
+    """``codes`` with their factors rounded to float16 in the rows where that moves no weight
+    (``HALF_ERROR``): a quantized file's rows, whose float16 factors the refit found again up
+    to a float32 rounding; rows whose factors were never float16 keep them. Half records
+    (``superblock.holds_half``, where every row of a run took them) read fewer bytes a token:
+    Q4_K 4.625 bits a weight instead of 4.75, Q6_K its own 6.5625. Row by row, so the rows of
+    a run decide alike whatever else the tensor holds."""
+    half = superblock.to_half(codes)
+    found = (half.dequantize() - weight).pow(2).sum(dim=1)
+    rows = found <= errors + HALF_ERROR**2 * norms
+    if not bool(rows.any()):
+        return codes, errors
+    pick = rows.view(-1, 1)
+    mixed = superblock.SuperCodes(
+        codes.q, codes.sc, codes.mn, torch.where(pick, half.d, codes.d),
+        torch.where(pick, half.dmin, codes.dmin), codes.bits, codes.sub,
+    )  # fmt: skip
+    return mixed, torch.where(rows, found, errors)
 
 
 def _fits(errors: torch.Tensor, norms: torch.Tensor) -> bool:

@@ -45,6 +45,7 @@ SOURCES = [
     Path(groups.__file__),
     Path(kernels.__file__).with_name("groups.cpp"),
     Path(kernels.__file__).with_name("superblock.cpp"),
+    Path(kernels.__file__).with_name("superblock.h"),  # a record's bytes
     Path(__file__).with_name("ops.py"),  # which codes a layer gets
     Path(__file__).with_name("llama.py"),  # the head's bits, the layouts tried
 ]
@@ -103,11 +104,11 @@ def load(path: Path, linears: Sequence[Linear]) -> Stored | None:
             built: list[QuantWeights] = []
             for i, (linear, parts) in enumerate(zip(linears, meta["layers"], strict=True)):
                 found = []
-                for j, (layout, out, inner, bits, sub) in enumerate(parts):
+                for j, (layout, out, inner, bits, sub, half) in enumerate(parts):
                     packed = _fresh(handle.get_tensor(f"{i}.{j}.packed"))
                     name = f"{i}.{j}.bias"
                     bias = handle.get_tensor(name) if name in keys else None
-                    form = (bits,) if layout == "groups" else (bits, sub)  # sub: superblocks
+                    form = (bits,) if layout == "groups" else (bits, sub, half)
                     found.append(WEIGHTS[layout](out, inner, path_name, packed, None, bias, *form))
                 rows = sum(part.out_features for part in found)
                 if linear.weight is None or tuple(linear.weight.shape) != (rows, inner):
@@ -147,7 +148,10 @@ def save(path: Path, linears: Sequence[Linear], check: int8_ops.QuantCheck | Non
             if part.packed is None:
                 return
             sub = getattr(part, "sub", superblock.GROUP)
-            parts.append((layout_of(part), part.out_features, part.in_features, part.bits, sub))
+            half = getattr(part, "half", False)
+            parts.append(
+                (layout_of(part), part.out_features, part.in_features, part.bits, sub, half)
+            )
             tensors[f"{i}.{j}.packed"] = part.packed
             if part.bias is not None:
                 tensors[f"{i}.{j}.bias"] = part.bias
