@@ -4,12 +4,13 @@ A weight is ``d * sc * q + dmin * mn`` with ``q`` in 0..15, per output channel a
 inputs an integer sub-scale ``sc`` (0..255) and minimum ``mn`` (-127..127), and per superblock
 of 8 groups two float factors ``d`` and ``dmin``: a GGUF's Q4_K structure, which it holds
 exactly (4.75 bits a weight with float32 factors; 4.625 where they are float16, as a GGUF's
-are: ``holds_half``, the same values in fewer bytes). Activations are quantized to int8 per row and superblock. The
-groups of a superblock combine in exact int32 arithmetic (``superblock.cpp`` states the
-order), so a group costs two integer operations a row where float scales per group cost
-six: several rows (a verify pass) run nearer the VNNI peak, and a row's result is the same bits
-alone or in any batch. Three paths compute it: the compiled kernel with AVX-512 VNNI, with
-AVX2, and ``reference`` in PyTorch; all three give identical bits (tested).
+are: ``holds_half``, the same values in fewer bytes). Activations are quantized to int8 per
+row and superblock. The groups of a superblock combine in exact int32 arithmetic
+(``superblock.cpp`` states the order), so a group costs two integer operations a row where
+float scales per group cost six: several rows (a verify pass) run nearer the VNNI peak, and a
+row's result is the same bits alone or in any batch. Three paths compute it: the compiled
+kernel with AVX-512 VNNI, with AVX2, and ``reference`` in PyTorch; all three give identical
+bits (tested).
 
     codes = quantize(weight)            # [out, in] float -> SuperCodes
     layer = SuperWeights.build(codes, bias)
@@ -18,7 +19,8 @@ AVX2, and ``reference`` in PyTorch; all three give identical bits (tested).
 A fourth form holds a GGUF's Q6_K tensors (the head and some value and down projections of a
 Q4_K_M file) as they are: 6-bit codes with a signed int8 sub-scale per 16 inputs, the code
 offset by -32, ``w = d * sc * (q - 32)`` (``quantize_q6k``; 6.75 bits a weight against 8.75
-for 8-bit codes, and Q6_K's own 6.5625 with its float16 d). The kernel takes it as ``d * sc * q + dmin * sc`` with ``dmin = -32 d``.
+for 8-bit codes, and Q6_K's own 6.5625 with its float16 d). The kernel takes it as
+``d * sc * q + dmin * sc`` with ``dmin = -32 d``.
 """
 
 from __future__ import annotations

@@ -169,6 +169,9 @@ class LlamaRunner:
                 linear_layer.release_dense()
             if quantized_cache is not None:
                 quantized.save(quantized_cache, self._projections(), self.quant_check)
+        if q4:
+            quantized.gather(self._projections())
+            self._stacks.clear()
 
     def _check(
         self, probe: torch.Tensor | None, original: torch.Tensor | None

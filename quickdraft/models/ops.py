@@ -28,10 +28,10 @@ HALF_ERROR = 1e-5
 GIVEN_ERROR = 1e-6
 # The codes a quantized file's tensor gets when neither 4 bits nor the Q6_K form
 # (``superblock.quantize_q6k``) reproduce it (a GGUF's Q8_0 tensors). A GGUF's Q6_K tensors (its
-# head and some value and down projections in a Q4_K_M file) keep their own form, 6.5625 bits a
-# weight on the kernel (the file's own). Plain 6-bit codes per 32 were measured and not taken: they round
-# Q6_K's groups of 16 again (relative weight error 0.016 against 0.005 at 8 bits), which cost
-# Qwen2.5-Coder-0.5B a relative logit error of 0.036 against 0.026 on the load's probe.
+# head and some value and down projections in a Q4_K_M file) keep their own form, 6.5625 bits
+# a weight on the kernel (the file's own). Plain 6-bit codes per 32 were measured and not taken:
+# they round Q6_K's groups of 16 again (relative weight error 0.016 against 0.005 at 8 bits),
+# which cost Qwen2.5-Coder-0.5B a relative logit error of 0.036 against 0.026 on the load's probe.
 EXACT_FALLBACK_BITS = 8
 # Those fallback tensors (a GGUF's Q5_0 and Q8_0, which a Q4_K_M file holds where a K-quant's
 # 256 does not divide the width: most of Qwen2.5-Coder-0.5B's projections) take the groups
