@@ -163,3 +163,37 @@ def test_small_weight_files_are_known_by_their_bytes(tmp_path, monkeypatch):
     assert quantized.cache_path([other], "q4", False) != entry
     monkeypatch.setattr(quantized, "CONTENT_BYTES", 0)
     assert quantized.cache_path([again], "q4", False) != quantized.cache_path([first], "q4", False)
+
+
+@pytest.mark.skipif(not kernels.native(), reason="packed weights are the compiled paths'")
+def test_a_loaded_targets_packed_weights_share_one_region(tmp_path):
+    """A q4 target's packed weights lie in one region (advised for 2 MB pages), a line apart;
+    gathering them again moves the same bytes and changes no logit."""
+    from quickdraft.models import quantized
+    from quickdraft.models.ops import parts_of
+
+    model = build(tiny_hf_model("qwen2-bias"), None)
+
+    def packed() -> list[torch.Tensor]:
+        return [
+            part.packed
+            for linear in model._projections()
+            for part in parts_of(linear.quantized_weights)
+        ]
+
+    first = packed()
+    pointers = sorted(t.data_ptr() for t in first)
+    assert len({t.untyped_storage().data_ptr() for t in first}) == 1
+    assert all(p % quantized.ALIGN == 0 for p in pointers)
+    span = pointers[-1] + max(t.numel() for t in first) - pointers[0]
+    assert span < sum(t.numel() for t in first) + quantized.ALIGN * len(first) + max(
+        t.numel() for t in first
+    )
+    prompt = [3, 14, 15, 92, 65, 35]
+    before = prompt_logits(model, prompt)
+    quantized.gather(model._projections())
+    model._stacks.clear()
+    again = packed()
+    assert again[0].untyped_storage().data_ptr() != first[0].untyped_storage().data_ptr()
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert torch.equal(prompt_logits(model, prompt), before)
