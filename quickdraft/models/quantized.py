@@ -246,3 +246,10 @@ def gather(linears: Sequence[Linear]) -> None:
             linear.use_quantized(StackedWeights(tuple(new)))
         else:
             linear.use_quantized(new[0])
+
+
+def gather_modules(module: torch.nn.Module) -> None:
+    """``gather`` for the quantized layers of a drafter's network (``ops.packed_copy``'s)."""
+    from quickdraft.models.ops import PackedLinear
+
+    gather([m.linear for m in module.modules() if isinstance(m, PackedLinear)])
