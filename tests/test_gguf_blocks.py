@@ -56,9 +56,10 @@ def source(tmp_path_factory) -> tuple[BlockSource, dict[str, np.ndarray]]:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    (folder / "source.json").write_text(json.dumps({"gguf": str(path), "sha256": "0"}))
+    source = {"gguf": str(path), "sha256": "0", "size": path.stat().st_size}
+    (folder / "source.json").write_text(json.dumps(source))
     found = BlockSource.of(folder, tied=False)
-    assert found is not None
+    assert found is not None and found._tensors is None  # the file is read at the first use
     return found, floats
 
 
@@ -85,6 +86,11 @@ def test_other_types_and_names_have_no_blocks(source, tmp_path):
     assert blocks.codes("model.embed_tokens.weight") is None
     assert BlockSource.of(tmp_path, tied=False) is None  # no source.json
     (tmp_path / "source.json").write_text(json.dumps({"gguf": str(tmp_path / "gone.gguf")}))
+    assert BlockSource.of(tmp_path, tied=False) is None
+    (tmp_path / "source.json").write_text(json.dumps({"gguf": blocks.path.name}))  # relative
+    assert BlockSource.of(tmp_path, tied=False) is None
+    changed = {"gguf": str(blocks.path), "size": blocks.path.stat().st_size + 1}
+    (tmp_path / "source.json").write_text(json.dumps(changed))
     assert BlockSource.of(tmp_path, tied=False) is None
 
 
@@ -114,3 +120,30 @@ def test_a_fused_layer_takes_the_files_blocks_run_by_run(source):
     assert torch.equal(layer(x), torch.cat(alone, dim=-1))
     assert _given_runs(given, weight) is not None
     assert _given_runs(given, weight.flip(0)) is None  # rows rearranged: the fit instead
+
+
+def test_each_projection_is_named_by_its_weights_in_row_order():
+    """``_quantize_q4`` pairs each projection with the file's tensors of its rows: the names'
+    shapes, stacked, are the projection's."""
+    from conftest import tiny_hf_model
+
+    from quickdraft.models.llama import LlamaRunner
+
+    hf = tiny_hf_model("qwen2-bias")
+    runner = LlamaRunner.from_state_dict(hf.config.to_dict(), hf.state_dict())
+    state = hf.state_dict()
+    state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
+    projections, names = runner._projections(), runner._weight_names()
+    assert len(projections) == len(names)
+    for linear, group in zip(projections, names, strict=True):
+        stacked = torch.cat([state[name] for name in group])
+        assert linear.out_features == stacked.shape[0], group
+
+
+def test_factors_beyond_float16_have_no_half_records():
+    codes = superblock.SuperCodes(
+        torch.zeros(16, 256, dtype=torch.uint8), torch.ones(16, 8, dtype=torch.uint8),
+        torch.zeros(16, 8, dtype=torch.int8), torch.full((16, 1), 1e6), torch.ones(16, 1),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="beyond float16's range"):
+        superblock.to_half(codes)

@@ -18,8 +18,9 @@
 // the q/k/v, o, gate/up and down products; biases holds each part's bias (or None); spec holds
 // per product its part count, then per part its layout (0 superblock, 1 groups), out
 // features, in features, code bits, sub-block (32, or 16 for superblocks in a GGUF's Q6_K
-// form) and whether a superblock record holds its factors in float16. A product's parts are runs of its output rows, each in its own form (a quantized
-// file's q/k in 4 bits beside its value projection in Q6_K): their outputs side by side.
+// form) and whether a superblock record holds its factors in float16. A product's parts are
+// runs of its output rows, each in its own form (a quantized file's q/k in 4 bits beside its
+// value projection in Q6_K): their outputs side by side.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/List.h>
@@ -228,7 +229,8 @@ std::vector<at::Tensor> decoder_layers(
         TORCH_CHECK((s[0] == 0 || s[0] == 1) && s[1] > 0 && s[2] % 32 == 0 &&
                         (s[3] == 4 || s[3] == 8 || (s[0] == 0 && s[3] == 6)) &&
                         (s[4] == 32 || (s[0] == 0 && s[3] == 6 && s[4] == 16)) &&
-                        (s[5] == 0 || (s[0] == 0 && s[5] == 1)) && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                        (s[5] == 0 || (s[0] == 0 && s[5] == 1)) &&
+                        packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                         packed.numel() == bytes,
                     "decoder_layers: layer ", l, "'s product ", p, " does not match its spec");
         const std::optional<at::Tensor> bias = biases.get(at_bias);

@@ -26,14 +26,14 @@
 // of a lane at 32p + 2 lane + t), d [16] and dmin [16] float32; or, in a "half" record, d and
 // dmin in float16 (a Q6_K-form record d alone, its dmin being -32 d): the packer writes one
 // where every factor is a float16 (a GGUF's are), so it holds the same values in fewer bytes
-// and no bit of a result changes. Groups past a short superblock's end have sc = mn = 0. A group's codes, chunks of 64 bytes (what one VNNI
-// instruction multiplies against 4 broadcast activation bytes, 16 outputs at once): 4 bits, 4
-// chunks, chunk c holding inputs 8c..8c+7, byte 4 * lane + t: low nibble q[lane][8c + t], high
-// nibble q[lane][8c + 4 + t]; 8 bits, 8 chunks, chunk c holding inputs 4c..4c+3, byte
-// 4 * lane + t: q[lane][4c + t]; 6 bits (a GGUF's Q6_K tensors, the head), the low 4 bits as
-// the 4-bit chunks, then two 64-byte planes of the high 2 bits: plane P, byte b, bits 2i..2i+1
-// belong to the code at byte b of the (4P + i)-th nibble vector (chunk (4P + i) / 2, low
-// nibbles for even i).
+// and no bit of a result changes. Groups past a short superblock's end have sc = mn = 0. A
+// group's codes, chunks of 64 bytes (what one VNNI instruction multiplies against 4 broadcast
+// activation bytes, 16 outputs at once): 4 bits, 4 chunks, chunk c holding inputs 8c..8c+7,
+// byte 4 * lane + t: low nibble q[lane][8c + t], high nibble q[lane][8c + 4 + t]; 8 bits, 8
+// chunks, chunk c holding inputs 4c..4c+3, byte 4 * lane + t: q[lane][4c + t]; 6 bits (a GGUF's
+// Q6_K tensors, the head), the low 4 bits as the 4-bit chunks, then two 64-byte planes of the
+// high 2 bits: plane P, byte b, bits 2i..2i+1 belong to the code at byte b of the (4P + i)-th
+// nibble vector (chunk (4P + i) / 2, low nibbles for even i).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

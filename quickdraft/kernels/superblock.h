@@ -12,7 +12,8 @@ namespace quickdraft_superblock {
 using namespace quickdraft_simd;
 
 constexpr int64_t kSuper = 8;  // groups a superblock
-// A record's sub-scales and minimums: 8 groups of 16 lanes, a byte each.
+// A record's sub-scales and minimums: 8 groups of 16 lanes, a byte each of both (or, in the
+// Q6_K form, a signed byte for each half group).
 constexpr int64_t kScaleBytes = kSuper * kLanes * 2;
 // The code forms a tile computes: 4, 6 and 8 bits with a sub-scale and minimum per 32 inputs,
 // and kQ6K, a GGUF's Q6_K: 6-bit codes with a signed sub-scale per 16 inputs that is also its

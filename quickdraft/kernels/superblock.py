@@ -234,6 +234,8 @@ def to_half(codes: SuperCodes) -> SuperCodes:
     float16 before the refit moved them by a float32 rounding."""
     d = codes.d.half().float()
     dmin = d * -Q6K_OFFSET if codes.sub == Q6K_SUB else codes.dmin.half().float()
+    if not bool(torch.isfinite(d).all() and torch.isfinite(dmin).all()):
+        raise ValueError("q4: factors beyond float16's range have no half records")
     return SuperCodes(codes.q, codes.sc, codes.mn, d, dmin, codes.bits, codes.sub)
 
 

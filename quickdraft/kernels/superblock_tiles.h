@@ -70,8 +70,8 @@ add_superblock(
     const __m512 t = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(S[r])),
                                    _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(M)));
     float* acc = out + r * kLanes;
-    _mm512_storeu_ps(acc, _mm512_add_ps(_mm512_loadu_ps(acc),
-                                        _mm512_mul_ps(t, _mm512_set1_ps(a.scale[(first + r) * a.supers + s]))));
+    const __m512 scale = _mm512_set1_ps(a.scale[(first + r) * a.supers + s]);
+    _mm512_storeu_ps(acc, _mm512_add_ps(_mm512_loadu_ps(acc), _mm512_mul_ps(t, scale)));
   }
 }
 

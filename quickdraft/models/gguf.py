@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,8 @@ def convert(path: Path, *, sha256: str | None = None) -> Path:
         save_file(state, str(partial / "model.safetensors"))
         config.save_pretrained(str(partial))
         _save_tokenizer(path, partial)
-        (partial / "source.json").write_text(json.dumps({"gguf": str(path), "sha256": digest}))
+        source = {"gguf": str(path.resolve()), "sha256": digest, "size": path.stat().st_size}
+        (partial / "source.json").write_text(json.dumps(source))
         partial.rename(folder)
     except OSError:  # another process finished first
         if not (folder / "model.safetensors").exists():
@@ -142,35 +144,48 @@ class BlockSource:
     file's own integers and float16 factors, which the float weights of the converted folder
     are the dequantization of (``Linear.quantize_q4`` checks that before it takes them). A
     Q4_K_M file then loads without fitting codes to its floats again (the 1.5B's took three
-    minutes) and every record keeps the file's float16 factors (fewer bytes a token)."""
+    minutes) and every record keeps the file's float16 factors (fewer bytes a token). The
+    file is opened at the first ``codes`` call: a load that finds its quantized weights
+    stored never reads it."""
 
     def __init__(self, path: Path, tied: bool):
-        from gguf import GGUFReader
-
-        self.reader = GGUFReader(str(path))
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.path = path
         self.tied = tied
+        self._tensors: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, folder: Path, tied: bool) -> BlockSource | None:
         """The source of a converted ``folder`` (its ``source.json``), or None where there is
-        none or its file is gone or changed (the float weights are then quantized as they
-        are)."""
+        none, its path is not absolute, or its file is gone or of another size than the one
+        converted (the float weights are then quantized as they are)."""
         try:
             source = json.loads((Path(folder) / "source.json").read_text())
             path = Path(source["gguf"])
-            if not path.is_file():
+            if not path.is_absolute() or not path.is_file():
+                return None
+            size = source.get("size")
+            if size is not None and path.stat().st_size != size:
                 return None
             return cls(path, tied)
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
+
+    def _tensor(self, name: str) -> Any:
+        if self._tensors is None:
+            from gguf import GGUFReader
+
+            try:
+                self._tensors = {t.name: t for t in GGUFReader(str(self.path)).tensors}
+            except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error):
+                self._tensors = {}  # unreadable now: every layer is fitted instead
+        return self._tensors.get(name)
 
     def codes(self, name: str) -> Any:
         """The codes of the Hugging Face weight ``name`` (``model.layers.3.mlp.up_proj.weight``,
         ``lm_head.weight``), or None where its tensor is not Q4_K or Q6_K."""
         from gguf import GGMLQuantizationType
 
-        tensor = self.tensors.get(self._gguf_name(name) or "")
+        tensor = self._tensor(self._gguf_name(name) or "")
         if tensor is None:
             return None
         kinds = {GGMLQuantizationType.Q4_K: q4_k_codes, GGMLQuantizationType.Q6_K: q6_k_codes}
@@ -180,7 +195,10 @@ class BlockSource:
         rows, inner = int(tensor.shape[1]), int(tensor.shape[0])  # GGUF lists columns first
         if inner % 256:
             return None
-        return decode(np.asarray(tensor.data).reshape(rows * inner // 256, -1), rows, inner)
+        try:
+            return decode(np.asarray(tensor.data).reshape(rows * inner // 256, -1), rows, inner)
+        except ValueError:  # not the blocks its header says: fitted instead
+            return None
 
     def _gguf_name(self, name: str) -> str | None:
         if name == "lm_head.weight":
@@ -199,6 +217,7 @@ def q4_k_codes(blocks: np.ndarray, rows: int, inner: int) -> Any:
 
     from quickdraft.kernels import superblock
 
+    _check_blocks(blocks, 144, rows, inner, "Q4_K")
     d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
     dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
     sc, m = Q4_K.get_scale_min(blocks[:, 4:16])
@@ -221,6 +240,7 @@ def q6_k_codes(blocks: np.ndarray, rows: int, inner: int) -> Any:
     d float16) as the superblock Q6_K form: w = d * sc * (q - 32), q in 0..63."""
     from quickdraft.kernels import superblock
 
+    _check_blocks(blocks, 210, rows, inner, "Q6_K")
     ql = blocks[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(
         1, 1, 2, 1
     )
@@ -242,3 +262,11 @@ def q6_k_codes(blocks: np.ndarray, rows: int, inner: int) -> Any:
         bits=6,
         sub=superblock.Q6K_SUB,
     )
+
+
+def _check_blocks(blocks: np.ndarray, width: int, rows: int, inner: int, kind: str) -> None:
+    if blocks.shape != (rows * inner // 256, width):
+        raise ValueError(
+            f"{kind} blocks: expected {rows * inner // 256} of {width} bytes for a "
+            f"{rows} x {inner} tensor, got {tuple(blocks.shape)}"
+        )

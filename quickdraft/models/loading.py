@@ -111,6 +111,8 @@ def load_model(
         raise ArtifactError(folder / "config.json", f"lacks {error}", remedy) from None
     calibration = probe = None
     exact = (folder / "source.json").is_file()  # converted from a GGUF file
+    tied = bool(config.get("tie_word_embeddings"))
+    blocks = gguf.BlockSource.of(folder, tied) if q4 and exact else None
     if int8 or q4:
         calibration = torch.tensor(tokenizer.encode(int8_ops.CALIBRATION_TEXT))
         probe = torch.tensor(tokenizer.encode(int8_ops.PROBE_TEXT))
@@ -128,10 +130,10 @@ def load_model(
             q4=q4,
             q4_exact=exact,
             q4_bits=8 if quant == "int8" else 4,
-            quantized_cache=None if quant is None else quantized.cache_path(weights, quant, exact),
-            q4_source=gguf.BlockSource.of(folder, bool(config.get("tie_word_embeddings")))
-            if q4 and exact
-            else None,
+            quantized_cache=None
+            if quant is None
+            else quantized.cache_path(weights, quant, exact, blocks is not None),
+            q4_source=blocks,
         )
     except KeyError as error:
         raise ArtifactError(folder, f"lacks the weight {error}", remedy) from None

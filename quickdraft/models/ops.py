@@ -219,9 +219,13 @@ class Linear:
     def quantized_weights(self) -> QuantWeights | None:
         return self._quant
 
-    def use_quantized(self, weights: QuantWeights) -> None:
-        """Take weights ``quantize_q4`` made earlier (``models.quantized``), in place."""
-        self._quant, self.weight, self._dense = weights, None, None
+    def use_quantized(self, weights: QuantWeights, keep_dense: bool = False) -> None:
+        """Take weights ``quantize_q4`` made earlier (``models.quantized``), in place;
+        ``keep_dense``: the same weights moved (``quantized.gather``), so a dense weight kept
+        for another try stays."""
+        self._quant, self.weight = weights, None
+        if not keep_dense:
+            self._dense = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._observing:
@@ -323,7 +327,10 @@ def _as_half(
     (``superblock.holds_half``, where every row of a run took them) read fewer bytes a token:
     Q4_K 4.625 bits a weight instead of 4.75, Q6_K its own 6.5625. Row by row, so the rows of
     a run decide alike whatever else the tensor holds."""
-    half = superblock.to_half(codes)
+    try:
+        half = superblock.to_half(codes)
+    except ValueError:  # factors beyond float16's range
+        return codes, errors
     found = (half.dequantize() - weight).pow(2).sum(dim=1)
     rows = found <= errors + HALF_ERROR**2 * norms
     if not bool(rows.any()):

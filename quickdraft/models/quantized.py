@@ -50,6 +50,7 @@ SOURCES = [
     Path(kernels.__file__).with_name("superblock.h"),  # a record's bytes
     Path(__file__).with_name("ops.py"),  # which codes a layer gets
     Path(__file__).with_name("llama.py"),  # the head's bits, the layouts tried
+    Path(__file__).with_name("gguf.py"),  # a GGUF's blocks read as codes
 ]
 
 
@@ -63,7 +64,12 @@ STALE_SECONDS = 24 * 3600
 CONTENT_BYTES = 64 * 2**20
 
 
-def cache_path(weight_files: Sequence[Path], quant: str, exact_only: bool) -> Path:
+def cache_path(
+    weight_files: Sequence[Path], quant: str, exact_only: bool, blocks: bool = False
+) -> Path:
+    """The entry for these weight files and quantization; ``blocks``: the codes come from a
+    GGUF's own blocks (``gguf.BlockSource``), which an entry fitted without them differs
+    from."""
     digest = hashlib.sha256()
     files = sorted(weight_files)
     if sum(path.stat().st_size for path in files) <= CONTENT_BYTES:
@@ -75,7 +81,7 @@ def cache_path(weight_files: Sequence[Path], quant: str, exact_only: bool) -> Pa
         for path in files:
             stat = path.stat()
             digest.update(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
-    digest.update(f"{quant}|{exact_only}\n".encode())
+    digest.update(f"{quant}|{exact_only}|{blocks}\n".encode())
     model = digest.hexdigest()[:12]
     for source in SOURCES:
         digest.update(source.read_bytes())
@@ -205,29 +211,32 @@ def remove_stale(path: Path) -> None:
 # ones (median of 8 pairs, the two copies swapped run by run in one process: 38.7 against 32.7
 # ms; ``benchmarks/huge_pages.py``, ``results/huge_pages.md``, AMD EPYC).
 ALIGN = 64
+HUGE_PAGE = 2 << 20
 
 
-def gather(linears: Sequence[Linear]) -> None:
+def gather(linears: Sequence[Linear]) -> bool:
     """Move every packed weight of ``linears`` into one region advised for huge pages, in
-    place (the layers' weights become views of it; the old copies are freed). The same
-    bytes, so nothing computed changes. Nothing happens where the region cannot be made (no
-    anonymous mmap) or there is nothing packed."""
+    place: each layer's weights become views of it (its dense weight, if kept, stays). The
+    same bytes, so nothing computed changes. False, and nothing moved, where the advice cannot
+    be given (no Linux ``madvise``) or nothing is packed. The old copies are freed once nothing
+    else holds them: a caller that caches the packed tensors (``LlamaRunner``'s fused stacks)
+    drops its cache. Copying or pickling one layer's packed tensor then carries the region."""
     parts = [
         part for linear in linears if linear.quantized_weights is not None
         for part in parts_of(linear.quantized_weights) if part.packed is not None
     ]  # fmt: skip
     total = sum(-(-part.packed.numel() // ALIGN) * ALIGN for part in parts)
-    if total == 0:
-        return
-    try:
-        region = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if total == 0 or advice is None:
+        return False
+    try:  # 2 MB more, so that the region can start on a 2 MB boundary
+        region = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        region.madvise(advice)
     except (OSError, ValueError, AttributeError):
-        return
-    with contextlib.suppress(AttributeError, OSError):  # only Linux has the advice
-        region.madvise(mmap.MADV_HUGEPAGE)
+        return False
     memory = torch.frombuffer(region, dtype=torch.uint8)  # keeps the region alive
+    at = -memory.data_ptr() % HUGE_PAGE
     moved: dict[int, torch.Tensor] = {}
-    at = 0
     for part in parts:
         size = part.packed.numel()
         view = memory[at : at + size]
@@ -242,10 +251,9 @@ def gather(linears: Sequence[Linear]) -> None:
             dataclasses.replace(part, packed=moved[id(part)]) if id(part) in moved else part
             for part in parts_of(weights)
         ]
-        if isinstance(weights, StackedWeights):
-            linear.use_quantized(StackedWeights(tuple(new)))
-        else:
-            linear.use_quantized(new[0])
+        found = StackedWeights(tuple(new)) if isinstance(weights, StackedWeights) else new[0]
+        linear.use_quantized(found, keep_dense=True)
+    return True
 
 
 def gather_modules(module: torch.nn.Module) -> None:
