@@ -13,8 +13,9 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize
 
 from quickdraft.kernels import superblock
+from quickdraft.models.exact import given_runs
 from quickdraft.models.gguf import BlockSource
-from quickdraft.models.ops import Linear, _given_runs
+from quickdraft.models.ops import Linear
 
 BYTES = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q6_K: 210}
 
@@ -118,8 +119,8 @@ def test_a_fused_layer_takes_the_files_blocks_run_by_run(source):
     ):
         alone.append(superblock.linear(x, superblock.SuperWeights.build(codes)))
     assert torch.equal(layer(x), torch.cat(alone, dim=-1))
-    assert _given_runs(given, weight) is not None
-    assert _given_runs(given, weight.flip(0)) is None  # rows rearranged: the fit instead
+    assert given_runs(given, weight) is not None
+    assert given_runs(given, weight.flip(0)) is None  # rows rearranged: the fit instead
 
 
 def test_each_projection_is_named_by_its_weights_in_row_order():

@@ -281,7 +281,7 @@ def test_a_fused_product_of_two_forms_keeps_each_runs_own(monkeypatch):
     form, in fewer bytes than 8 bits for all, and computes what it computes alone, bit for
     bit, whatever the rows of the call."""
     from quickdraft.kernels import superblock
-    from quickdraft.models import ops
+    from quickdraft.models import exact as exact_codes
     from quickdraft.models.ops import Linear, StackedWeights
 
     generator = torch.Generator().manual_seed(0)
@@ -300,7 +300,7 @@ def test_a_fused_product_of_two_forms_keeps_each_runs_own(monkeypatch):
     stacked = layer.quantized_weights
     assert isinstance(stacked, StackedWeights)
     assert [(part.out_features, part.bits) for part in stacked.parts] == [(64, 4), (32, 6)]
-    monkeypatch.setattr(ops, "MAX_PARTS", 1)  # one form for all rows: the 8-bit fallback
+    monkeypatch.setattr(exact_codes, "MAX_PARTS", 1)  # one form for all rows: the 8-bit fallback
     whole = exact(weight, bias).quantized_weights
     assert whole.bits == 8 and stacked.nbytes < 0.75 * whole.nbytes
     x = torch.randn(7, 256, generator=generator)

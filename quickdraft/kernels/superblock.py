@@ -34,7 +34,7 @@ from quickdraft.kernels.groups import quantize as quantize_groups
 
 GROUP = 32
 # Code widths: 4 (Q4_K's), 6 and 8 (a GGUF's Q6_K tensors and the head take 8 by default:
-# ``models.ops.EXACT_FALLBACK_BITS`` says why).
+# ``models.exact.EXACT_FALLBACK_BITS`` says why).
 BITS = (4, 6, 8)
 SUPER = 8  # groups a superblock
 Q6K_SUB = 16  # inputs a sub-scale covers in the Q6_K form

@@ -45,9 +45,16 @@ class _Layer:
         fused: bool = True,
     ):  # fmt: skip
         attn, mlp = prefix + "self_attn.", prefix + "mlp."
-        qkv = [weights[attn + f"{p}_proj.weight"] for p in "qkv"]
+        # The weights of each product (q/k/v, o, gate/up, down), in its rows' order.
+        self.names = (
+            tuple(attn + f"{p}_proj.weight" for p in "qkv"),
+            (attn + "o_proj.weight",),
+            (mlp + "gate_proj.weight", mlp + "up_proj.weight"),
+            (mlp + "down_proj.weight",),
+        )
+        qkv = [weights[name] for name in self.names[0]]
         qkv_bias = [weights[attn + f"{p}_proj.bias"] for p in "qkv"] if bias else [None] * 3
-        gate_up = [weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]
+        gate_up = [weights[name] for name in self.names[2]]
         self.qkv: Linear | Joined
         self.gate_up: Linear | Joined
         if fused:  # one product each: fewer, larger kernels
@@ -56,8 +63,8 @@ class _Layer:
         else:  # the tensors as given, no copy
             self.qkv = Joined(*(linear(w, b) for w, b in zip(qkv, qkv_bias, strict=True)))
             self.gate_up = Joined(*(linear(w) for w in gate_up))
-        self.o = linear(weights[attn + "o_proj.weight"])
-        self.down = linear(weights[mlp + "down_proj.weight"])
+        self.o = linear(weights[self.names[1][0]])
+        self.down = linear(weights[self.names[3][0]])
         self.attn_norm = weights[prefix + "input_layernorm.weight"]
         self.mlp_norm = weights[prefix + "post_attention_layernorm.weight"]
 
@@ -211,16 +218,7 @@ class LlamaRunner:
 
     def _weight_names(self) -> list[tuple[str, ...]]:
         """The Hugging Face weights of each of ``_projections``, in their rows' order."""
-        names: list[tuple[str, ...]] = [("lm_head.weight",)]
-        for i in range(len(self.layers)):
-            attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-            names += [
-                tuple(attn + f"{p}_proj.weight" for p in "qkv"),
-                (attn + "o_proj.weight",),
-                (mlp + "gate_proj.weight", mlp + "up_proj.weight"),
-                (mlp + "down_proj.weight",),
-            ]
-        return names
+        return [("lm_head.weight",)] + [names for layer in self.layers for names in layer.names]
 
     def _projections(self) -> list[Linear]:
         """Every linear layer: the head, then each layer's q/k/v, o, gate/up and down."""

@@ -254,10 +254,3 @@ def gather(linears: Sequence[Linear]) -> bool:
         found = StackedWeights(tuple(new)) if isinstance(weights, StackedWeights) else new[0]
         linear.use_quantized(found, keep_dense=True)
     return True
-
-
-def gather_modules(module: torch.nn.Module) -> None:
-    """``gather`` for the quantized layers of a drafter's network (``ops.packed_copy``'s)."""
-    from quickdraft.models.ops import PackedLinear
-
-    gather([m.linear for m in module.modules() if isinstance(m, PackedLinear)])

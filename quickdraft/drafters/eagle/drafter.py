@@ -50,7 +50,6 @@ from quickdraft.drafters.eagle.graft import ancestor_mask, graft
 from quickdraft.drafters.eagle.net import EagleNet, check_fits
 from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree, rerank
 from quickdraft.drafters.ngram import NGramDrafter
-from quickdraft.models import quantized
 from quickdraft.models.attention import prefix_tree_mask
 from quickdraft.models.base import FeatureModel, Model
 from quickdraft.models.kv_cache import KVCache
@@ -114,7 +113,6 @@ class EagleDrafter:
             self.net = packed["net", int8]
         else:
             self.net = packed["net", int8] = packed_copy(net.eval(), int8)
-            quantized.gather_modules(self.net)  # 2 MB pages as a target's (1.5B: 1.01x, noise)
         self.tree = tree or DEFAULT_TREES["cpu"]
         if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
             raise ValueError(f"eagle_lookup must be a non-negative integer, got {lookup!r}")
@@ -156,7 +154,6 @@ class EagleDrafter:
             else:
                 head = target.head_weight[vocab].to(torch.float32)
                 self.head = packed["head", int8] = draft_linear(head, quantize=int8)
-                quantized.gather([self.head])
         else:  # the shortlist packs the target's rows in segments of its own
             shortlist.bind(target.head_weight, target.embed, self.vocab_size, int8)
             self.head = None
