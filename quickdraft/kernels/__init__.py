@@ -5,8 +5,9 @@
 ``attention.cpp``: attention one query at a time over exactly its own keys
 (``models.attention.attend_each``), the same bits whatever else a pass holds. ``layer.cpp``: a
 quantized model's decoder layers in one call (``models.fused``). ``native()`` compiles
-them once per source and torch version into the user's cache (``$QUICKDRAFT_CACHE``, else
-``~/.cache/quickdraft``) with the compiler and ninja the machine has, and loads them as
+them once per environment (``kernels.build``: sources, torch, Python prefix, compiler, flags)
+into the user's cache (``$QUICKDRAFT_CACHE``, else ``~/.cache/quickdraft``) with the compiler
+and ninja the machine has, under a lock that dies with its process, and loads them as
 ``torch.ops.quickdraft_kernels``. ``make demo`` builds them while installing, so the first
 generation does not wait. A host that cannot build them (no compiler, no ninja) gets one
 warning and PyTorch paths: the 4-bit reference (the same bits, slower) and batched attention.
@@ -17,36 +18,42 @@ warning and PyTorch paths: the 4-bit reference (the same bits, slower) and batch
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import shutil
-import time
 import warnings
 from pathlib import Path
 
 import torch
 
-SOURCES = [
-    Path(__file__).with_name(name)
-    for name in ("groups.cpp", "superblock.cpp", "attention.cpp", "layer.cpp")
-]
-HEADERS = [
-    Path(__file__).with_name(name)
-    for name in ("simd.h", "entry.h", "superblock.h", "superblock_tiles.h")
-]
+from quickdraft.kernels import build
+
+EXTENSION = build.Extension(
+    name="quickdraft_kernels",
+    sources=tuple(
+        Path(__file__).with_name(name)
+        for name in ("groups.cpp", "superblock.cpp", "attention.cpp", "layer.cpp")
+    ),
+    headers=tuple(
+        Path(__file__).with_name(name)
+        for name in ("simd.h", "entry.h", "superblock.h", "superblock_tiles.h")
+    ),
+    cflags=("-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"),
+    ldflags=("-fopenmp",),
+)
 # Which code path runs the 4-bit product: the compiled kernel's instruction sets, best first,
 # then the PyTorch reference (``kernels.superblock.reference``), which every CPU runs.
 PATHS = {"avx512-vnni": 1, "avx2": 2}
 REFERENCE = "pytorch"
-STALE_SECONDS = 24 * 3600
+
+
+def cache_root() -> Path:
+    """``$QUICKDRAFT_CACHE``, else ``~/.cache/quickdraft``."""
+    return Path(os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft")
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft"
-    files = [*SOURCES, *HEADERS]
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()[:12]
-    version = torch.__version__.replace("+", "-")
-    return Path(root) / "kernels" / f"{version}-{digest}"
+    """This environment's build folder (``kernels.build``: keyed by sources, torch, the Python
+    environment, compiler and flags)."""
+    return EXTENSION.folder(cache_root())
 
 
 @functools.cache
@@ -55,21 +62,8 @@ def native() -> bool:
     if hasattr(torch.ops.quickdraft_kernels, "superblock_linear"):
         return True
     try:
-        from torch.utils import cpp_extension
-
-        build = cache_dir()
-        build.mkdir(parents=True, exist_ok=True)
-        flags = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
-        cpp_extension.load(
-            name="quickdraft_kernels",
-            sources=[str(path) for path in SOURCES],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            is_python_module=False,
-            verbose=False,
-        )
-    except Exception as error:  # no compiler, no ninja, a failed build: all end the same way
+        folder = build.build(EXTENSION, cache_root(), build.wait_seconds())
+    except Exception as error:  # no compiler, no ninja, a failed build, a held lock: all end so
         warnings.warn(
             f"compiled kernels could not be built ({_reason(error)}); 4-bit layers use "
             "the PyTorch reference path (same results, slower)",
@@ -77,11 +71,7 @@ def native() -> bool:
             stacklevel=2,
         )
         return False
-    # Builds of other sources or torch versions, untouched for a day: another checkout may
-    # still be building or loading a recent one.
-    for stale in build.parent.iterdir():
-        if stale != build and time.time() - stale.stat().st_mtime > STALE_SECONDS:
-            shutil.rmtree(stale, ignore_errors=True)
+    build.sweep(folder)
     return True
 
 
