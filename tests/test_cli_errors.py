@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -241,6 +242,8 @@ def test_sixty_bad_invocations_fail_with_one_line(files, capsys):
             code = exit_info.code
         captured = capsys.readouterr()
         lines = [line for line in captured.err.splitlines() if line.strip()]
+        # A model's loading stages print before a fault found after loading it.
+        lines = [line for line in lines if not line.startswith("quickdraft: load")]
         assert code not in (0, None), (argv, captured)
         assert len(lines) == 1, (argv, captured.err)
         assert "Traceback" not in captured.err + captured.out, argv
@@ -273,3 +276,27 @@ def test_ctrl_c_ends_a_command_with_one_line_and_code_130(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_conformance", interrupted)
     assert cli.main(["conformance"]) == 130
     assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_serve_on_a_taken_port_fails_before_loading_anything():
+    """The port is checked first: one line naming --port in seconds, not after a model load
+    (the alias given here would otherwise be converted and loaded)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        start = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "quickdraft.cli", "serve", "--target", "qwen2.5-coder-1.5b",
+             "--port", str(port), "--speculative-config", '{"method": "ar"}'],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )  # fmt: skip
+    assert time.monotonic() - start < 60
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--port" in lines[0] and str(port) in lines[0], done.stderr
+    assert "loading" not in done.stderr

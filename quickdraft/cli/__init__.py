@@ -6,6 +6,7 @@ One module per command group; this one assembles the parser and dispatches.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import warnings
 from pathlib import Path
@@ -111,10 +112,22 @@ def main(argv: list[str] | None = None) -> int:
     on stderr naming it), 130 interrupted (Ctrl-C)."""
     formatting = warnings.formatwarning
     warnings.formatwarning = _warning_line  # library warnings print as one line each
+    stages = _StageLines()  # a model's loading stages, one line each (models.loading)
+    loading = logging.getLogger("quickdraft.load")
+    loading.addHandler(stages)
+    loading.setLevel(logging.INFO)
     try:
         return _run(argv)
     finally:
         warnings.formatwarning = formatting  # as it was, for a caller in the same process
+        loading.removeHandler(stages)
+
+
+class _StageLines(logging.Handler):
+    """``quickdraft: <message>`` on the stderr of the moment (a test's capture included)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"quickdraft: {record.getMessage()}", file=sys.stderr, flush=True)
 
 
 def _run(argv: list[str] | None) -> int:

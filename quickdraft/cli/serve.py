@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import threading
 from typing import Any
 
@@ -237,6 +238,8 @@ def _serve(args: argparse.Namespace) -> int:
     spec, draft, int8 = speculative_config(
         args.speculative_config, args.target, args.draft, args.backend
     )
+    listener = claim_port(args.host, args.port)  # before minutes of loading, not after
+    args.port = listener.getsockname()[1]  # port 0: the one the system gave
     target, tokenizer, draft_model, draft_tokenizer = load_speculation(
         args.target, spec, draft, device=args.device, backend=args.backend, draft_int8=int8,
         quant=args.quant,
@@ -290,5 +293,28 @@ def _serve(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=args.shutdown_grace + 5,
         )
     )
-    server.run()
+    server.run(sockets=[listener])
     return 0 if server.started else 1
+
+
+def claim_port(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (as uvicorn binds one), or ValueError naming --port
+    when the address is taken or cannot be had. Serving takes this very socket, so nothing
+    can take the port between the check and the server's start."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise ValueError(f"--host: cannot resolve {host!r} ({error.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+    except OSError as error:
+        listener.close()
+        raise ValueError(
+            f"--port: cannot listen on {host}:{port} ({error.strerror}); another server "
+            "may be using it, or pick another with --port"
+        ) from None
+    listener.set_inheritable(True)
+    return listener

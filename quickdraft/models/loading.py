@@ -9,6 +9,8 @@ anything else on the transformers adapter.
 from __future__ import annotations
 
 import json
+import logging
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,9 @@ from quickdraft.models.tokenizer import HFTokenizer
 
 DEFAULT_MODEL = "smollm2-135m"
 QUANTS = ("int8", "q4")
+# One INFO record per loading stage; the command line prints them to stderr, a library caller
+# sees them only if it configures logging.
+log = logging.getLogger("quickdraft.load")
 
 
 def load_model(
@@ -71,6 +76,7 @@ def load_model(
     if backend not in ("auto", "native", "hf"):
         raise ValueError(f"backend must be auto, native or hf, got {backend!r}")
     _check_device(device)
+    started = time.perf_counter()
     folder = resolve(name_or_path)
     remedy = _remedy(name_or_path, folder)
     config = read_json(folder / "config.json", remedy, required=("model_type",))
@@ -100,6 +106,7 @@ def load_model(
             field = "quant" if quant else "int8"
             raise ValueError(f"{field}: only the native runner has quantized weights")
         return _hf_model(folder, dtype, device), tokenizer
+    log.info("loading %s: reading weights from %s", name_or_path, folder)
     state: dict[str, torch.Tensor] = {}
     for shard in weights:
         state.update(read_safetensors(shard, remedy))
@@ -116,6 +123,14 @@ def load_model(
     if int8 or q4:
         calibration = torch.tensor(tokenizer.encode(int8_ops.CALIBRATION_TEXT))
         probe = torch.tensor(tokenizer.encode(int8_ops.PROBE_TEXT))
+    stored = (
+        None if quant is None else quantized.cache_path(weights, quant, exact, blocks is not None)
+    )
+    if quant is not None:
+        how = "from the store" if stored.exists() else "once, then stored"
+        log.info("loading %s: %s layers (quantized %s) and their check", name_or_path, quant, how)
+    elif int8:
+        log.info("loading %s: int8 layers and their check", name_or_path)
     try:
         runner = LlamaRunner.from_state_dict(
             config,
@@ -130,9 +145,7 @@ def load_model(
             q4=q4,
             q4_exact=exact,
             q4_bits=8 if quant == "int8" else 4,
-            quantized_cache=None
-            if quant is None
-            else quantized.cache_path(weights, quant, exact, blocks is not None),
+            quantized_cache=stored,
             q4_source=blocks,
         )
     except KeyError as error:
@@ -156,6 +169,7 @@ def load_model(
         runner = LlamaRunner.from_state_dict(
             config, state, dtype=dtype, device=device, tap_layers=tap_layers
         )
+    log.info("loaded %s in %.1f s", name_or_path, time.perf_counter() - started)
     return _named(runner, name_or_path), tokenizer
 
 
