@@ -290,6 +290,12 @@ def _generate(args: argparse.Namespace) -> int:
         tokenizer=tokenizer,
         on_step=on_step,
     )
+    if out.finish_reason == "error":  # its text matches nothing: not a result (exit 2)
+        kind = sampling.constraint.kind if sampling.constraint is not None else "constraint"
+        raise ValueError(
+            f"{kind}: the grammar library could not follow this constraint past part of the "
+            "output (a limit of its per-token work); simplify the constraint"
+        )
     if args.json:
         print(
             json.dumps({"token_ids": out.token_ids, "text": out.text, "stats": out.stats.to_dict()})

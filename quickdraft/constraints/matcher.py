@@ -7,9 +7,13 @@ from typing import Any
 
 import torch
 
-from quickdraft.constraints.spec import Constraint
+from quickdraft.constraints.spec import Constraint, error_line, is_panic
 
 _BITS = torch.arange(32, dtype=torch.int32)
+# Tokens a new grammar is walked along before a request may use it: llguidance fails some
+# grammars at their first tokens, not at compiling (a counted repetition of a million, an
+# Earley row of thousands of alternatives), and such a grammar is refused, not run.
+PROBE_TOKENS = 4
 
 
 class Grammars:
@@ -30,17 +34,25 @@ class Grammars:
 
     def matcher(self, constraint: Constraint) -> Matcher:
         """A fresh matcher at the start of the output; ValueError naming the constraint's kind
-        when the grammar does not fit this tokenizer or no token can begin the output."""
+        when the grammar does not fit this tokenizer, no token can begin the output, or the
+        library fails along its first tokens (``PROBE_TOKENS``)."""
         import llguidance
 
-        inner = llguidance.LLMatcher(self.tokenizer, constraint.grammar)
+        try:
+            inner = llguidance.LLMatcher(self.tokenizer, constraint.grammar)
+        except BaseException as error:  # a Rust panic is a BaseException
+            if not is_panic(error):
+                raise
+            raise ValueError(f"{constraint.kind}: {error_line(error)}") from None
         if inner.is_error():  # its first line: the rest draws the grammar's text
-            first = str(inner.get_error()).strip().splitlines()[0]
-            raise ValueError(f"{constraint.kind}: {first}")
+            raise ValueError(f"{constraint.kind}: {error_line(inner.get_error())}")
         matcher = Matcher(inner, self.vocab_size)
         # llguidance may say so by failing the first mask (NoExtensionBias) or by an empty one.
         if not bool(matcher.allowed().any()) or matcher.error is not None:
             raise ValueError(f"{constraint.kind}: no token of this model can begin the output")
+        problem = matcher.copy().probe(PROBE_TOKENS)
+        if problem is not None:
+            raise ValueError(f"{constraint.kind}: too complex for the grammar library ({problem})")
         return matcher
 
 
@@ -71,6 +83,16 @@ class Matcher:
         if not tokens:
             return 0
         return int(self.inner.try_consume_tokens(list(tokens)))
+
+    def probe(self, count: int) -> str | None:
+        """Walk up to ``count`` tokens, each the lowest id the grammar allows: the error the
+        library fails with on the way, or None. Moves this matcher (walk a copy)."""
+        for _ in range(count):
+            allowed = self.allowed().nonzero()
+            if self.error is not None or allowed.numel() == 0 or self.done:
+                break
+            self.advance([int(allowed[0])])
+        return None if self.error is None else error_line(self.error)
 
     def rollback(self, count: int) -> None:
         if count:

@@ -84,7 +84,14 @@ def _normalised(kind: str, value: Any) -> Any:
         return tuple(value)
     if not isinstance(value, str) or not value:
         raise ValueError(f"{kind}: must be a non-empty string")
+    if kind == "regex" and _lone_backslash(value):  # llguidance would drop it silently
+        raise ValueError("regex: ends with a lone backslash (escape it as \\\\ to match one)")
     return value
+
+
+def _lone_backslash(pattern: str) -> bool:
+    """Whether ``pattern`` ends in an odd run of backslashes: an escape with nothing after."""
+    return (len(pattern) - len(pattern.rstrip("\\"))) % 2 == 1
 
 
 def _compile(kind: str, value: Any) -> str:
@@ -96,22 +103,34 @@ def _compile(kind: str, value: Any) -> str:
             grammar = matcher.grammar_from_json_schema(value or '{"type": "object"}')
         elif kind == "regex":
             grammar = matcher.grammar_from_regex(value)
-        elif kind == "choice":
+        elif kind == "choice":  # one lexeme: an Earley row per option stops at 2,000 options
             grammar = matcher.grammar_from_lark(
-                "start: " + " | ".join(json.dumps(option) for option in value)
+                "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(option) for option in value)
             )
         else:
             from llguidance.gbnf_to_lark import any_to_lark  # GBNF converted, Lark kept
 
             grammar = matcher.grammar_from_lark(any_to_lark(value))
-    except Exception as error:  # the library's own parse errors, as one line
-        raise ValueError(f"{kind}: {_first_line(error)}") from None
+    except BaseException as error:  # the library's parse errors, and its Rust panics
+        if not isinstance(error, Exception) and not is_panic(error):
+            raise  # KeyboardInterrupt, SystemExit
+        raise ValueError(f"{kind}: {error_line(error)}") from None
     problem = matcher.validate_grammar(grammar)
     if problem:
-        raise ValueError(f"{kind}: {_first_line(problem)}")
+        raise ValueError(f"{kind}: {error_line(problem)}")
     return grammar
 
 
-def _first_line(error: object) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+def is_panic(error: BaseException) -> bool:
+    """A Rust panic inside llguidance (pyo3's PanicException, a BaseException)."""
+    return type(error).__name__ == "PanicException"
+
+
+def error_line(error: object) -> str:
+    """The library's error as one short line; a panic (its text is the library's own source
+    location and internals) as a plain sentence."""
+    text = str(error)
+    if (isinstance(error, BaseException) and is_panic(error)) or "panicked at" in text:
+        return "the grammar library failed on it (an internal error); simplify it"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     return " ".join(lines[:3])[:300] if lines else repr(error)
