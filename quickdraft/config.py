@@ -197,6 +197,10 @@ class SamplingParams:
         the grammar allows before temperature, top-k and top-p (vLLM's order), at every
         position of every verify pass: speculation samples the constrained distribution
         exactly. Needs the engine's tokenizer.
+    tenant: who the request is for (a server's API key, hashed), or None (one tenant for all):
+        what a drafter keeps of requests' text across requests (suffix decoding's shared
+        trie, lookahead's n-gram pool) is kept per tenant, and ``Stats.cached_own_tokens``
+        counts only cached prefixes the same tenant left. It never changes the tokens.
     """
 
     temperature: float = 1.0
@@ -214,6 +218,7 @@ class SamplingParams:
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         self._fold_constraint()
@@ -247,6 +252,8 @@ class SamplingParams:
             raise ValueError(
                 f"draft_steps must be True or False, got {show_value(self.draft_steps)}"
             )
+        if self.tenant is not None and not (isinstance(self.tenant, str) and self.tenant):
+            raise ValueError(f"tenant must be a non-empty string, got {show_value(self.tenant)}")
 
     @property
     def greedy(self) -> bool:

@@ -21,6 +21,9 @@ class Stats:
         that new tokens / target_forwards is the mean accepted length of a single row.
     new_tokens: tokens returned, summed over rows.
     cached_prompt_tokens: prompt tokens found cached (prefix caching) and not prefilled.
+    cached_own_tokens: of those, the ones a request of the same tenant left in the cache
+        (``SamplingParams.tenant``), else 0: what a server may tell a client without telling it
+        what another client sent.
     time_*: seconds. prefill: the prompt passes of the target and the drafter; draft: the
         drafter's proposals; verify: target forward, probabilities and acceptance; other: the
         rest. Speculation changes decoding, not prefill: see ``decode_tokens_per_second``.
@@ -33,6 +36,7 @@ class Stats:
     target_forwards: int = 0
     new_tokens: int = 0
     cached_prompt_tokens: int = 0
+    cached_own_tokens: int = 0
     time_prefill: float = 0.0
     time_draft: float = 0.0
     time_verify: float = 0.0

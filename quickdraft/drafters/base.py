@@ -52,6 +52,9 @@ class Needs:
                  the rest only (``StepResult.kept`` = prompt - 1 - r); a drafter's state past
                  r is to be dropped at ``begin``. Drafters that read no features resume
                  always (they read the text).
+    pooled:      whether its drafts may hold text of other requests (a trie or n-gram pool
+                 kept across requests): a server then shows a client none of their tokens
+                 the target rejected.
     """
 
     tokens: int
@@ -61,6 +64,7 @@ class Needs:
     side_tokens: int = 0
     shortens: bool = False
     resumes: bool = False
+    pooled: bool = False
 
     def __post_init__(self) -> None:
         if self.tokens < 0 or self.depth < 0 or self.depth > max(self.tokens, 0):

@@ -99,7 +99,9 @@ class LookaheadDrafter:
         self.vocab_size = vocab_size
         levels, window = self.config.ngram - 1, self.config.window
         self.num_tokens = self.config.candidates * levels
-        self.needs = Needs(tokens=self.num_tokens, depth=levels, side_tokens=levels * window)
+        self.needs = Needs(
+            tokens=self.num_tokens, depth=levels, side_tokens=levels * window, pooled=True
+        )
         # first token -> its continuations ((N-1)-tuples), most recent first; one pool for
         # every row and every request of the session.
         self.pool: dict[int, OrderedDict[tuple[int, ...], None]] = {}

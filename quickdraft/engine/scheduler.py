@@ -128,6 +128,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self._running: Slots | None = None  # the running requests' slots; None: to rebuild
         self._passed_over: dict[int, int] = {}  # slot -> prefill passes its prompt sat out
+        self._left_by: dict[int, str | None] = {}  # slot -> tenant of its last request
 
     @property
     def num_rows(self) -> int:
@@ -202,6 +203,9 @@ class Scheduler:
             taken.add(slot)
             request.slot, request.prefilled = slot, reused
             request.stats.cached_prompt_tokens = reused
+            same = self._left_by.get(slot, "") == request.sampling.tenant  # "": no tenant's
+            request.stats.cached_own_tokens = reused if same else 0
+            self._left_by[slot] = request.sampling.tenant
             request.status = Status.PREFILL
             self._passed_over.pop(request.slot, None)
             self.rows.requests[request.slot] = request

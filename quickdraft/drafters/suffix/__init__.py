@@ -8,7 +8,9 @@ Two count tries of every substring up to ``max_depth`` tokens long:
 * a global one over the outputs of every request of this engine, running ones included, so
   a later request (the next turn of an agentic loop, the same query pattern) drafts from what
   earlier ones wrote. Its size is capped in tokens (``cache_tokens``): the oldest requests'
-  outputs are taken out first; an aborted request's partial output leaves it at once.
+  outputs are taken out first; an aborted request's partial output leaves it at once. It is
+  one per tenant (``SamplingParams.tenant``: a server's API key), so that no client drafts
+  from another's outputs, unless ``suffix_cross_tenant`` makes it one for all.
 
 Each step, for each trie, the longest suffix of the row's text that occurred before with a
 continuation is found (up to ``max_depth - 1`` tokens); from there the trie's most frequent

@@ -14,9 +14,10 @@ from quickdraft.drafters.suffix.trie import Node, Proposal, SuffixTrie, chain, g
 
 
 class SuffixDrafter:
-    """Suffix decoding as a drafter. The global trie lives on the drafter, so it spans every
-    request of the engine; per slot it keeps the request's own trie, cursors and what of the
-    text they have read."""
+    """Suffix decoding as a drafter. The global tries live on the drafter, so they span every
+    request of the engine: one per tenant (``SamplingParams.tenant``), or one for all with
+    ``suffix_cross_tenant``; per slot it keeps the request's own trie, cursors and what of the
+    text they have read. The cap on their tokens is one for them all."""
 
     head_rows = 0  # no head: counts of earlier text
 
@@ -26,9 +27,11 @@ class SuffixDrafter:
         self.vocab_size = vocab_size
         self.num_tokens = num_tokens
         self.options = options
-        self.needs = Needs(tokens=num_tokens, depth=num_tokens, shortens=True)
-        self.shared = SuffixTrie(options.suffix_max_depth)
-        self.retired: deque[list[int]] = deque()  # outputs of requests that left, oldest first
+        self.needs = Needs(tokens=num_tokens, depth=num_tokens, shortens=True, pooled=True)
+        self.shared: dict[str | None, SuffixTrie] = {}  # tenant -> its global trie
+        # (tenant, output) of requests that left, oldest first
+        self.retired: deque[tuple[str | None, list[int]]] = deque()
+        self.tenant: list[str | None] = []  # each slot's request's tenant (its global trie)
         self.own: list[SuffixTrie | None] = []
         self.own_cursor: list[list[Node]] = []
         self.shared_cursor: list[list[Node]] = []
@@ -46,8 +49,13 @@ class SuffixDrafter:
     def reserve(self, rows: int, capacity: int) -> None:
         """Fresh per-slot state (a new engine); the outputs the slots held stay in the shared
         trie as retired ones, evicted in turn."""
-        self.retired.extend(output for output in self.output if output)
+        self.retired.extend(
+            (tenant, output)
+            for tenant, output in zip(self.tenant, self.output, strict=True)
+            if output
+        )
         self._evict()
+        self.tenant = [None] * rows
         self.own = [None] * rows
         self.own_cursor = [[] for _ in range(rows)]
         self.shared_cursor = [[] for _ in range(rows)]
@@ -61,12 +69,14 @@ class SuffixDrafter:
         texts, lengths = batch.tokens.cpu(), batch.lengths.tolist()
         for b, slot in enumerate(batch.slots.host):
             if self.output[slot]:
-                self.retired.append(self.output[slot])
+                self.retired.append((self.tenant[slot], self.output[slot]))
             trie = SuffixTrie(self.options.suffix_max_depth)
             prompt = texts[b, : lengths[b]].tolist()
             self.own[slot] = trie
             self.own_cursor[slot] = trie.extend(trie.cursor(), prompt)
-            self.shared_cursor[slot] = self.shared.cursor()
+            tenant = None if self.options.suffix_cross_tenant else batch.sampling[b].tenant
+            self.tenant[slot] = tenant
+            self.shared_cursor[slot] = self._shared(tenant).cursor()
             self.output[slot] = []
             self.seen[slot] = lengths[b]
         self._evict()
@@ -84,7 +94,8 @@ class SuffixDrafter:
             trie = self.own[slot]
             assert trie is not None  # begin came first
             self.own_cursor[slot] = trie.extend(self.own_cursor[slot], new)
-            self.shared_cursor[slot] = self.shared.extend(self.shared_cursor[slot], new)
+            shared = self._shared(self.tenant[slot])
+            self.shared_cursor[slot] = shared.extend(self.shared_cursor[slot], new)
             self.output[slot].extend(new)
             self.seen[slot] = lengths[b]
         self._evict()
@@ -92,22 +103,35 @@ class SuffixDrafter:
     def release(self, slot: int, completed: bool) -> None:
         """A completed request's output is retired (it stays until the cap takes it); an
         aborted one's partial output leaves the shared trie now."""
-        output = self.output[slot]
+        output, tenant = self.output[slot], self.tenant[slot]
         if completed and output:
-            self.retired.append(output)
+            self.retired.append((tenant, output))
         elif output:
-            self.shared.remove(output)
+            self._remove(tenant, output)
         self.output[slot] = []
         self._evict()
 
+    def _shared(self, tenant: str | None) -> SuffixTrie:
+        """The global trie of ``tenant`` (made when it first comes)."""
+        trie = self.shared.get(tenant)
+        if trie is None:
+            trie = self.shared[tenant] = SuffixTrie(self.options.suffix_max_depth)
+        return trie
+
+    def _remove(self, tenant: str | None, output: list[int]) -> None:
+        """Take an output out of its tenant's trie (an empty trie stays: running requests'
+        cursors may stand at its root)."""
+        self.shared[tenant].remove(output)
+
     def _evict(self) -> None:
         cap = self.options.suffix_cache_tokens
-        while self.shared.tokens > cap and self.retired:
-            self.shared.remove(self.retired.popleft())
+        while self.cached_tokens > cap and self.retired:
+            self._remove(*self.retired.popleft())
 
     @property
     def cached_tokens(self) -> int:
-        return self.shared.tokens
+        """Tokens in the global tries, all tenants'."""
+        return sum(trie.tokens for trie in self.shared.values())
 
     def proposal(
         self, slot: int, text: list[int], tree: bool = True, limit: int | None = None
@@ -119,7 +143,7 @@ class SuffixDrafter:
         trie = self.own[slot]
         most = min(self.num_tokens, limit or self.num_tokens)
         room = min(most, options.suffix_max_depth - 1)
-        for source in (trie, self.shared):
+        for source in (trie, self.shared.get(self.tenant[slot])):
             if source is None:
                 continue
             node, length = source.match(text, room)
@@ -182,7 +206,7 @@ class SuffixDrafter:
         """For a server's metrics: the shared trie's size, and the rows' lookups so far and
         how many found a draft (hit rate: hits / lookups)."""
         return {
-            "suffix_cache_tokens": self.shared.tokens,
+            "suffix_cache_tokens": self.cached_tokens,
             "suffix_lookups": self.lookups,
             "suffix_hits": self.hits,
         }

@@ -47,6 +47,7 @@ class SuffixFirst:
             needs,
             tokens=max(needs.tokens, suffix.needs.tokens),
             depth=max(needs.depth, suffix.needs.depth),
+            pooled=True,
         )
         self.shortlist = getattr(model, "shortlist", None)
         self.expected = PRIOR
