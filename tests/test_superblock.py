@@ -193,8 +193,8 @@ def test_the_integer_sums_do_not_overflow_at_the_extremes(path, bits):
 @pytest.mark.parametrize("bits", FORMS)
 @pytest.mark.parametrize("path", PATHS)
 def test_a_row_is_the_same_alone_or_in_any_batch(path, bits, half):
-    """Whole tiles (16 rows with VNNI, 8 with AVX2) and remainders of every size: a row's bits
-    never depend on its neighbours."""
+    """Whole tiles (16 rows with AVX-512 VNNI, 4 with 256-bit vectors) and remainders of every
+    size: a row's bits never depend on its neighbours."""
     generator = torch.Generator().manual_seed(2)
     codes = random_codes(50, 288, seed=2, bits=bits, half=half)
     layer = sb.SuperWeights.build(codes, torch.randn(50, generator=generator), path=path)
@@ -251,3 +251,21 @@ def test_factors_that_are_not_float16_keep_float32_records():
     assert sb.holds_half(sb.to_half(codes))
     q6k = sb.to_half(random_codes(16, 256, bits="q6k"))
     assert torch.equal(q6k.dmin, q6k.d * -32) and sb.holds_half(q6k)
+
+
+def test_a_path_named_in_the_environment_is_the_one_that_runs(monkeypatch):
+    """``QUICKDRAFT_Q4_PATH`` makes a host run a slower path (how benchmarks measure an
+    AVX2-only host's kernels elsewhere); a path the host cannot run is one clear error."""
+    try:
+        for path in PATHS:
+            monkeypatch.setenv(kernels.PATH_VARIABLE, path)
+            kernels.best_path.cache_clear()
+            assert kernels.best_path() == path
+        monkeypatch.setenv(kernels.PATH_VARIABLE, "sse2")
+        kernels.best_path.cache_clear()
+        with pytest.raises(ValueError, match="QUICKDRAFT_Q4_PATH: q4 path: 'sse2'"):
+            kernels.best_path()
+    finally:
+        monkeypatch.delenv(kernels.PATH_VARIABLE)
+        kernels.best_path.cache_clear()
+        kernels.attention_path.cache_clear()

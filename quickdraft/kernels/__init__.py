@@ -34,15 +34,26 @@ EXTENSION = build.Extension(
     ),
     headers=tuple(
         Path(__file__).with_name(name)
-        for name in ("simd.h", "entry.h", "superblock.h", "superblock_tiles.h")
+        for name in (
+            "simd.h",
+            "entry.h",
+            "superblock.h",
+            "superblock_tiles.h",
+            "superblock_tile256.inc",
+        )
     ),
     cflags=("-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"),
     ldflags=("-fopenmp",),
 )
 # Which code path runs the 4-bit product: the compiled kernel's instruction sets, best first,
 # then the PyTorch reference (``kernels.superblock.reference``), which every CPU runs.
-PATHS = {"avx512-vnni": 1, "avx2": 2}
+# avx-vnni: 256-bit vectors with vpdpbusd (AVX-VNNI on Intel's client CPUs; on a CPU with
+# AVX-512 VNNI the same tile in its EVEX form). Every path gives a row the same bits.
+PATHS = {"avx512-vnni": 1, "avx-vnni": 3, "avx2": 2}
 REFERENCE = "pytorch"
+# Names a path to run instead of the fastest (``QUICKDRAFT_Q4_PATH=avx2``): how a benchmark
+# measures an AVX2-only host's kernels on a CPU that has more.
+PATH_VARIABLE = "QUICKDRAFT_Q4_PATH"
 
 
 def cache_root() -> Path:
@@ -84,7 +95,15 @@ def _reason(error: Exception) -> str:
 
 @functools.cache
 def best_path() -> str:
-    """The fastest 4-bit path this host runs: ``avx512-vnni``, ``avx2`` or ``pytorch``."""
+    """The fastest 4-bit path this host runs (``avx512-vnni``, ``avx-vnni``, ``avx2`` or
+    ``pytorch``), or the one ``$QUICKDRAFT_Q4_PATH`` names (ValueError if this host cannot run
+    it)."""
+    chosen = os.environ.get(PATH_VARIABLE, "auto")
+    if chosen != "auto":
+        try:
+            return check_path(chosen)
+        except ValueError as error:
+            raise ValueError(f"{PATH_VARIABLE}: {error}") from None
     if not native():
         return REFERENCE
     code = int(torch.ops.quickdraft_kernels.best_path())
@@ -116,7 +135,7 @@ def check_path(path: str) -> str:
 def attention_path() -> int:
     """The compiled attention kernel's instruction set for this CPU (1: AVX-512, 2: AVX2), or
     0 where there is none."""
-    return {"avx512-vnni": 1, "avx2": 2}.get(best_path(), 0)
+    return {"avx512-vnni": 1, "avx-vnni": 2, "avx2": 2}.get(best_path(), 0)
 
 
 def describe_weights(quant: str | None, layout: str | None = None) -> str:

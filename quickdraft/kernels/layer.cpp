@@ -152,8 +152,9 @@ std::vector<at::Tensor> decoder_layers(
     const at::Tensor& write_slots, const at::Tensor& query_tokens, const at::Tensor& query_rows,
     const at::Tensor& slots, const at::Tensor& counts, int64_t heads, int64_t kv_heads,
     at::IntArrayRef taps, int64_t path) {
-  TORCH_CHECK(path == quickdraft_simd::kAvx512Vnni || path == quickdraft_simd::kAvx2,
-              "decoder_layers: path must be 1 or 2");
+  TORCH_CHECK(path == quickdraft_simd::kAvx512Vnni || path == quickdraft_simd::kAvx2 ||
+                  path == quickdraft_simd::kAvxVnni,
+              "decoder_layers: path must be 1, 2 or 3");
   TORCH_CHECK(quickdraft_simd::supported(path), "decoder_layers: this CPU cannot run path ", path);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "decoder_layers: x must be contiguous float32 [tokens, hidden]");

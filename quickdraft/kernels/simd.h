@@ -45,17 +45,28 @@ inline bool ahead_pays(int rows) {
   return rows > 1 || !amd;
 }
 
-enum Path : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2 = 2 };
+// kAvxVnni: 256-bit vectors with vpdpbusd, VEX encoded (AVX-VNNI) where the CPU has it, else
+// EVEX (AVX-512 VNNI with VL).
+enum Path : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2 = 2, kAvxVnni = 3 };
+
+inline bool has_vex_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avxvnni");
+}
 
 inline bool supported(int64_t path) {
   __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
   switch (path) {
     case kAvx512Vnni:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     case kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return avx2;
+    case kAvxVnni:
+      return avx2 && (has_vex_vnni() || (__builtin_cpu_supports("avx512vl") &&
+                                         __builtin_cpu_supports("avx512vnni")));
     default:
       return false;
   }

@@ -134,9 +134,28 @@ BlockRun block_run(bool q6k, int64_t bits) {
                      : run_block<Tile, 8, Half>;
 }
 
+template <template <int, bool, int> class Tile>
+BlockRun block_run(bool half, bool q6k, int64_t bits) {
+  return half ? block_run<Tile, true>(q6k, bits) : block_run<Tile, false>(q6k, bits);
+}
+
+// The block function of a path (one this CPU runs) and form.
+BlockRun block_run_of(int64_t path, bool half, bool q6k, int64_t bits) {
+  switch (path) {
+    case kAvx512Vnni:
+      return block_run<Avx512Vnni>(half, q6k, bits);
+    case kAvxVnni:
+      return has_vex_vnni() ? block_run<AvxVnni>(half, q6k, bits)
+                            : block_run<Avx512VlVnni>(half, q6k, bits);
+    default:
+      return block_run<Avx2>(half, q6k, bits);
+  }
+}
+
 // The fastest path this CPU runs (0: none, use the PyTorch reference).
 int64_t best_path() {
   if (supported(kAvx512Vnni)) return kAvx512Vnni;
+  if (has_vex_vnni() && supported(kAvxVnni)) return kAvxVnni;
   if (supported(kAvx2)) return kAvx2;
   return kAuto;
 }
@@ -158,11 +177,7 @@ void superblock_product(const float* x, int64_t rows, const uint8_t* packed, int
   const bool q6k = sub == 16;
   const int64_t blocks = (n + kLanes - 1) / kLanes, stride = block_bytes(k, bits, q6k, half);
   const Activations a = quantize_rows(x, rows, k, q6k);
-  const BlockRun run = path == kAvx512Vnni
-                           ? (half ? block_run<Avx512Vnni, true>(q6k, bits)
-                                   : block_run<Avx512Vnni, false>(q6k, bits))
-                           : (half ? block_run<Avx2, true>(q6k, bits)
-                                   : block_run<Avx2, false>(q6k, bits));
+  const BlockRun run = block_run_of(path, half, q6k, bits);
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(rows * kLanes);
     for (int64_t block = begin; block < end; ++block) {

@@ -131,76 +131,41 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
   }
 }
 
-// The same sums with AVX2, 8 outputs (half a block) at a time (``dot_avx2``).
-template <int Form, bool Half, int R>
-__attribute__((target("avx2,fma,f16c"))) inline void tile_avx2(const uint8_t* block,
-                                                               const Activations& a,
-                                                               int64_t first, int64_t k,
-                                                               float* out) {
-  const int64_t groups = k / kGroup;
-  const bool ahead = ahead_pays(R);
-  for (int half = 0; half < 2; ++half) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    const uint8_t* record = block;
-    for (int64_t s = 0; s < a.supers; ++s) {
-      const int64_t n = std::min(kSuper, groups - s * kSuper);
-      constexpr int64_t kCodeBytes = code_bytes<Form>();
-      constexpr int Bits = kBits<Form>;
-      const uint8_t* meta = record + n * kCodeBytes;
-      __m256i S[R], M[R];
-      for (int r = 0; r < R; ++r) S[r] = M[r] = _mm256_setzero_si256();
-      for (int64_t j = 0; j < n; ++j) {
-        const uint8_t* codes = record + j * kCodeBytes;
-        if (half == 0 && ahead) prefetch_ahead(codes, kAheadLines<Form>);  // 2nd: cache
-        __m256i lo[kAvx2Chunks<Bits>], hi[kAvx2Chunks<Bits>];
-        load_codes_avx2<Bits>(codes, half, lo, hi);
-        if constexpr (Form == kQ6K) {  // as the AVX-512 tile: the halves' own sub-scales
-          const __m256i pairs = _mm256_cvtepi8_epi16(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(meta + 32 * j + 16 * half)));
-          const __m256i first_sc = _mm256_srai_epi32(_mm256_slli_epi32(pairs, 16), 16);
-          const __m256i second_sc = _mm256_srai_epi32(pairs, 16);
-          for (int r = 0; r < R; ++r) {
-            const int8_t* p = a.codes.data() + (first + r) * k + (s * kSuper + j) * kGroup;
-            const __m256i both =
-                _mm256_add_epi32(_mm256_mullo_epi32(dot_avx2_chunks(lo, hi, p, 0, 2), first_sc),
-                                 _mm256_mullo_epi32(dot_avx2_chunks(lo, hi, p, 2, 4), second_sc));
-            S[r] = _mm256_add_epi32(S[r], both);
-          }
-          continue;
-        }
-        const __m256i sc = _mm256_cvtepu8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta + 16 * j + 8 * half)));
-        for (int r = 0; r < R; ++r) {
-          const int8_t* p = a.codes.data() + (first + r) * k + (s * kSuper + j) * kGroup;
-          const __m256i d = dot_avx2<Bits>(lo, hi, p);
-          S[r] = _mm256_add_epi32(S[r], _mm256_mullo_epi32(d, sc));
-        }
-      }
-      const uint8_t* minimums = Form == kQ6K ? meta : meta + 128;
-      const int64_t used = Form == kQ6K ? n : (n + 1) / 2;
-      for (int64_t pair = 0; pair < used; ++pair) {
-        const __m256i mn = _mm256_cvtepi8_epi16(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(minimums + 32 * pair + 16 * half)));
-        for (int r = 0; r < R; ++r) {
-          int32_t sums;
-          std::memcpy(&sums, &a.sums[((first + r) * a.supers + s) * a.per + 2 * pair], 4);
-          M[r] = _mm256_add_epi32(M[r], _mm256_madd_epi16(mn, _mm256_set1_epi32(sums)));
-        }
-      }
-      const __m256 d = factors8<Form, Half>(meta, 0, half);
-      const __m256 dmin = factors8<Form, Half>(meta, 1, half);
-      for (int r = 0; r < R; ++r) {
-        const __m256 t = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(S[r])),
-                                       _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(M[r])));
-        acc[r] = _mm256_add_ps(
-            acc[r], _mm256_mul_ps(t, _mm256_set1_ps(a.scale[(first + r) * a.supers + s])));
-      }
-      record = meta + kMetaBytes<Form, Half>;
-    }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * kLanes + 8 * half, acc[r]);
-  }
-}
+// The 256-bit tiles (superblock_tile256.inc), once per instruction set: AVX2's vpmaddubsw, and
+// vpdpbusd as AVX-VNNI encodes it (VEX: Intel's client CPUs from the 12th generation) and as
+// AVX-512 VNNI does (EVEX, for CPUs with AVX-512 VNNI but not AVX-VNNI, AMD's Zen 4 among them:
+// the same tile, testable there).
+#define QD_DOT_MADDUBS 1
+#define QD_DOT_VNNI 2
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+#define QD_DOT QD_DOT_MADDUBS
+#include "superblock_tile256.inc"
+#undef QD_DOT
+}  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+namespace avx_vnni {
+#define QD_DOT QD_DOT_VNNI
+#include "superblock_tile256.inc"
+#undef QD_DOT
+}  // namespace avx_vnni
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+namespace avx512_vl_vnni {
+#define QD_DOT QD_DOT_VNNI
+#define QD_DOT_EVEX
+#include "superblock_tile256.inc"
+#undef QD_DOT_EVEX
+#undef QD_DOT
+}  // namespace avx512_vl_vnni
+#pragma GCC pop_options
 
 // A path's tile: up to kRows rows at once (as many as its vector registers hold).
 template <int Form, bool Half, int R>
@@ -213,9 +178,25 @@ struct Avx512Vnni {
 
 template <int Form, bool Half, int R>
 struct Avx2 {
-  static constexpr int kRows = 8;  // 16 registers of 256 bits
+  static constexpr int kRows = avx2::kRows;
   static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out) {
-    tile_avx2<Form, Half, R>(b, a, first, k, out);
+    avx2::tile<Form, Half, R>(b, a, first, k, out);
+  }
+};
+
+template <int Form, bool Half, int R>
+struct AvxVnni {
+  static constexpr int kRows = avx_vnni::kRows;
+  static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out) {
+    avx_vnni::tile<Form, Half, R>(b, a, first, k, out);
+  }
+};
+
+template <int Form, bool Half, int R>
+struct Avx512VlVnni {
+  static constexpr int kRows = avx512_vl_vnni::kRows;
+  static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out) {
+    avx512_vl_vnni::tile<Form, Half, R>(b, a, first, k, out);
   }
 };
 
