@@ -230,7 +230,7 @@ def test_bad_quickdraft_options_get_a_400_naming_the_field(target, tokenizer):
 
 def test_the_page_is_self_contained_and_talks_to_its_own_server_only(target, tokenizer):
     engine = Engine(target, None, **ALWAYS, tokenizer=tokenizer, max_batch=2)
-    with serving(engine, tokenizer, api_key="k") as url:
+    with serving(engine, tokenizer, api_keys=("k",)) as url:
         host, port = url.removeprefix("http://").split(":")
         import http.client
 

@@ -93,10 +93,14 @@ def client(url: str, key: str = "none") -> openai.OpenAI:
 
 
 def raw(url: str, method: str, path: str, body: bytes | None = None, headers=None):
-    """(status, parsed JSON or text) of one plain HTTP request."""
+    """(status, parsed JSON or text) of one plain HTTP request; a body is sent as JSON
+    unless ``headers`` give its Content-Type."""
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    conn.request(method, path, body=body, headers=headers or {})
+    headers = dict(headers or {})
+    if body is not None and not any(k.lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"
+    conn.request(method, path, body=body, headers=headers)
     response = conn.getresponse()
     data = response.read().decode()
     conn.close()
@@ -266,7 +270,12 @@ def test_disconnects_timeouts_and_a_full_queue_free_their_rows(target, tokenizer
         # A non-streamed request whose client leaves before the answer.
         host, port = url.removeprefix("http://").split(":")
         conn = http.client.HTTPConnection(host, int(port))
-        conn.request("POST", "/v1/completions", body=json.dumps(body).encode())
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         time.sleep(0.3)
         conn.close()
         assert settled(url)["quickdraft_cache_rows_in_use"] == 0
@@ -292,7 +301,7 @@ def test_disconnects_timeouts_and_a_full_queue_free_their_rows(target, tokenizer
 
 def test_api_key(target, tokenizer):
     engine = Engine(target, None, tokenizer=tokenizer, max_batch=1, max_model_len=256)
-    with serving(engine, tokenizer, api_key="sesame") as url:
+    with serving(engine, tokenizer, api_keys=("sesame",)) as url:
         with pytest.raises(openai.AuthenticationError):
             client(url, "wrong").models.list()
         status, error = raw(url, "GET", "/v1/models")

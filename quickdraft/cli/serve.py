@@ -62,7 +62,17 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--api-key",
         default=os.environ.get("QUICKDRAFT_API_KEY"),
-        help="require Authorization: Bearer KEY on /v1 routes (default: $QUICKDRAFT_API_KEY)",
+        help="require Authorization: Bearer KEY on /v1 routes; KEY,KEY,... takes several, "
+        "each a tenant, whose suffix-decoding trie and reported cached tokens are its own "
+        "(default: $QUICKDRAFT_API_KEY)",
+    )
+    serve.add_argument(
+        "--allowed-hosts",
+        default=None,
+        metavar="HOST[:PORT],...",
+        help="Host headers the server answers (* for any); others get 421. Default: without "
+        "--api-key, localhost, 127.0.0.1, [::1] and --host at --port (and any IP address when "
+        "--host is 0.0.0.0 or ::), against DNS rebinding; with --api-key, any",
     )
     serve.add_argument(
         "--served-model-name", default=None, help="the model id clients send (default --target)"
@@ -185,6 +195,25 @@ def speculative_config(
     return spec, draft, int8
 
 
+def _keys_and_hosts(
+    keys: str | None, hosts: str | None
+) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """--api-key's keys and --allowed-hosts' entries, checked before any loading."""
+    from quickdraft.server.guard import HostRules
+
+    api_keys = tuple(key.strip() for key in (keys or "").split(",") if key.strip())
+    if keys is not None and keys.strip() and not api_keys:
+        raise ValueError("--api-key: give a key, or leave the option out")
+    allowed = None
+    if hosts is not None:
+        allowed = tuple(entry.strip() for entry in hosts.split(","))
+        try:
+            HostRules.parse(allowed)
+        except ValueError as error:
+            raise ValueError(f"--{error}".replace("allowed_hosts", "allowed-hosts", 1)) from None
+    return api_keys, allowed
+
+
 def _server_class(loop, grace: float):
     import uvicorn
 
@@ -231,6 +260,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    api_keys, allowed_hosts = _keys_and_hosts(args.api_key, args.allowed_hosts)
     for name in ("request_timeout", "shutdown_grace"):
         value = getattr(args, name)
         if not value > 0:
@@ -264,7 +294,10 @@ def _serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         model_name=name,
         method=str(spec.method),
-        api_key=args.api_key,
+        api_keys=api_keys,
+        host=args.host,
+        port=args.port,
+        allowed_hosts=allowed_hosts,
         max_queue=args.max_queue,
         request_timeout=args.request_timeout,
         playground=args.playground,

@@ -39,7 +39,8 @@ class Grammars:
         import llguidance
 
         try:
-            inner = llguidance.LLMatcher(self.tokenizer, constraint.grammar)
+            # log_level 0: its warnings repeat the error it reports, on stderr
+            inner = llguidance.LLMatcher(self.tokenizer, constraint.grammar, log_level=0)
         except BaseException as error:  # a Rust panic is a BaseException
             if not is_panic(error):
                 raise

@@ -36,8 +36,12 @@ class Answer:
         timeout: float,
         loop: EngineLoop,
         metrics: Metrics,
+        constraint_field: str | None = None,
     ):
+        """constraint_field: the field that set the request's structured output, which an
+        error names if the grammar fails mid-output."""
         self.req, self.choices, self.inbox = req, choices, inbox
+        self.constraint_field = constraint_field
         self.model, self.method, self.timeout = model, method, timeout
         self.loop, self.metrics = loop, metrics
         self.chat = isinstance(req, ChatRequest)
@@ -75,6 +79,9 @@ class Answer:
                 self._end("error")
                 raise _failure_error(item)
             self._count(self.by_id[item.request_id], item)
+            if item.finish_reason == "error":
+                self._end("error")
+                raise self._constraint_error()
 
     def _response(self) -> dict[str, Any]:
         choices = []
@@ -129,6 +136,10 @@ class Answer:
                 break
             choice = self.by_id[item.request_id]
             piece, logprobs, steps = self._count(choice, item)
+            if item.finish_reason == "error":  # no finish chunk: an error event ends it
+                self._end("error")
+                yield _sse(self._constraint_error().body())
+                break
             if piece or logprobs or steps or item.finished:
                 delta = {"content": piece} if self.chat else piece
                 chunk = self._chunk(kind, choice, delta, item.finish_reason, logprobs)
@@ -175,6 +186,17 @@ class Answer:
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _constraint_error(self) -> ApiError:
+        """A choice's grammar failed mid-output (one of llguidance's per-step limits): its
+        text matches nothing, so the request fails rather than return it."""
+        field = self.constraint_field or "response_format"
+        return ApiError(
+            400,
+            f"{field}: the grammar library could not follow this constraint past part of the "
+            "output (a limit of its per-token work); simplify the constraint",
+            field,
+        )
 
     def _timeout_message(self) -> str:
         return f"the request ran past the server's timeout of {self.timeout:g} s"

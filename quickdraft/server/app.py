@@ -8,6 +8,7 @@ past ``request_timeout``, is aborted, and the engine frees its rows at its next 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 import time
@@ -21,9 +22,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from quickdraft.config import check_range
 from quickdraft.engine.core import Engine
 from quickdraft.models.tokenizer import HFTokenizer
 from quickdraft.server.answer import Answer
+from quickdraft.server.grammar import Compiler
+from quickdraft.server.guard import HostGuard, HostRules, require_json
+from quickdraft.server.inputs import prompt_count, prompt_ids, read_body
 from quickdraft.server.loop import QueueFull, Unavailable
 from quickdraft.server.metrics import Metrics
 from quickdraft.server.page import playground_response
@@ -32,8 +37,6 @@ from quickdraft.server.protocol import (
     ApiError,
     ChatRequest,
     CompletionRequest,
-    constraint_field,
-    constraint_for,
     parse,
     read_json,
     refuse_unsupported,
@@ -48,18 +51,47 @@ log = logging.getLogger("quickdraft.server")
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """model_name: the id clients send as ``model``. method: reported in responses.
-    api_key: when set, /v1 routes need ``Authorization: Bearer <key>``. max_queue: requests
-    waiting beyond the engine's rows before the server answers 429. request_timeout: seconds
-    before a request is aborted (408, or an error event in a stream). max_body_bytes: larger
-    request bodies get 413. playground: serve the playground page at ``/``."""
+    api_keys: when given, /v1 routes need ``Authorization: Bearer <key>`` with one of them;
+    each key is a tenant (what the server shares between clients: README.md). max_queue:
+    requests waiting beyond the engine's rows before the server answers 429. request_timeout:
+    seconds before a request is aborted (408, or an error event in a stream).
+    max_body_bytes: larger request bodies get 413. playground: serve the playground page at
+    ``/``. host, port: the address the server is bound to (port None: any), which the Host
+    header must name when there are no api_keys (``server.guard``); allowed_hosts replaces
+    that check's names (``name`` or ``name:port``, ``*`` for any) and applies with api_keys
+    too. max_constraint_bytes, constraint_timeout: the largest structured output (its JSON or
+    text) a request may send, and the seconds its compiling may take; past either, a 400."""
 
     model_name: str
     method: str = "ar"
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()
     max_queue: int = 64
     request_timeout: float = 600.0
     max_body_bytes: int = 4 << 20
     playground: bool = True
+    host: str = "127.0.0.1"
+    port: int | None = None
+    allowed_hosts: tuple[str, ...] | None = None
+    max_constraint_bytes: int = 256 << 10
+    constraint_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.api_keys, tuple) or not all(
+            isinstance(key, str) and key for key in self.api_keys
+        ):
+            raise ValueError("api_keys must be a tuple of non-empty strings")
+        if self.allowed_hosts is not None:
+            HostRules.parse(self.allowed_hosts)  # a ValueError naming allowed_hosts
+        check_range("max_constraint_bytes", self.max_constraint_bytes, 1, 1 << 30, integer=True)
+        check_range("constraint_timeout", self.constraint_timeout, 0.001, 3600.0)
+
+    def host_rules(self) -> HostRules:
+        """What the Host check allows (``server.guard``)."""
+        if self.allowed_hosts is not None:
+            return HostRules.parse(self.allowed_hosts)
+        if self.api_keys:
+            return HostRules(everything=True)
+        return HostRules.bound(self.host, self.port)
 
 
 def create_app(
@@ -75,18 +107,22 @@ def create_app(
     metrics = Metrics(engine.needs.depth)
     pool = EnginePool(engine, config.method, metrics, config.max_queue, others)
     texts = TokenTexts(tokenizer)
+    compiler = Compiler(config.max_constraint_bytes, config.constraint_timeout)
+    tenants = {key: _tenant(key) for key in config.api_keys}
     created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool.start()
         yield
+        compiler.close()
         await run_in_threadpool(pool.stop)
 
     app = FastAPI(
         title="quickdraft", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.loop, app.state.metrics = pool, metrics
+    app.add_middleware(HostGuard, rules=config.host_rules())
 
     # -- errors and authentication -------------------------------------------------------
 
@@ -107,16 +143,22 @@ def create_app(
         body = ApiError(500, "internal server error (see the server's log)", kind="server_error")
         return JSONResponse(body.body(), status_code=500)
 
-    def authorize(request: Request) -> None:
-        if config.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {config.api_key}".encode()):
+    def authorize(request: Request) -> str | None:
+        """The request's tenant (its key's, hashed); None without api_keys (one tenant)."""
+        if not config.api_keys:
+            return None
+        given = request.headers.get("authorization", "").encode()
+        found = None
+        for key, tenant in tenants.items():  # every key compared: the time tells none
+            if secrets.compare_digest(given, f"Bearer {key}".encode()):
+                found = tenant
+        if found is None:
             raise ApiError(
                 401,
                 "missing or wrong API key: send the header Authorization: Bearer <key>",
                 code="invalid_api_key",
             )
+        return found
 
     # -- routes ----------------------------------------------------------------------------
 
@@ -172,8 +214,9 @@ def create_app(
     # -- one request -------------------------------------------------------------------------
 
     async def _serve(request: Request, kind: type[CompletionRequest | ChatRequest]) -> Response:
-        authorize(request)
-        body = read_json(await _body(request, config.max_body_bytes))
+        tenant = authorize(request)
+        require_json(request.headers.get("content-type"))
+        body = read_json(await read_body(request, config.max_body_bytes))
         req = parse(kind, body)
         if req.model is not None and req.model != config.model_name:
             raise ApiError(
@@ -185,7 +228,7 @@ def create_app(
             )
         refuse_unsupported(req)
         loop = await pool.loop_for(req.method)
-        count = _prompt_count(req) * req.choices_per_prompt
+        count = prompt_count(req) * req.choices_per_prompt
         if count > loop.limit:  # could never run: say so, not "retry later", before any work
             field = "n" if req.choices_per_prompt > 1 else "prompt"
             raise ApiError(
@@ -194,12 +237,16 @@ def create_app(
                 f"once ({loop.limit})",
                 field,
             )
-        prompts = await run_in_threadpool(_prompts, req, tokenizer)
-        await _bind_constraint(req, loop.engine)
+        prompts = await run_in_threadpool(prompt_ids, req, tokenizer)
+        bound = await compiler.bind(req, loop.engine)  # (field, constraint) or None
+        constraint = None if bound is None else bound[1]
         jobs = []
         for ids in prompts:
             for n in range(req.choices_per_prompt):
-                sampling = sampling_for(req, len(ids), loop.engine.max_model_len, n)
+                sampling = sampling_for(
+                    req, len(ids), loop.engine.max_model_len, n,
+                    constraint=constraint, tenant=tenant,
+                )  # fmt: skip
                 try:
                     loop.engine.check_request(ids, sampling)
                 except ValueError as error:
@@ -212,8 +259,18 @@ def create_app(
             raise ApiError(429, str(error), kind="rate_limit_error", code="queue_full") from None
         except Unavailable as error:
             raise ApiError(503, str(error), kind="server_error") from None
+        redact = loop.engine.needs.pooled  # its rejected drafts may be others' text
         choices = [
-            Choice(index, request_id, ids, sampling, tokenizer, texts, keep_steps=not req.stream)
+            Choice(
+                index,
+                request_id,
+                ids,
+                sampling,
+                tokenizer,
+                texts,
+                keep_steps=not req.stream,
+                redact=redact,
+            )
             for index, (request_id, (ids, sampling)) in enumerate(
                 zip(request_ids, jobs, strict=True)
             )
@@ -227,6 +284,7 @@ def create_app(
             timeout=config.request_timeout,
             loop=loop,
             metrics=metrics,
+            constraint_field=None if bound is None else bound[0],
         )
         if req.stream:
             return answer.streaming()
@@ -236,70 +294,7 @@ def create_app(
     return app
 
 
-async def _bind_constraint(req: CompletionRequest | ChatRequest, engine: Engine) -> None:
-    """Bind the request's structured output to the model's tokenizer before it queues, off
-    the event loop (the first one builds the tokenizer's index, 0.3-1.4 s): a grammar this
-    model cannot follow is a 400 naming its field, before a stream has begun, and not on the
-    engine's thread, where it stalled every running request. Compiled once, then cached."""
-    constraint = constraint_for(req)
-    if constraint is None:
-        return
-    try:
-        await run_in_threadpool(engine.constraints.matcher, constraint)
-    except ValueError as error:
-        field = constraint_field(req)
-        message = str(error).split(": ", 1)[-1]
-        raise ApiError(400, f"{field}: {message}", field) from None
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes (read no further)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(
-            413, f"body: {declared} bytes, more than the {limit} this server takes", "body"
-        )
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"body: more than the {limit} bytes this server takes", "body")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _prompt_count(req: CompletionRequest | ChatRequest) -> int:
-    if isinstance(req, ChatRequest):
-        return 1
-    prompt = req.prompt
-    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-        return 1
-    return len(prompt)
-
-
-def _prompts(req: CompletionRequest | ChatRequest, tokenizer: HFTokenizer) -> list[list[int]]:
-    """The token ids of each prompt (one for chat; a completion may send several)."""
-    if isinstance(req, ChatRequest):
-        try:
-            return [tokenizer.apply_chat([m.as_template_input() for m in req.messages])]
-        except Exception as error:  # no template, or one that rejects these roles
-            raise ApiError(400, f"messages: {error}", "messages") from None
-    prompt = req.prompt
-    if isinstance(prompt, str):
-        prompts: list = [prompt]
-    elif prompt and isinstance(prompt[0], int):
-        prompts = [prompt]
-    else:
-        prompts = list(prompt)
-    if not prompts:
-        raise ApiError(400, "prompt: give at least one prompt", "prompt")
-    out = []
-    for item in prompts:
-        try:
-            ids = tokenizer.encode(item) if isinstance(item, str) else list(item)
-        except ValueError as error:  # text that is not valid UTF-8 (a lone surrogate)
-            raise ApiError(400, str(error), "prompt") from None
-        if not ids:
-            raise ApiError(400, "prompt: an empty prompt (no tokens)", "prompt")
-        out.append(ids)
-    return out
+def _tenant(key: str) -> str:
+    """A tenant's name from its API key: a digest, so that no key sits in the engine's
+    requests or the drafters' state."""
+    return hashlib.sha256(key.encode()).hexdigest()[:16]

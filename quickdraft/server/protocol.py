@@ -216,24 +216,13 @@ def refuse_unsupported(request: _Common) -> None:
 _VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 
 
-def constraint_for(request: CompletionRequest | ChatRequest) -> Constraint | None:
-    """The request's structured output, from OpenAI's ``response_format`` (chat) or vLLM's
-    extensions; a 400 naming the field for a malformed one, or for more than one. The schema
-    is always enforced (``strict`` false asks for less, and gets it too)."""
+def structured_output(request: CompletionRequest | ChatRequest) -> tuple[str, str, Any] | None:
+    """(field, kind, value) of the request's structured output, from OpenAI's
+    ``response_format`` (chat) or vLLM's extensions; None when it asks for none; a 400 naming
+    the field for more than one. The schema is always enforced (``strict`` false asks for
+    less, and gets it too). ``server.grammar`` compiles it, within bounds."""
     given = _structured_outputs(request)
-    if not given:
-        return None
-    field, kind, value = given[0]
-    try:
-        return Constraint(kind, value)
-    except ValueError as error:
-        message = str(error).split(": ", 1)[-1]
-        raise ApiError(400, f"{field}: {message}", field) from None
-
-
-def constraint_field(request: CompletionRequest | ChatRequest) -> str:
-    """The field that set the request's structured output (``constraint_for`` checked it)."""
-    return _structured_outputs(request)[0][0]
+    return given[0] if given else None
 
 
 def _structured_outputs(request: CompletionRequest | ChatRequest) -> list[tuple[str, str, Any]]:
@@ -293,10 +282,14 @@ def sampling_for(
     prompt_tokens: int,
     max_model_len: int,
     choice: int,
+    *,
+    constraint: Constraint | None = None,
+    tenant: str | None = None,
 ) -> SamplingParams:
     """The request's sampling for one choice: choice i of a seeded request gets seed + i, so
     that n choices differ and each is reproducible. ``max_tokens`` defaults to 16 for
-    completions (OpenAI's default) and to the rest of the context for chat."""
+    completions (OpenAI's default) and to the rest of the context for chat. constraint: the
+    request's structured output, compiled (``server.grammar``); tenant: its API key's."""
     chat = isinstance(request, ChatRequest)
     limit_name = "max_tokens"
     if chat and request.max_completion_tokens is not None:
@@ -344,7 +337,8 @@ def sampling_for(
             ignore_eos=bool(request.ignore_eos),
             logprobs=logprobs,
             draft_steps=request.steps,
-            constraint=constraint_for(request),
+            constraint=constraint,
+            tenant=tenant,
         )
     except ValueError as error:
         message = str(error)

@@ -29,10 +29,13 @@ class Choice:
         tokens: TokenTexts,
         *,
         keep_steps: bool = True,
+        redact: bool = False,
     ):
         """keep_steps: keep the verify steps' JSON for the whole response (a stream sends
-        each with its chunk and keeps none)."""
+        each with its chunk and keeps none). redact: show no draft token the target rejected
+        (a drafter that pools requests' text: it may be another client's)."""
         self.index, self.request_id = index, request_id
+        self.redact = redact
         self.prompt, self.sampling = prompt, sampling
         self.tokens = tokens
         self.stream = TextStream(tokenizer, sampling.stop)
@@ -80,11 +83,16 @@ class Choice:
     def step_json(self, step: StepDetail) -> dict[str, Any]:
         """One verify step as the ``steps`` extension sends it: each draft node (token, its
         text and bytes, its parent), the accepted nodes, the target's own token and its
-        origin, and how many of the step's tokens the output kept."""
+        origin, and how many of the step's tokens the output kept. A redacted node (see
+        ``redact``) keeps its place and parent, its id, text and bytes null: the accepted
+        nodes are the client's own output, the rejected ones may be another's text."""
+        kept = set(step.accepted)
         return {
             "draft": [
                 {**self._token(token), "parent": parent}
-                for token, parent in zip(step.draft, step.parents, strict=True)
+                if node in kept or not self.redact
+                else {"id": None, "text": None, "bytes": None, "parent": parent}
+                for node, (token, parent) in enumerate(zip(step.draft, step.parents, strict=True))
             ],
             "accepted": list(step.accepted),
             "token": self._token(step.token),
@@ -153,12 +161,14 @@ class Choice:
 
 def usage(choices: list[Choice]) -> dict[str, Any]:
     """OpenAI's usage: each distinct prompt counted once, every choice's tokens; of the
-    prompt tokens, those found cached (prefix caching: a distinct prompt's most)."""
+    prompt tokens, those found cached (prefix caching: a distinct prompt's most), counting
+    only prefixes a request of the same tenant (API key) left: the cache is shared, but
+    whether another client sent a prefix is not told (``Stats.cached_own_tokens``)."""
     prompts: dict[int, int] = {}
     cached: dict[int, int] = {}
     for choice in choices:
         prompts.setdefault(id(choice.prompt), len(choice.prompt))
-        found = 0 if choice.stats is None else choice.stats.cached_prompt_tokens
+        found = 0 if choice.stats is None else choice.stats.cached_own_tokens
         cached[id(choice.prompt)] = max(cached.get(id(choice.prompt), 0), found)
     prompt_tokens = sum(prompts.values())
     completion = sum(len(c.token_ids) for c in choices)
