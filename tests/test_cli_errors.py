@@ -218,6 +218,9 @@ def invocations(f) -> list[list[str]]:
         ["train", "router", "--draft", "smollm2-135m", "--data", str(f["corpus"]), "--out", out,
          "--core", "-1"],
         [*gen, "--max-new-tokens", " 5"],
+        [*gen, "--regex", "ab\\"],  # a lone trailing backslash, refused, not dropped
+        [*gen, "--regex", "a{1000000}"],  # fails along its first tokens: refused up front
+        ["serve", "--allowed-hosts", "bad host", "--speculative-config", '{"method": "ar"}'],
         [*gen, "-k", "\u0663"],
         [*gen, "--method", "medusa", "--tree", "9" * 10000],
         [*gen, "--shortlist", " fr:32"],
@@ -300,3 +303,28 @@ def test_serve_on_a_taken_port_fails_before_loading_anything():
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "--port" in lines[0] and str(port) in lines[0], done.stderr
     assert "loading" not in done.stderr
+
+
+def test_generate_whose_grammar_fails_mid_output_exits_2(monkeypatch, capsys):
+    """A grammar the library stops following past its first tokens (its per-step limits)
+    makes no result: one line naming the constraint and exit 2, not its text and 0."""
+    from quickdraft.constraints import matcher
+
+    advance = matcher.Matcher.advance
+
+    def counting(self, tokens):
+        taken = advance(self, tokens)
+        self.walked = getattr(self, "walked", 0) + taken
+        return taken
+
+    monkeypatch.setattr(matcher.Matcher, "advance", counting)
+    monkeypatch.setattr(
+        matcher.Matcher,
+        "error",
+        property(lambda self: "a limit" if getattr(self, "walked", 0) > 8 else None),
+    )
+    argv = ["generate", "hi", "--max-new-tokens", "30", "--method", "ar", "--regex", "[a-z ]+"]
+    assert main([*argv, "--temperature", "0"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith("quickdraft: load")]
+    assert len(lines) == 1 and "regex" in lines[0] and "could not follow" in lines[0], lines
