@@ -167,7 +167,8 @@ def test_an_aborted_requests_output_leaves_the_shared_trie_at_once(targets):
         engine.step()
     assert 0 < drafter.cached_tokens < partial + 40  # "cut"'s tokens went
     assert (
-        drafter.cached_tokens <= 40 + 8 and sum(len(out) for _, out in drafter.retired) == drafter.cached_tokens
+        drafter.cached_tokens <= 40 + 8
+        and sum(len(out) for _, out in drafter.retired) == drafter.cached_tokens
     )
 
 
