@@ -18,6 +18,7 @@ with ``LockTimeout`` naming the lock.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -74,7 +75,7 @@ class Extension:
             sys.executable,
             sysconfig.get_paths()["include"],
             *cpp_extension.include_paths(),
-            *compiler_identity(),
+            *compiler_identity(os.environ.get("CXX", "c++")),
             *self.cflags,
             "--",
             *self.ldflags,
@@ -87,10 +88,11 @@ class Extension:
         return root / "kernels" / f"{version}-{self.key()}"
 
 
-def compiler_identity() -> tuple[str, str]:
-    """The C++ compiler ``cpp_extension`` uses ($CXX, else c++): its resolved path and the first
-    line of its ``--version``, so an upgraded or switched compiler gets a folder of its own."""
-    name = os.environ.get("CXX", "c++")
+@functools.cache
+def compiler_identity(name: str) -> tuple[str, str]:
+    """The C++ compiler ``name`` (what ``cpp_extension`` runs: $CXX, else c++): its resolved
+    path and the first line of its ``--version``, so an upgraded or switched compiler gets a
+    folder of its own. Once per process."""
     path = shutil.which(name) or name
     try:
         done = subprocess.run(
