@@ -32,7 +32,9 @@ at the measured peak arithmetic rate (2 FLOPs a parameter).
 
 llama.cpp is not a project dependency: build it in the benchmark's own folder, with every
 vector extension this VM allows (AMX tiles are listed in /proc/cpuinfo but fault here; set
-GGML_AVX_VNNI=OFF on a CPU without ``avx_vnni`` in /proc/cpuinfo, such as AMD's Zen 4):
+GGML_AVX_VNNI=OFF on a CPU without ``avx_vnni`` in /proc/cpuinfo, such as AMD's Zen 4; for an
+AVX2-only comparison on a CPU with more, build with every AVX-512 and VNNI option OFF and run
+quickdraft with ``QUICKDRAFT_Q4_PATH=avx2``, which the report's machine line records):
 
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \\
       -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \\
@@ -44,6 +46,7 @@ GGML_AVX_VNNI=OFF on a CPU without ``avx_vnni`` in /proc/cpuinfo, such as AMD's 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -55,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from quickdraft import SamplingParams, SpecConfig, generate
+from quickdraft import SamplingParams, SpecConfig, generate, kernels
 from quickdraft.bench.machine import describe_machine
 from quickdraft.bench.tasks import TASK_DIR, load_tasks
 from quickdraft.drafters.eagle.io import ARTIFACTS as EAGLE_ARTIFACTS
@@ -192,6 +195,12 @@ def quickdraft_rows(args) -> tuple[list[Row], object, int]:
             )
         if "lookahead" in methods:
             configs.append(("lookahead", SpecConfig(method="lookahead"), None))
+        if args.whole:  # each speculative row again, drafting whole every step (no sizing)
+            configs += [
+                (f"{name} (whole)", dataclasses.replace(spec, adaptive_k=False), model)
+                for name, spec, model in configs
+                if spec is not None
+            ]
         for name, spec, model in configs:
             drafter = None
             if spec is not None:
@@ -302,6 +311,12 @@ def main() -> None:
         "eagle (with and without its prompt-lookup graft, where a drafter ships for the "
         "target), suffix, lookahead",
     )
+    parser.add_argument(
+        "--whole",
+        action="store_true",
+        help="also each speculative row drafting its whole draft every step (no goodput "
+        "sizing, SpecConfig.adaptive_k=False)",
+    )
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--out", type=Path, default=RESULTS / "vs_llama_cpp.json")
     args = parser.parse_args()
@@ -349,7 +364,7 @@ def summarise(rows: list[Row], prompts, rates: dict, args) -> dict:
         "draft": args.draft,
         "threads": args.threads,
         "max_new_tokens": args.max_new_tokens,
-        "machine": describe_machine(),
+        "machine": f"{describe_machine()}, q4 path {kernels.best_path()}",
         "rates": rates,
         "prompts": {
             "code": kinds.count("code"),

@@ -321,9 +321,11 @@ class SpecConfig:
         None always drafts. The default was measured (``benchmarks/engine_batch.py``).
         Output stays exact either way. A seeded request's tokens depend on which steps
         drafted only with a sampling drafter (draft_model): its draws include the draft's.
-    adaptive_k: choose k per step, up to ``num_speculative_tokens``, by expected goodput
-        from the running requests' acceptance and the measured draft and verify costs (0:
-        that step decodes plainly); for draft_model, ngram and suffix (``engine.goodput``).
+    adaptive_k: size each step's draft by expected goodput (``engine.goodput``), on by
+        default: a chain's k up to ``num_speculative_tokens``, a tree's best nodes, or no draft
+        while plain decoding is faster, from the running requests' acceptance and the
+        drafter's and this host's verify costs (measured at load). Never changes what is
+        generated; steps of seeded sampled requests keep the whole draft (reproducible).
     options: the method's own options (``MethodOptions``: ``EagleOptions``, ``MedusaOptions``,
         ...), None for the method's defaults. ``drafters.registry.make_spec`` builds a spec
         from flat fields as the command line and JSON configs give them (``tree="6,4,10"``).
@@ -334,7 +336,7 @@ class SpecConfig:
     acceptance: AcceptRule = AcceptRule.REJECTION_SAMPLING
     disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
     options: MethodOptions | None = None
-    adaptive_k: bool = False
+    adaptive_k: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.adaptive_k, bool):

@@ -119,15 +119,16 @@ def tiny_folder_and_corpus(tmp_path, smollm2, family: str):
 def shipped_drafter_runs(smollm2, drafter) -> list[float]:
     """A shipped SmolLM2 drafter on two chat prompts: asserts its greedy outputs equal plain
     decoding's and returns each prompt's mean accepted length."""
-    from quickdraft import SamplingParams, generate
+    from quickdraft import SamplingParams, SpecConfig, generate
 
     target, tokenizer = smollm2
     sampling = SamplingParams(temperature=0, max_new_tokens=40)
+    whole = SpecConfig(adaptive_k=False)  # the drafter's own drafts, every step
     accepted = []
     for text in ("Write a Python function that reverses a list.", "What is 12 times 7?"):
         prompt = tokenizer.apply_chat(text)
         expected = generate(target, prompt, sampling=sampling).token_ids
-        out = generate(target, prompt, sampling=sampling, draft=drafter)
+        out = generate(target, prompt, sampling=sampling, spec=whole, draft=drafter)
         assert out.token_ids == expected
         accepted.append(out.stats.mean_accepted_length)
     return accepted

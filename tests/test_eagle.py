@@ -25,6 +25,8 @@ from quickdraft.drafters.registry import make_spec
 from quickdraft.models.llama import LlamaRunner
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=32)
+# The drafter's own drafts every step (no sizing by goodput): these tests read the drafts.
+WHOLE = SpecConfig(adaptive_k=False)
 PROMPTS = [[5, 17, 3, 99, 42, 5, 17], [1, 2, 3, 1, 2, 3, 1, 2], [7]]
 
 
@@ -79,7 +81,7 @@ def test_eagle_trees_are_token_identical_to_plain_decoding(targets, family, vari
     )
     for prompt in PROMPTS:
         expected = generate(target, prompt, sampling=GREEDY).token_ids
-        out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+        out = generate(target, prompt, sampling=GREEDY, spec=WHOLE, draft=drafter)
         assert out.token_ids == expected, (family, variant, tree, prompt)
 
 
@@ -88,7 +90,7 @@ def test_batched_rows_share_a_tree_shape_and_stay_identical(targets, variant):
     target = targets["llama-untied"]
     drafter = EagleDrafter(target, random_net(target, variant), DynamicTree(3, 3, 7))
     prompts = torch.tensor([[5, 17, 3, 99, 42], [1, 2, 3, 1, 2], [8, 8, 8, 8, 8]])
-    out = generate_batch(target, prompts, sampling=GREEDY, draft=drafter)
+    out = generate_batch(target, prompts, sampling=GREEDY, spec=WHOLE, draft=drafter)
     for row, prompt in enumerate(prompts.tolist()):
         assert out.token_ids[row] == generate(target, prompt, sampling=GREEDY).token_ids
 
@@ -105,7 +107,7 @@ def test_thresholds_grafted_lookup_and_int8_stay_token_identical(targets, family
     assert drafter.needs.tokens == EagleTree.parse(tree).resolve("cpu").tokens + lookup
     for prompt in PROMPTS:
         expected = generate(target, prompt, sampling=GREEDY).token_ids
-        out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+        out = generate(target, prompt, sampling=GREEDY, spec=WHOLE, draft=drafter)
         assert out.token_ids == expected, (family, tree, lookup, prompt)
 
 
@@ -123,7 +125,7 @@ def test_grafted_lookup_follows_the_tree_then_branches_off(targets):
 
     drafter.propose = recording
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
-    out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+    out = generate(target, prompt, sampling=GREEDY, spec=WHOLE, draft=drafter)
     assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
     grafted = 0
     for draft, tokens in drafts:
@@ -153,7 +155,7 @@ def test_a_batch_grafts_lookup_as_a_branch_of_its_own(targets):
 
     drafter.propose = recording
     prompts = torch.tensor([[1, 2, 3, 1, 2, 3], [1, 2, 3, 1, 2, 3], [8, 9, 8, 9, 8, 9]])
-    out = generate_batch(target, prompts, sampling=GREEDY, draft=drafter)
+    out = generate_batch(target, prompts, sampling=GREEDY, spec=WHOLE, draft=drafter)
     for row, prompt in enumerate(prompts.tolist()):
         assert out.token_ids[row] == generate(target, prompt, sampling=GREEDY).token_ids
     assert max(sizes) > 7  # some steps verified a grafted branch
@@ -642,9 +644,9 @@ def test_shortlisted_eagle_is_token_identical_and_drafts_only_shortlisted_tokens
     drafter = EagleDrafter(target, net, DynamicTree(3, 2, 5), lookup=0, shortlist=shortlist)
     drafted = recorded_drafts(drafter)
     for prompt in PROMPTS:
-        out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+        out = generate(target, prompt, sampling=GREEDY, spec=WHOLE, draft=drafter)
         assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
-    batch = generate_batch(target, PROMPTS, sampling=GREEDY, draft=drafter)
+    batch = generate_batch(target, PROMPTS, sampling=GREEDY, spec=WHOLE, draft=drafter)
     assert batch.token_ids == [generate(target, p, sampling=GREEDY).token_ids for p in PROMPTS]
     assert shortlist.mean_size() < target.vocab_size
     assert drafted - set(net.draft_vocab.tolist())  # beyond the network's own 12 tokens
@@ -672,7 +674,7 @@ def test_a_router_on_its_own_thread_drafts_the_trees_an_inline_router_drafts(tar
 
         drafter.propose = recording
         for prompt in PROMPTS:
-            generate(target, prompt, sampling=GREEDY, draft=drafter)
+            generate(target, prompt, sampling=GREEDY, spec=WHOLE, draft=drafter)
     assert len(proposals["dyna-pa"]) > len(PROMPTS)
     assert proposals["dyna-pa"] == proposals["dyna-pa-threaded"]
 
@@ -740,7 +742,7 @@ def test_a_drafter_trained_on_a_subset_scores_the_whole_head(targets, tmp_path):
     drafter = EagleDrafter(target, loaded, DynamicTree(3, 2, 5), lookup=0)
     assert drafter.head_rows == target.vocab_size
     for prompt in PROMPTS:
-        out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+        out = generate(target, prompt, sampling=GREEDY, spec=WHOLE, draft=drafter)
         assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
 
 
@@ -755,7 +757,7 @@ def _drafts_and_lengths(target, net) -> tuple[list, list]:
         return draft
 
     drafter.propose = recording
-    lengths = [generate(target, p, sampling=GREEDY, draft=drafter).stats.accepted_drafts
+    lengths = [generate(target, p, sampling=GREEDY, spec=WHOLE, draft=drafter).stats.accepted_drafts
                for p in PROMPTS]  # fmt: skip
     return drafts, lengths
 
@@ -830,7 +832,7 @@ def test_a_third_party_eagle3_checkpoint_scores_its_own_head(targets, tmp_path):
     assert imported.config.own_head and imported.config.feature_layers == net.config.feature_layers
     drafter = EagleDrafter(target, imported, DynamicTree(3, 2, 5), lookup=0)
     for prompt in PROMPTS:
-        out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+        out = generate(target, prompt, sampling=GREEDY, spec=WHOLE, draft=drafter)
         assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
     shortlist = random_shortlists(target.vocab_size, target.config.hidden_size)["fr"]
     with pytest.raises(ValueError, match="LM head of its own"):
@@ -881,7 +883,7 @@ def test_a_speculators_eagle3_folder_imports(targets, tmp_path):
         if name.startswith("layers.0."):
             assert torch.equal(imported.state_dict()[name], tensor.half().float()), name
     drafter = EagleDrafter(target, imported, DynamicTree(3, 2, 5), lookup=0)
-    out = generate(target, PROMPTS[0], sampling=GREEDY, draft=drafter)
+    out = generate(target, PROMPTS[0], sampling=GREEDY, spec=WHOLE, draft=drafter)
     assert out.token_ids == generate(target, PROMPTS[0], sampling=GREEDY).token_ids
     (folder / "config.json").write_text(json.dumps({**config, "norm_before_residual": True}))
     with pytest.raises(ValueError, match="norm_before_residual"):
@@ -944,7 +946,7 @@ def test_an_eagle1_checkpoint_with_a_bias_imports_and_exports_only_where_it_load
     assert imported.config.fc_bias and imported.draft_vocab.numel() == 40
     drafter = EagleDrafter(target, imported, DynamicTree(3, 2, 5), lookup=0)
     for prompt in PROMPTS:
-        out = generate(target, prompt, sampling=GREEDY, draft=drafter)
+        out = generate(target, prompt, sampling=GREEDY, spec=WHOLE, draft=drafter)
         assert out.token_ids == generate(target, prompt, sampling=GREEDY).token_ids
     with pytest.raises(ValueError, match="no fc bias"):
         export_eagle(imported, target.head_weight.float(), tmp_path / "vllm", "vllm")

@@ -1,6 +1,5 @@
-"""Adaptive k: the goodput rule's choices, cut drafts, and token identity with plain decoding."""
-
-import dataclasses
+"""Draft sizing by goodput: the rule's choices from known costs, cut drafts, the measured cost
+table, and token identity with plain decoding for every method at its default (sized)."""
 
 import pytest
 import torch
@@ -8,12 +7,19 @@ from conftest import tiny_runners
 
 from quickdraft import Engine, SamplingParams, generate, generate_batch
 from quickdraft.bench.labels import parse_label
-from quickdraft.drafters.base import Draft
+from quickdraft.drafters.base import Draft, Needs
 from quickdraft.drafters.registry import build_drafter, make_spec
-from quickdraft.engine.goodput import PROBE_EVERY, PROBE_K, GoodputRule, expected_tokens
+from quickdraft.engine import costs as verify_costs
+from quickdraft.engine.costs import VerifyCosts
+from quickdraft.engine.goodput import PROBE_EVERY, PROBE_K, PROBE_MAX, GoodputRule, expected_tokens
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
+# A host where verifying costs little more than decoding (AVX-512 VNNI), and one where every
+# verified token costs nearly a decode step.
+CHEAP = VerifyCosts((1, 16), (0.010, 0.012))
+DEAR = VerifyCosts((1, 16), (0.010, 0.150))
+MIDDLING = VerifyCosts((1, 16), (0.010, 0.060))
 
 
 @pytest.fixture(scope="module")
@@ -21,34 +27,69 @@ def target():
     return tiny_runners(layers=2)["llama-tied"]
 
 
-def _seen(rule: GoodputRule, slots: list[int], verify_per_token: float, base: float = 0.01):
-    """A drafted step (k = 4, every draft accepted) and a plain one, at these costs."""
-    rule.update(slots, 4, [4] * len(slots), 0.0, base + verify_per_token * 5 * len(slots))
-    rule.update(slots, 0, [0] * len(slots), 0.0, base + verify_per_token * len(slots))
+def _chain_rule(costs: VerifyCosts, rows: int = 4) -> GoodputRule:
+    return GoodputRule(Needs(8, 8, shortens=True), rows, costs)
+
+
+def _drafted(rule: GoodputRule, slots: list[int], k: int, accepted: int, seconds: float):
+    rule.proposed = k > 0
+    draft = Draft.chain(torch.zeros(len(slots), k, dtype=torch.long))
+    rule.update(slots, draft, [accepted] * len(slots), 0.0, seconds)
 
 
 def test_the_rule_drafts_long_when_drafts_land_and_verifying_is_cheap():
-    rule = GoodputRule(max_k=8, rows=4)
-    assert rule.choose([0]) == 8  # nothing measured: draft once, then decode once
-    rule.update([0], 8, [8], 0.0, 0.010)
-    assert rule.choose([0]) == 0
-    rule.update([0], 0, [0], 0.0, 0.010)
+    rule = _chain_rule(CHEAP)
     for _ in range(5):
-        rule.update([0], 8, [8], 0.0, 0.011)
+        _drafted(rule, [0], 8, 8, CHEAP(9))
     assert rule.alpha(0) > 0.9 and rule.choose([0]) == 8
 
 
-def test_the_rule_stops_drafting_for_requests_whose_drafts_fail_and_probes_later():
-    rule = GoodputRule(max_k=8, rows=4)
-    _seen(rule, [0, 1], verify_per_token=0.01)  # verifying costs as much per token as decoding
+def test_the_rule_drafts_nothing_where_verifying_costs_and_drafts_fail_then_probes():
+    rule = _chain_rule(DEAR)
     for _ in range(10):
-        rule.update([0, 1], 2, [0, 0], 0.0, 0.07)
+        _drafted(rule, [0, 1], 2, 0, DEAR(6))
     assert rule.choose([0, 1]) == 0
     for _ in range(PROBE_EVERY):
-        rule.update([0, 1], 0, [0, 0], 0.0, 0.03)
+        _drafted(rule, [0, 1], 0, 0, DEAR(2))
     assert rule.choose([0, 1]) == PROBE_K  # a short draft checks whether it pays again
+    assert rule.wait == 2 * PROBE_EVERY  # and the next wait is longer
     rule.begin([1])  # a new request in slot 1 starts from the prior
     assert rule.alpha(1) == pytest.approx(0.5)
+
+
+def test_a_cheap_verify_keeps_more_of_a_tree_than_a_dear_one():
+    """The same scored tree (EAGLE's path probabilities) is cut to its nodes worth verifying:
+    on a host whose verify costs grow fast, fewer; parents always stay with their children."""
+    tokens = torch.arange(8).unsqueeze(0)
+    parents = [-1, 0, 1, 2, -1, 4, 0, 6]
+    scores = torch.tensor([[0.9, 0.8, 0.6, 0.3, 0.2, 0.15, 0.1, 0.05]], dtype=torch.float64)
+    draft = Draft.from_parents(tokens, parents, scores=scores)
+    kept = {}
+    for name, costs in (("cheap", CHEAP), ("dear", MIDDLING)):
+        rule = GoodputRule(Needs(8, 4), 1, costs)
+        cut = rule.trim(draft, [0])
+        kept[name] = cut.tokens[0].tolist()
+        assert cut.scores is not None and cut.scores.shape == cut.tokens.shape
+        assert cut.tree is not None
+        for node, parent in enumerate(cut.tree.parents.tolist()):
+            assert parent < node  # a tree: parents first
+    assert len(kept["cheap"]) > len(kept["dear"]) >= 1
+    assert set(kept["dear"]) < set(kept["cheap"])
+
+
+def test_drafting_stops_when_drafts_do_not_pay_and_the_probes_back_off():
+    tokens = torch.arange(4).unsqueeze(0)
+    weak = Draft.from_parents(tokens, [-1, 0, 1, 2], scores=torch.full((1, 4), 0.01))
+    rule = GoodputRule(Needs(4, 4), 1, DEAR)
+    rule.draft.add(0.0, 0.008)  # drafting costs most of a decode step
+    for _ in range(4):
+        rule.trim(weak, [0])
+    assert not rule.drafting
+    waits = []
+    for _ in range(4):
+        rule.trim(weak, [0])  # each probe that finds drafts still weak
+        waits.append(rule.wait)
+    assert waits == sorted(waits) and waits[-1] <= PROBE_MAX and waits[-1] > PROBE_EVERY
 
 
 def test_expected_tokens_is_the_geometric_sum():
@@ -69,8 +110,33 @@ def test_a_cut_tree_keeps_its_shallow_nodes_with_their_parents_and_probabilities
     assert chain.cut(3).tokens.tolist() == [[10, 11, 12]] and chain.cut(9) is chain
 
 
-@pytest.mark.parametrize("label", ["suffix@6~", "ngram@5~"])
-def test_adaptive_k_is_token_identical_to_plain_decoding(target, label):
+def test_verify_costs_interpolate_and_refuse_nonsense():
+    costs = VerifyCosts((1, 2, 4), (0.01, 0.012, 0.02))
+    assert costs(1) == 0.01 and costs(3) == pytest.approx(0.016)
+    assert costs(6) == pytest.approx(0.028)  # past the widest: the last slope
+    assert VerifyCosts.from_json(costs.to_json()) == costs
+    with pytest.raises(ValueError, match="widths must rise"):
+        VerifyCosts((2, 1), (0.01, 0.02))
+    with pytest.raises(ValueError, match="positive"):
+        VerifyCosts((1,), (0.0,))
+
+
+def test_verify_costs_are_measured_once_and_stored(target, tmp_path, monkeypatch):
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(verify_costs, "_MEMORY", {})
+    measured = verify_costs.verify_costs(target, budget=0.05)
+    assert measured.widths[0] == 1 and len(measured.widths) == len(verify_costs.WIDTHS)
+    stored = list((tmp_path / "costs").glob("*.json"))
+    assert len(stored) == 1
+    monkeypatch.setattr(verify_costs, "_MEMORY", {})
+    monkeypatch.setattr(verify_costs, "measure", lambda *a: pytest.fail("measured again"))
+    assert verify_costs.verify_costs(target) == measured  # read back, not measured
+
+
+@pytest.mark.parametrize("label", ["suffix@6", "ngram@5", "lookahead"])
+def test_sized_drafts_are_token_identical_to_plain_decoding(target, label):
+    """Every method at its default (sized by goodput) gives plain decoding's tokens, alone and
+    in a batch."""
     expected = [generate(target, p, sampling=GREEDY).token_ids for p in PROMPTS]
     _, spec = parse_label(label)
     assert spec.adaptive_k
@@ -78,26 +144,53 @@ def test_adaptive_k_is_token_identical_to_plain_decoding(target, label):
     for prompt, want in zip(PROMPTS, expected, strict=True):
         out = generate(target, prompt, sampling=GREEDY, spec=spec, draft=drafter)
         assert out.token_ids == want
-        assert set(out.stats.drafted) - {0} and max(out.stats.drafted) <= spec.k
     assert generate_batch(target, PROMPTS, sampling=GREEDY, spec=spec).token_ids == expected
 
 
-def test_adaptive_k_with_a_draft_model_is_token_identical(target):
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_sized_trees_on_the_real_model_are_token_identical(smollm2, method):
+    """SmolLM2-135M with the drafters shipped for it: EAGLE's scored trees and Medusa's, cut
+    each step, give plain decoding's tokens."""
+    target, tokenizer = smollm2
+    prompts = [
+        tokenizer.apply_chat([{"role": "user", "content": text}])
+        for text in ("Write a Python function that reverses a string.", "Name three colours.")
+    ]
+    spec = make_spec(method)
+    assert spec.adaptive_k
+    drafter = build_drafter(spec, target, target_name="smollm2-135m")
+    for prompt in prompts:
+        want = generate(target, prompt, sampling=GREEDY).token_ids
+        assert generate(target, prompt, sampling=GREEDY, spec=spec, draft=drafter).token_ids == want
+
+
+def test_sized_chains_with_a_draft_model_are_token_identical(target):
     draft = tiny_runners(layers=1)["llama-tied"]
-    spec = make_spec("draft_model", 4, adaptive_k=True)
+    spec = make_spec("draft_model", 4)
     want = generate(target, PROMPTS[0], sampling=GREEDY).token_ids
     assert generate(target, PROMPTS[0], sampling=GREEDY, spec=spec, draft=draft).token_ids == want
 
 
-def test_drafters_that_cannot_cut_their_drafts_are_refused(target):
-    class Whole:  # a drafter without ``Needs.shortens``
-        vocab_size = target.vocab_size
-        needs = dataclasses.replace(build_drafter(make_spec("ngram"), target).needs, shortens=False)
-        head_rows = 0
+def test_seeded_sampled_requests_keep_whole_drafts(target):
+    """Sizing follows measured times, so a seeded sampled request is not sized: its tokens are
+    the same run after run, and the same as with sizing off."""
+    seeded = SamplingParams(temperature=0.8, seed=3, max_new_tokens=30)
+    sized, whole = make_spec("ngram", 4), make_spec("ngram", 4, adaptive_k=False)
+    runs = [generate(target, PROMPTS[0], sampling=seeded, spec=sized).token_ids for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert runs[0] == generate(target, PROMPTS[0], sampling=seeded, spec=whole).token_ids
 
-        def reserve(self, rows: int, capacity: int) -> None: ...
 
-    with pytest.raises(ValueError, match="adaptive_k: Whole cannot cut"):
-        Engine(target, Whole(), adaptive_k=True)
+def test_labels_say_whole_or_sized():
+    label, spec = parse_label("eagle!")
+    assert label.endswith("whole") and not spec.adaptive_k
+    assert parse_label("suffix~")[1].adaptive_k and parse_label("suffix")[1].adaptive_k
     with pytest.raises(ValueError, match="adaptive_k must be true or false"):
         make_spec("ngram", adaptive_k="yes")
+
+
+def test_an_engine_without_sizing_drafts_whole(target):
+    spec = make_spec("ngram", 5, adaptive_k=False)
+    engine = Engine.from_spec(target, spec)
+    assert engine.goodput is None
+    assert Engine.from_spec(target, make_spec("ngram", 5)).goodput is not None

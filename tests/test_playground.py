@@ -17,7 +17,7 @@ from quickdraft.drafters.draft_model.drafter import DraftModelDrafter
 from quickdraft.engine.requests import Origin, StepDetail, step_details
 from quickdraft.server.pool import MethodOption, OtherMethods
 
-ALWAYS = {"disable_by_batch_size": None}
+ALWAYS = {"disable_by_batch_size": None, "adaptive_k": False}  # every step drafts whole
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
 
 

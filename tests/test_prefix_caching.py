@@ -16,7 +16,7 @@ from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.drafters.suffix.drafter import SuffixDrafter
 from quickdraft.models.llama import LlamaRunner
 
-ALWAYS = {"disable_by_batch_size": None}
+ALWAYS = {"disable_by_batch_size": None, "adaptive_k": False}  # every step drafts whole
 FIRST = [5, 17, 3, 99, 42, 5, 17, 3]
 GREEDY = SamplingParams(temperature=0, max_new_tokens=14)
 

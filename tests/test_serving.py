@@ -25,7 +25,7 @@ PROMPTS = [
     [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80],
     [9, 9],
 ]
-ALWAYS = {"disable_by_batch_size": None}
+ALWAYS = {"disable_by_batch_size": None, "adaptive_k": False}  # every step drafts whole
 
 
 @pytest.fixture(scope="module")

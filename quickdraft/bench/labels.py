@@ -13,8 +13,9 @@ the method's default). Methods whose options have a shorter form here get a pars
   (``suffix_first``; reported as ``suffix+eagle``);
 - ``lookahead[@W.N.G]``: ``lookahead@4.4.3``.
 
-A trailing ``~`` chooses k per step by goodput, up to the label's k (``suffix~``,
-``draft_model@6~``: ``SpecConfig.adaptive_k``).
+Every label's drafts are sized each step by goodput (``SpecConfig.adaptive_k``, the
+default): a trailing ``!`` drafts whole instead, at the label's k or tree every step
+(``eagle!``, ``draft_model@6!``); a trailing ``~`` names the default explicitly.
 
 A parser turns a label into (the label as reported, the method's option fields as text); the
 option classes parse those, so the label syntax is only a spelling of the option's text.
@@ -115,12 +116,14 @@ LABELS: dict[str, Callable[[str, int | None], Parsed]] = {
 
 def parse_label(part: str, k: int | None = None) -> tuple[str, SpecConfig]:
     """One label (``eagle@3.1.3+0``) -> (the label as reported, its spec)."""
-    if part.endswith("~"):
+    if part.endswith(("~", "!")):
         label, spec = parse_label(part[:-1], k)
+        sized = part.endswith("~")
         try:
-            return f"{label} adaptive", dataclasses.replace(spec, adaptive_k=True)
+            spec = dataclasses.replace(spec, adaptive_k=sized)
         except ValueError as error:
             raise ValueError(f"methods: {part!r}: {error}") from None
+        return f"{label} {'adaptive' if sized else 'whole'}", spec
     match = re.match(r"[A-Za-z0-9_]*", part)
     name = match.group(0) if match else ""
     after = part[len(name) :]

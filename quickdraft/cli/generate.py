@@ -69,9 +69,11 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     )
     generate.add_argument(
         "--adaptive-k",
-        action="store_true",
-        help="choose k per step (0 .. -k) by expected goodput from the running acceptance and "
-        "the measured draft and verify costs (draft_model, ngram, suffix)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="size each step's draft by expected goodput (default): k up to -k, a tree's best "
+        "nodes, or no draft while plain decoding is faster on this host, from the running "
+        "acceptance and the verify costs measured at load; --no-adaptive-k drafts whole",
     )
     generate.add_argument(
         "--temperature", type=finite_float, default=0.0, help="0 is greedy (default)"
@@ -244,7 +246,7 @@ def _generate(args: argparse.Namespace) -> int:
         options.pop("drafter_int8", None)
     spec = registry.make_spec(
         entry.name, args.num_speculative_tokens, args.acceptance,
-        adaptive_k=getattr(args, "adaptive_k", False), **options,
+        adaptive_k=getattr(args, "adaptive_k", True), **options,
     )  # fmt: skip
     sampling = SamplingParams(
         temperature=args.temperature,

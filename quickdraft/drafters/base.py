@@ -184,12 +184,16 @@ class Draft:
     tree:   the shape shared by the batch (``tree.TreeShape``: parents, mask, paths); None
             for a chain d_1 .. d_N.
     side:   a side branch for the drafter's own use, or None.
+    scores: [B, N] float, the drafter's estimate of the chance the target accepts each node
+            (its path: EAGLE's path probabilities), or None where it has none. Only draft
+            sizing reads it (``engine.goodput``); no rule does.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
     tree: TreeShape | None = None
     side: SideBranch | None = None
+    scores: torch.Tensor | None = None
 
     @staticmethod
     def chain(tokens: torch.Tensor, probs: torch.Tensor | None = None) -> Draft:
@@ -205,9 +209,10 @@ class Draft:
         parents: Sequence[int] | torch.Tensor,
         probs: torch.Tensor | None = None,
         side: SideBranch | None = None,
+        scores: torch.Tensor | None = None,
     ) -> Draft:
         """A tree draft from each node's parent (-1 for the root's children)."""
-        return Draft(tokens, probs, TreeShape.from_parents(parents), side)
+        return Draft(tokens, probs, TreeShape.from_parents(parents), side, scores)
 
     @property
     def parents(self) -> torch.Tensor:
@@ -235,14 +240,18 @@ class Draft:
             )
         index = nodes.nonzero().flatten()
         probs = None if self.probs is None else self.probs[:, index.to(self.tokens.device)]
+        scores = self._scores_at(index)
         if self.tree is None:  # a chain keeps a prefix
-            return Draft(self.tokens[:, : index.numel()], probs, None, self.side)
+            return Draft(self.tokens[:, : index.numel()], probs, None, self.side, scores)
         new_index = torch.full((self.tree.num_nodes,), -1, dtype=torch.long)
         new_index[index] = torch.arange(index.numel())
         old_parents = self.tree.parents[index]
         parents = torch.where(old_parents < 0, -1, new_index[old_parents.clamp_min(0)])
         tokens = self.tokens[:, index.to(self.tokens.device)]
-        return Draft.from_parents(tokens, parents, probs, self.side)
+        return Draft.from_parents(tokens, parents, probs, self.side, scores)
+
+    def _scores_at(self, index: torch.Tensor) -> torch.Tensor | None:
+        return None if self.scores is None else self.scores[:, index.to(self.scores.device)]
 
     def cut(self, depth: int) -> Draft:
         """The draft without its nodes deeper than ``depth`` (a chain's first ``depth``
@@ -252,7 +261,8 @@ class Draft:
             return self
         if self.tree is None:
             probs = None if self.probs is None else self.probs[:, :depth]
-            return Draft(self.tokens[:, :depth], probs)
+            scores = None if self.scores is None else self.scores[:, :depth]
+            return Draft(self.tokens[:, :depth], probs, scores=scores)
         keep = (self.tree.depth <= depth).nonzero().flatten()
         if keep.numel() == 0:
             return Draft.empty(self.tokens.shape[0], self.tokens.device)
@@ -262,7 +272,8 @@ class Draft:
         parents = torch.where(old_parents < 0, -1, new_index[old_parents.clamp_min(0)])
         index = keep.to(self.tokens.device)
         probs = None if self.probs is None else self.probs[:, index]
-        return Draft.from_parents(self.tokens[:, index], parents, probs)
+        tokens = self.tokens[:, index]
+        return Draft.from_parents(tokens, parents, probs, scores=self._scores_at(keep))
 
 
 @dataclass(frozen=True, slots=True)

@@ -165,7 +165,7 @@ def make_spec(
     num_speculative_tokens: int | None = None,
     acceptance: AcceptRule | str = AcceptRule.REJECTION_SAMPLING,
     disable_by_batch_size: int | object | None = ...,
-    adaptive_k: bool = False,
+    adaptive_k: bool = True,
     **options: Any,
 ) -> SpecConfig:
     """A spec from flat fields, as the command line, JSON configs and the server give them:

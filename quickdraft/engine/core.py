@@ -34,6 +34,7 @@ from quickdraft.config import (
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs
 from quickdraft.engine import constrain
 from quickdraft.engine.constrain import Constraints
+from quickdraft.engine.costs import verify_costs
 from quickdraft.engine.goodput import GoodputRule
 from quickdraft.engine.prompts import check_request
 from quickdraft.engine.requests import (
@@ -79,9 +80,12 @@ class Engine:
     seed: seeds the generator that requests without a seed of their own share.
     rules: (chain rule, tree rule) in place of ``acceptance``'s, for tests that prove
         a broken rule is caught.
-    adaptive_k: each step drafts the k (0 .. the drafter's) with the most expected goodput
-        from the running requests' acceptance and the measured costs (``engine.goodput``);
-        for drafters whose drafts may be cut short between steps (``Needs.shortens``).
+    adaptive_k: size each step's draft by expected goodput (``engine.goodput``): the k
+        (0 .. the drafter's) of a chain drafter that shortens, the best prefix of other
+        drafts, or no draft at all while plain decoding is faster, from the running requests'
+        acceptance, the drafter's cost and this host's verify costs, measured at the engine's
+        start (``engine.costs``: about a second, once per host and model). On by default;
+        steps whose tokens must be reproducible (a seeded sampled request) are not sized.
     prefix_caching: a request takes the free slot whose cache holds the most of its prompt's
         beginning, left by the slot's last request, and prefills only the rest (a session's
         next turn: its last prompt and reply, then the new message). With drafters that read
@@ -102,7 +106,7 @@ class Engine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         seed: int | None = None,
         rules: tuple[AcceptFn, TreeAcceptFn] | None = None,
-        adaptive_k: bool = False,
+        adaptive_k: bool = True,
         prefix_caching: bool = True,
     ):
         acceptance = accept_rule(acceptance)
@@ -149,8 +153,9 @@ class Engine:
         if drafter is not None:
             drafter.reserve(max_batch, capacity)
         self.goodput = None
-        if adaptive_k and drafter is not None:
-            self.goodput = GoodputRule.for_drafter(drafter, max_batch)
+        if adaptive_k and drafter is not None and self.needs.tokens > 0:
+            self.goodput = GoodputRule(self.needs, max_batch, verify_costs(target))
+        self.seeded = seed is not None
         features = self.needs.hidden or bool(self.needs.taps)
         self.prefix_caching = prefix_caching and (not features or self.needs.resumes)
         self.generator = make_generator(seed, self.device)
@@ -321,8 +326,8 @@ class Engine:
         done = time.perf_counter()
 
         if self.goodput is not None:
-            spent = (tock - tick, verified - tock)
-            self.goodput.update(batch.slots.host, draft.depth, num_accepted.tolist(), *spent)
+            spent = (tock - tick, verified - tock, done - verified)  # not the prefill
+            self.goodput.update(list(batch.slots.host), draft, num_accepted.tolist(), *spent)
 
         # 7. Record: every request's statistics; finished requests free their slots.
         spent = (tick - start, (done - verified) + (tock - tick), verified - tock)
@@ -385,7 +390,8 @@ class Engine:
         if self.goodput is None:
             draft = self.drafter.propose(batch)
         else:
-            draft = self.goodput.propose(self.drafter, batch)
+            sized = self.goodput.sizable(batch, self.seeded)
+            draft = self.goodput.propose(self.drafter, batch, sized)
         return constrain.prune(draft, requests)
 
     def _report(self, request: Request) -> RequestOutput:

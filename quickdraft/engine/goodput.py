@@ -1,19 +1,32 @@
-"""Adaptive draft length: each step drafts the k that maximises expected goodput.
+"""Draft sizing by expected goodput: each step drafts what pays on this host, down to nothing.
 
-Goodput is tokens per second: ``sum_r E_r(k) / (draft(k) + verify(B * (k + 1)))``, where a
-running request r accepts each next draft token with probability ``alpha_r`` (its own running
-acceptance, a geometric model as in the speculative decoding papers), so a verify of k drafts
-gives it ``E_r(k) = (1 - alpha_r^(k+1)) / (1 - alpha_r)`` tokens, and the costs are what this
-engine's last steps measured: a line through the verify pass's seconds against the tokens it
-held, and through the drafter's seconds against k. k = 0 is plain decoding: no draft, a
-one-token pass. A request whose drafts keep failing drives its alpha towards 0; when no k beats
-plain decoding for the batch, the step drafts nothing, and every ``PROBE_EVERY`` such steps
-one short draft (``PROBE_K``) checks whether drafting pays again.
+Goodput is tokens per second. A verify of n draft nodes gives row r ``1 + sum_i p_ri`` tokens
+in expectation, where p_ri is the chance the target accepts node i (its path, for a tree: the
+accepted length is the count of accepted nodes), and costs ``draft + verify(B * (n + 1)) + other``
+seconds for a batch of B rows. ``verify`` is the target's cost by width measured at load
+(``engine.costs``), scaled by how the engine's own verify steps compare with it (drift,
+contention); ``draft`` is the drafter's seconds, learned from its steps, and ``other`` what
+a step spends besides (committing, the drafter's observing), which a plain step spends too.
 
-One k serves the whole batch: the verify pass is one padded [B, k + 1] forward, so a row
-drafting less than its neighbours would save no arithmetic; the rule weighs every request's
-acceptance instead. Exactness does not depend on k (any prefix of a draft is a draft), and
-each request's ``Stats.drafted`` records the k its steps used.
+p_ri comes from one of two models:
+
+- a drafter's own scores (``Draft.scores``: EAGLE's path probabilities), scaled per request by
+  how many tokens its drafts really landed against how many the scores promised;
+- else a request's running acceptance alpha_r (accepted drafts against rejections, a
+  geometric model as in the speculative decoding papers): p_ri = alpha_r ** depth_i.
+
+Chain drafters that can be cut before drafting (``Needs.shortens``) are given the k with the
+best goodput (``Batch.limit``); k = 0 drafts nothing. Other drafts are kept in their best
+prefix by p (a node's p never exceeds its parent's, so the prefix is a tree) where the verify
+judges each node alone (point-mass drafts, chains) and whole otherwise. When no draft beats a
+plain decode step, the next steps decode plainly, and after ``PROBE_EVERY`` of them one draft
+checks whether drafting pays again; each probe that finds it does not doubles the wait, up to
+``PROBE_MAX`` steps, so text where drafts never land costs few drafts.
+
+Exactness does not depend on the size chosen: any prefix of a draft is a draft. Sizing follows
+measured times, so it is left out where the tokens must be reproducible: a step whose batch
+holds a sampled request with its own seed, or any sampled one in an engine with a seed, keeps
+the drafter's whole draft (greedy requests are the same tokens at any size).
 """
 
 from __future__ import annotations
@@ -21,13 +34,24 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from quickdraft.drafters.base import Batch, Draft, Drafter
+import torch
+
+from quickdraft.drafters.base import Batch, Draft, Drafter, Needs
+from quickdraft.engine.costs import VerifyCosts
 
 DECAY = 0.9  # per step a request drafts: its older evidence weighs less
 COST_DECAY = 0.95  # per step: older cost measurements weigh less
-PROBE_EVERY = 8
+PROBE_EVERY = 4
+PROBE_MAX = 64
+ADVANTAGE_DECAY = 0.7
 PROBE_K = 2
 PRIOR = 1.0  # pseudo-counts of accepted and rejected drafts a request starts with
+DRIFT_DECAY = 0.8  # per step of a width: how fast the table's correction follows
+BUCKETS = (1, 2, 4, 8, 12)  # verify widths corrected together: 1, 2-3, 4-7, 8-11, 12+
+
+
+def _bucket(tokens: float) -> int:
+    return max(i for i, low in enumerate(BUCKETS) if tokens >= low or i == 0)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -71,82 +95,195 @@ class _Line:
 
 
 class GoodputRule:
-    """Chooses each step's k (0..max_k) for the requests in ``slots``; ``update`` after the
-    step with what it drafted, accepted and cost."""
+    """Sizes each step's draft for the requests in its slots (module docstring); ``update``
+    after the step with what it drafted, accepted and cost."""
 
-    @classmethod
-    def for_drafter(cls, drafter: Drafter, rows: int) -> GoodputRule:
-        """The rule for ``drafter`` over ``rows`` slots; ValueError for a drafter whose drafts
-        cannot be cut short between steps (``Needs.shortens``)."""
-        if not drafter.needs.shortens:
-            raise ValueError(
-                f"adaptive_k: {type(drafter).__name__} cannot cut its drafts short between "
-                "steps; use it with draft_model, ngram or suffix"
-            )
-        return cls(drafter.needs.depth, rows)
-
-    def __init__(self, max_k: int, rows: int):
-        self.max_k = max_k
+    def __init__(self, needs: Needs, rows: int, costs: VerifyCosts):
+        self.max_k = needs.depth
+        self.shortens = needs.shortens
+        self.costs = costs
         self.accepted = [PRIOR] * rows
         self.rejected = [PRIOR] * rows
-        self.verify = _Line()
+        self.landed = [PRIOR] * rows  # tokens scored drafts landed ...
+        self.promised = [PRIOR] * rows  # ... against what their scores promised
+        # The engine's verify steps against the measured table, per width (``_bucket``):
+        # drift, contention, a table measured on a busy machine; apart for steps after the
+        # drafter ran (its work slows the target's pass after it: caches, threads).
+        self.drift = {ran: [1.0] * len(BUCKETS) for ran in (False, True)}
+        self.proposed = False  # whether the drafter ran this step
+        self.other = _Line()  # seconds a step spends besides drafting and verifying (x = 1)
+        # A drafter's seconds: against k for one that shortens; else against the tokens it
+        # catches up with (what the rows gained since it last drafted: EAGLE and a draft
+        # model read them when they next draft), whose intercept is the draft itself.
         self.draft = _Line()
+        self.since = 0.0  # tokens a row gained (mean over rows) since the drafter last drafted
+        # Recent drafts' expected rate against plain decoding's (decayed): above 1, drafting
+        # goes on; optimistic at the start, so that a request drafts until shown otherwise.
+        self.advantage = 1.2
+        self.drafting = True  # whether the last decision found drafting pays
         self.idle = 0  # steps in a row that drafted nothing
-        self.drafted = self.plain = False  # a step of each kind seen
+        self.wait = PROBE_EVERY  # plain steps before the next probe
 
     def begin(self, slots: list[int]) -> None:
         """New requests took these slots: they start from the prior."""
         for slot in slots:
             self.accepted[slot] = self.rejected[slot] = PRIOR
-
-    def propose(self, drafter: Drafter, batch: Batch) -> Draft:
-        """The drafter's draft at this step's k (``Batch.limit``); k = 0 drafts nothing."""
-        k = self.choose(batch.slots.host)
-        if k == 0:
-            return Draft.empty(batch.size, batch.tokens.device)
-        return drafter.propose(dataclasses.replace(batch, limit=k)).cut(k)
+            self.landed[slot] = self.promised[slot] = PRIOR
 
     def alpha(self, slot: int) -> float:
         accepted = self.accepted[slot]
         return accepted / (accepted + self.rejected[slot])
 
+    def verify(self, tokens: int, drafted: bool = True) -> float:
+        """Expected seconds of a verify pass over ``tokens`` tokens (all rows together), after
+        the drafter ran or not: the measured table, times how this engine's passes of about
+        that width compared with it."""
+        return self.costs(tokens) * self.drift[drafted][_bucket(tokens)]
+
+    @staticmethod
+    def sizable(batch: Batch, seeded_engine: bool) -> bool:
+        """Whether sizing may change this step (module docstring: reproducible tokens)."""
+        for params, generator in zip(batch.sampling, batch.generators, strict=True):
+            if not params.greedy and (generator is not None or seeded_engine):
+                return False
+        return True
+
+    def propose(self, drafter: Drafter, batch: Batch, sized: bool = True) -> Draft:
+        """This step's draft: the best k for a drafter that shortens, else the drafter's draft
+        cut to its best prefix, or nothing while plain decoding wins; the drafter's whole
+        draft unless ``sized``."""
+        slots = list(batch.slots.host)
+        self.proposed = True
+        if not sized:
+            return drafter.propose(batch)
+        if self.shortens:
+            k = self.choose(slots)
+            if k == 0:
+                self.proposed = False
+                return Draft.empty(batch.size, batch.tokens.device)
+            return drafter.propose(dataclasses.replace(batch, limit=k)).cut(k)
+        if not self.drafting and self.idle < self.wait:
+            self.proposed = False
+            return Draft.empty(batch.size, batch.tokens.device)
+        return self.trim(drafter.propose(batch), slots)
+
     def choose(self, slots: list[int]) -> int:
-        # Until the verify cost has been seen with a draft and without one, try each.
-        if not self.drafted:
-            return self.max_k
-        if not self.plain:
-            return 0
+        """The k (0 .. max_k) of the most expected goodput for a chain; a probe while plain
+        decoding has won for PROBE_EVERY steps."""
         rows = len(slots)
         alphas = [self.alpha(slot) for slot in slots]
         best, best_rate = 0, 0.0
         for k in range(self.max_k + 1):
-            seconds = self.verify(rows * (k + 1)) + (self.draft(k) if k else 0.0)
-            gained = sum(expected_tokens(a, k) for a in alphas)
-            rate = gained / seconds if seconds > 0 else float(k)
+            seconds = self.other(1.0) + self.verify(rows * (k + 1), k > 0) + self.draft(k)
+            rate = sum(expected_tokens(a, k) for a in alphas) / seconds
             if rate > best_rate:
                 best, best_rate = k, rate
-        if best == 0 and self.idle >= PROBE_EVERY:
+        self.drafting = best > 0
+        if self.drafting:
+            self.wait = PROBE_EVERY
+        if best == 0 and self.idle >= self.wait:
+            self.wait = min(2 * self.wait, PROBE_MAX)
             return min(PROBE_K, self.max_k)
         return best
+
+    def acceptance(self, draft: Draft, slots: list[int]) -> torch.Tensor:
+        """[B, N] each node's chance of acceptance for each row (module docstring)."""
+        depth = (
+            torch.arange(1, draft.tokens.shape[1] + 1)
+            if draft.tree is None
+            else draft.tree.depth.cpu()
+        ).double()
+        if draft.scores is not None:
+            scale = torch.tensor([self.landed[s] / self.promised[s] for s in slots])
+            scores = draft.scores.detach().double().cpu().clamp(0.0, 1.0)
+            return (scale.double().unsqueeze(1) * scores).clamp(max=1.0)
+        alphas = torch.tensor([self.alpha(s) for s in slots], dtype=torch.double)
+        return alphas.unsqueeze(1) ** depth.unsqueeze(0)
+
+    def trim(self, draft: Draft, slots: list[int]) -> Draft:
+        """The prefix of ``draft`` (nodes by falling p) worth verifying; the whole draft where
+        nodes cannot be dropped alone (a side branch, a sampled tree). Decides whether
+        drafting pays on the next steps."""
+        nodes = draft.tokens.shape[1]
+        p = self.acceptance(draft, slots)  # [B, N]
+        rows = len(slots)
+        # Per step: the bookkeeping and the draft; per token: the drafter catching up.
+        expand, catch_up = self.draft(0.0), self.draft(1.0) - self.draft(0.0)
+        plain = rows / (self.other(1.0) + self.verify(rows, False) + rows * catch_up)
+        if nodes == 0:
+            kept, gained = 0, 0.0
+        elif draft.side is not None or (draft.tree is not None and draft.probs is not None):
+            kept, gained = nodes, float(p.sum())
+        else:
+            depth = torch.arange(nodes) if draft.tree is None else draft.tree.depth.cpu()
+            order = sorted(range(nodes), key=lambda i: (-float(p[:, i].sum()), int(depth[i]), i))
+            # A node pays when its tokens come faster than drafting gives them anyway (plain
+            # decoding's rate, or drafting's where that is higher). Nodes go in by falling p
+            # while each one's tokens over its verify time stay above that rate.
+            rate = plain * max(1.0, self.advantage)
+            kept, gained = 0, 0.0
+            for i in order:
+                tokens = float(p[:, i].sum())
+                extra = self.verify(rows * (kept + 2)) - self.verify(rows * (kept + 1))
+                if tokens < rate * (extra + tokens * catch_up):
+                    break
+                kept, gained = kept + 1, gained + tokens
+            keep = torch.zeros(nodes, dtype=torch.bool)
+            keep[order[:kept]] = True
+            draft = draft.keep(keep)
+        # The step's expected rate against plain decoding's, averaged over recent drafts.
+        seconds = self.other(1.0) + expand + self.verify(rows * (kept + 1))
+        expected = (rows + gained) / (seconds + (rows + gained) * catch_up)
+        decay = ADVANTAGE_DECAY
+        self.advantage = self.advantage * decay + expected / plain * (1 - decay)
+        was, self.drafting = self.drafting, self.advantage > 1.0
+        if self.drafting:
+            self.wait = PROBE_EVERY
+        elif not was:  # a probe that found drafting still does not pay
+            self.wait = min(2 * self.wait, PROBE_MAX)
+        return draft
 
     def update(
         self,
         slots: list[int],
-        drafted: int,
+        draft: Draft,
         accepted: list[int],
         draft_seconds: float,
         verify_seconds: float,
+        other_seconds: float = 0.0,
     ) -> None:
-        """A step verified ``drafted`` draft positions for the rows in ``slots`` (the draft's
-        depth), which accepted ``accepted`` of them."""
-        self.verify.add(len(slots) * (drafted + 1), verify_seconds)
-        if drafted == 0:
+        """A step verified ``draft`` (as cut) for the rows in ``slots``, which accepted
+        ``accepted`` of its nodes; ``other_seconds``: the step's time besides drafting and
+        verifying (committing, the drafter's observing, bookkeeping)."""
+        self.other.add(1.0, other_seconds)
+        nodes = draft.tokens.shape[1] + (0 if draft.side is None else draft.side.tokens.shape[1])
+        width = len(slots) * (nodes + 1)
+        if verify_seconds > 0:
+            ratio = verify_seconds / self.costs(width)
+            drift, i = self.drift[self.proposed], _bucket(width)
+            drift[i] = drift[i] * DRIFT_DECAY + ratio * (1 - DRIFT_DECAY)
+        gained = sum(accepted) / len(accepted) + 1.0
+        if self.proposed:
+            self.draft.add(draft.depth if self.shortens else self.since, draft_seconds)
+            self.since = 0.0
+        self.since += gained
+        self.proposed = False
+        depth = draft.depth
+        if depth == 0:
             self.idle += 1
-            self.plain = True
             return
         self.idle = 0
-        self.drafted = True
-        self.draft.add(drafted, draft_seconds)
-        for slot, count in zip(slots, accepted, strict=True):
+        promised = None
+        if draft.scores is not None:
+            scores = draft.scores.detach().double().cpu().clamp(0.0, 1.0)
+            promised = scores.sum(1).tolist()
+        for b, (slot, count) in enumerate(zip(slots, accepted, strict=True)):
             self.accepted[slot] = self.accepted[slot] * DECAY + count
-            self.rejected[slot] = self.rejected[slot] * DECAY + (count < drafted)
+            self.rejected[slot] = self.rejected[slot] * DECAY + (count < depth)
+            if promised is not None:
+                self.landed[slot] = self.landed[slot] * DECAY + count
+                self.promised[slot] = self.promised[slot] * DECAY + promised[b]
+
+    def __repr__(self) -> str:
+        drift = ", ".join(f"{d:.2f}" for d in self.drift[True])
+        return f"GoodputRule(max_k={self.max_k}, drift=[{drift}], drafting={self.drafting})"

@@ -7,6 +7,10 @@ import torch
 
 from quickdraft.drafters.base import Draft
 
+# The chance a prompt-lookup token lands, before a request shows its own: the sizing of drafts
+# (``engine.goodput``) scales every score by what the request's drafts really landed.
+LOOKUP_PRIOR = 0.5
+
 
 def graft(draft: Draft, continuation: torch.Tensor) -> Draft:
     """``draft`` with prompt lookup's ``continuation`` ([B, L] tokens) as one more branch,
@@ -34,7 +38,18 @@ def graft(draft: Draft, continuation: torch.Tensor) -> Draft:
         return draft
     size = len(parents)
     extra = [attach, *range(size, size + branch.shape[1] - 1)]
-    return Draft.from_parents(torch.cat([draft.tokens, branch], 1), parents + extra)
+    scores = None
+    if draft.scores is not None:  # the branch's: its anchor's, times LOOKUP_PRIOR a token
+        rows = draft.tokens.shape[0]
+        anchor = (
+            torch.ones(rows, 1, dtype=draft.scores.dtype, device=draft.scores.device)
+            if attach < 0
+            else draft.scores[:, attach : attach + 1]
+        )
+        steps = torch.arange(1, branch.shape[1] + 1, device=draft.scores.device)
+        scores = torch.cat([draft.scores, anchor * LOOKUP_PRIOR**steps], 1)
+    tokens = torch.cat([draft.tokens, branch], 1)
+    return Draft.from_parents(tokens, parents + extra, scores=scores)
 
 
 def ancestor_mask(entry_parent: list[int]) -> torch.Tensor:

@@ -135,4 +135,6 @@ def rerank(
             index[node] = len(order)
             order.append(node)
     parent_ids = torch.tensor([index[all_parents[i]] for i in order], dtype=torch.long)
-    return Draft.from_parents(all_tokens[:, order], parent_ids)
+    # Each row's own path probabilities: the draft's sizing reads them (``Draft.scores``).
+    path_probs = torch.cat(scores, 1)[:, order].exp()
+    return Draft.from_parents(all_tokens[:, order], parent_ids, scores=path_probs)
