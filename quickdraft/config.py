@@ -198,9 +198,9 @@ class SamplingParams:
         position of every verify pass: speculation samples the constrained distribution
         exactly. Needs the engine's tokenizer.
     tenant: who the request is for (a server's API key, hashed), or None (one tenant for all):
-        what a drafter keeps of requests' text across requests (suffix decoding's shared
-        trie, lookahead's n-gram pool) is kept per tenant, and ``Stats.cached_own_tokens``
-        counts only cached prefixes the same tenant left. It never changes the tokens.
+        suffix decoding's shared trie is kept per tenant (lookahead's n-gram pool is still
+        one for all), and ``Stats.cached_own_tokens`` counts only cached prefixes the same
+        tenant left. It never changes the tokens.
     """
 
     temperature: float = 1.0

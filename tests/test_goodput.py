@@ -7,7 +7,7 @@ from conftest import tiny_runners
 
 from quickdraft import Engine, SamplingParams, generate, generate_batch
 from quickdraft.bench.labels import parse_label
-from quickdraft.drafters.base import Draft, Needs
+from quickdraft.drafters.base import Batch, Draft, Needs
 from quickdraft.drafters.registry import build_drafter, make_spec
 from quickdraft.engine import costs as verify_costs
 from quickdraft.engine.costs import VerifyCosts
@@ -194,3 +194,40 @@ def test_an_engine_without_sizing_drafts_whole(target):
     engine = Engine.from_spec(target, spec)
     assert engine.goodput is None
     assert Engine.from_spec(target, make_spec("ngram", 5)).goodput is not None
+
+
+def test_a_drafter_whose_drafts_never_pay_runs_rarely():
+    """Weak drafts trimmed to nothing: after the first, the drafter runs only at probes, whose
+    waits double, so over 300 steps it runs a handful of times (not every step)."""
+
+    class Weak:
+        needs = Needs(4, 4)
+        calls = 0
+
+        def propose(self, batch):
+            Weak.calls += 1
+            tokens = torch.arange(4).unsqueeze(0)
+            return Draft.from_parents(tokens, [-1, 0, 1, 2], scores=torch.full((1, 4), 0.01))
+
+    rule = GoodputRule(Weak.needs, 1, DEAR)
+    batch = Batch.from_rows([[1, 2, 3]])
+    for _ in range(300):
+        draft = rule.propose(Weak(), batch)
+        rule.update([0], draft, [0], 0.008 if rule.proposed else 0.0, 0.010, 0.001)
+    assert 3 <= Weak.calls <= 10, Weak.calls
+
+
+def test_a_measured_table_never_falls_with_width_and_a_bad_file_is_measured_again(
+    target, tmp_path, monkeypatch
+):
+    noisy = VerifyCosts((1, 8, 12, 16), (0.01, 0.03, 0.05, 0.04)).monotone()
+    assert noisy.seconds == (0.01, 0.03, 0.05, 0.05) and noisy(40) >= noisy(16)
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(verify_costs, "_MEMORY", {})
+    first = verify_costs.verify_costs(target, budget=0.02)
+    (stored,) = (tmp_path / "costs").glob("*.json")
+    for text in ("[]", "null", "{", '{"version": 1, "widths": [2, 1], "seconds": [1, 1]}'):
+        stored.write_text(text)
+        monkeypatch.setattr(verify_costs, "_MEMORY", {})
+        again = verify_costs.verify_costs(target, budget=0.02)
+        assert again.widths == first.widths  # measured again, not a crash

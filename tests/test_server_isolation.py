@@ -121,7 +121,9 @@ def test_each_api_key_has_its_own_suffix_trie_and_cached_tokens(target, tokenize
 def test_the_engine_counts_cached_tokens_of_another_tenant_as_not_its_own(target):  # noqa: F811
     engine = Engine(target, max_batch=1)
     prompt = list(range(5, 40))
-    for tenant, own in (("a", False), ("a", True), ("b", False)):
+    # After b reused a's prefix the row holds both tenants' text: nobody's own from then on
+    # (else b, asking again, would learn how much of a's text it shares).
+    for tenant, own in (("a", False), ("a", True), ("b", False), ("b", False), ("a", False)):
         sampling = SamplingParams(temperature=0, max_new_tokens=2, tenant=tenant)
         request_id = engine.add_request(prompt, sampling)
         stats = engine.requests[request_id].stats
@@ -164,9 +166,9 @@ def test_a_slow_compile_is_a_400_and_health_answers_meanwhile(
     engine = Engine(target, tokenizer=tokenizer, max_batch=1)
     compile_matcher = engine.constraints.matcher
 
-    def slow(constraint):
+    def slow(constraint, held=False):
         time.sleep(3)
-        return compile_matcher(constraint)
+        return compile_matcher(constraint, held)
 
     monkeypatch.setattr(engine.constraints, "matcher", slow)
     body = {"prompt": "a", "max_tokens": 2, "structured_outputs": {"regex": "[a-z]+"}}
@@ -315,6 +317,38 @@ def test_host_rules():
     named = HostRules.parse(("api.example", "b.example:9000"))
     assert named.allows("API.example:1234") and named.allows("b.example:9000")
     assert not named.allows("b.example:9001")
-    for bad in ((), ("a b",), ("x:99999",), ("[::1",)):
+    for bad in ((), ("a b",), ("x:99999",), ("[::1",), ("::1",)):  # v6 needs brackets
         with pytest.raises(ValueError, match="allowed_hosts"):
             HostRules.parse(bad)
+
+
+def test_a_constraint_compiled_ahead_of_its_request_is_not_evicted_before_it_queues(
+    target,
+    tokenizer,
+    monkeypatch,  # noqa: F811
+):
+    """A front end compiles on a worker (``held``); a flood of other constraints compiled
+    meanwhile evicts older entries, never the held one, so the engine's thread finds it."""
+    from quickdraft.constraints import Constraint
+    from quickdraft.engine import constrain
+
+    monkeypatch.setattr(constrain, "MAX_COMPILED", 3)
+    engine = Engine(target, tokenizer=tokenizer, max_batch=1)
+    held = Constraint("regex", "held[0-9]+")
+    engine.constraints.matcher(held, held=True)
+    for i in range(6):
+        engine.constraints.matcher(Constraint("regex", f"other{i}[a-z]"))
+    assert held in engine.constraints.compiled and len(engine.constraints.compiled) == 3
+
+
+def test_api_keys_are_taken_whole_one_an_option(monkeypatch):
+    """A key with a comma is one key (it was split into keys that each authenticated);
+    several keys are several --api-key options; $QUICKDRAFT_API_KEY is one key."""
+    from quickdraft.cli.serve import keys_and_hosts
+
+    assert keys_and_hosts(["se,same"], None)[0] == ("se,same",)
+    assert keys_and_hosts(["a", "b", "a"], None)[0] == ("a", "b")
+    monkeypatch.setenv("QUICKDRAFT_API_KEY", "x,y")
+    assert keys_and_hosts(None, None)[0] == ("x,y",)
+    with pytest.raises(ValueError, match="--api-key"):
+        keys_and_hosts([" "], None)

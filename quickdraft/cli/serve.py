@@ -61,10 +61,11 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=strict_int, default=8000)
     serve.add_argument(
         "--api-key",
-        default=os.environ.get("QUICKDRAFT_API_KEY"),
-        help="require Authorization: Bearer KEY on /v1 routes; KEY,KEY,... takes several, "
+        action="append",
+        default=None,
+        help="require Authorization: Bearer KEY on /v1 routes; repeat it for several keys, "
         "each a tenant, whose suffix-decoding trie and reported cached tokens are its own "
-        "(default: $QUICKDRAFT_API_KEY)",
+        "(default: $QUICKDRAFT_API_KEY, one key; a key is taken whole, commas included)",
     )
     serve.add_argument(
         "--allowed-hosts",
@@ -195,15 +196,19 @@ def speculative_config(
     return spec, draft, int8
 
 
-def _keys_and_hosts(
-    keys: str | None, hosts: str | None
+def keys_and_hosts(
+    keys: list[str] | None, hosts: str | None
 ) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
-    """--api-key's keys and --allowed-hosts' entries, checked before any loading."""
+    """--api-key's keys (else $QUICKDRAFT_API_KEY's one) and --allowed-hosts' entries,
+    checked before any loading."""
     from quickdraft.server.guard import HostRules
 
-    api_keys = tuple(key.strip() for key in (keys or "").split(",") if key.strip())
-    if keys is not None and keys.strip() and not api_keys:
+    if keys is None:
+        variable = os.environ.get("QUICKDRAFT_API_KEY")
+        keys = None if variable is None else [variable]
+    if keys is not None and any(not key.strip() for key in keys):
         raise ValueError("--api-key: give a key, or leave the option out")
+    api_keys = tuple(dict.fromkeys(key.strip() for key in keys or ()))
     allowed = None
     if hosts is not None:
         allowed = tuple(entry.strip() for entry in hosts.split(","))
@@ -260,7 +265,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
-    api_keys, allowed_hosts = _keys_and_hosts(args.api_key, args.allowed_hosts)
+    api_keys, allowed_hosts = keys_and_hosts(args.api_key, args.allowed_hosts)
     for name in ("request_timeout", "shutdown_grace"):
         value = getattr(args, name)
         if not value > 0:
@@ -338,6 +343,8 @@ def claim_port(host: str, port: int) -> socket.socket:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as error:
         raise ValueError(f"--host: cannot resolve {host!r} ({error.strerror})") from None
+    # IPv4 first where the name has both (``localhost``): what uvicorn binds and clients try.
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
     family, kind, proto, _, address = infos[0]
     listener = socket.socket(family, kind, proto)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 
 import torch
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 # Compiled constraints an engine keeps (the most recently used): a server that meets many
 # distinct schemas compiles an old one again rather than growing without bound.
 MAX_COMPILED = 256
+HELD_SECONDS = 60.0  # how long a constraint compiled ahead of its request stays compiled
 
 
 class Constraints:
@@ -40,10 +42,14 @@ class Constraints:
         # A server binds a request's constraint on a worker thread before it queues (a 400
         # there, and the compiling off the engine's thread) while the engine admits others.
         self._lock = threading.Lock()
+        self._held: dict[Constraint, float] = {}  # compiled for a request not yet added
 
-    def matcher(self, constraint: Constraint) -> Matcher:
+    def matcher(self, constraint: Constraint, held: bool = False) -> Matcher:
         """A matcher at the start of a request's output; ValueError naming the constraint's
-        kind when this model cannot follow it. Safe from any thread."""
+        kind when this model cannot follow it. Safe from any thread. ``held``: a front end
+        compiling ahead of ``Engine.add_request`` (on a worker, within its time bound), whose
+        entry then outlives ``HELD_SECONDS`` of other constraints, so that the engine's thread
+        finds it compiled and never compiles (and waits) itself."""
         if self.tokenizer is None:
             raise ValueError(f"{constraint.kind}: a constraint needs the engine's tokenizer")
         with self._lock:  # the tokenizer's index, built once
@@ -60,9 +66,24 @@ class Constraints:
         with self._lock:
             self.compiled[constraint] = template
             self.compiled.move_to_end(constraint)
+            if held:
+                self._held[constraint] = time.monotonic()
             if len(self.compiled) > MAX_COMPILED:
-                self.compiled.popitem(last=False)
+                self._evict()
         return template.copy()
+
+    def _evict(self) -> None:
+        """Drop the least recently used entry that no front end compiled for a request in the
+        last HELD_SECONDS (the oldest, if all were)."""
+        now = time.monotonic()
+        for key in list(self._held):
+            if now - self._held[key] > HELD_SECONDS:
+                del self._held[key]
+        victim = next((key for key in self.compiled if key not in self._held), None)
+        if victim is None:
+            victim = next(iter(self.compiled))
+        del self.compiled[victim]
+        self._held.pop(victim, None)
 
 
 def forced_draft(requests: list[Request], room: int, device: torch.device | str) -> Draft | None:

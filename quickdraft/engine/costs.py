@@ -19,7 +19,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,9 +26,8 @@ from pathlib import Path
 
 import torch
 
+from quickdraft import kernels
 from quickdraft.artifacts import written_whole
-from quickdraft.bench.machine import cpu_name
-from quickdraft.kernels import EXTENSION
 from quickdraft.models.base import Model
 
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -65,14 +63,24 @@ class VerifyCosts:
         if i == 0:
             return seconds[0]
         slope = (seconds[i] - seconds[i - 1]) / (widths[i] - widths[i - 1])
-        return max(seconds[i - 1] + slope * (tokens - widths[i - 1]), 1e-9)
+        return max(seconds[i - 1] + max(slope, 0.0) * (tokens - widths[i - 1]), 1e-9)
+
+    def monotone(self) -> VerifyCosts:
+        """The table with each time at least the one before it: a wider pass never costs less
+        (noise in a measurement can say otherwise, and the slope past the widest must not
+        fall)."""
+        seconds, top = [], 0.0
+        for value in self.seconds:
+            top = max(top, value)
+            seconds.append(top)
+        return VerifyCosts(self.widths, tuple(seconds))
 
     def to_json(self) -> dict:
         return {"version": VERSION, "widths": list(self.widths), "seconds": list(self.seconds)}
 
     @classmethod
-    def from_json(cls, data: dict) -> VerifyCosts:
-        if data.get("version") != VERSION:
+    def from_json(cls, data: object) -> VerifyCosts:
+        if not isinstance(data, dict) or data.get("version") != VERSION:
             raise ValueError("verify costs: another version")
         return cls(tuple(int(w) for w in data["widths"]), tuple(float(s) for s in data["seconds"]))
 
@@ -129,7 +137,8 @@ def measure(target: Model, budget: float = 1.0) -> VerifyCosts:
                     times[w].append(time.perf_counter() - tick)
             if round_ and time.perf_counter() - start > budget:
                 break
-    return VerifyCosts(widths, tuple(max(statistics.median(times[w]), 1e-9) for w in widths))
+    measured = VerifyCosts(widths, tuple(max(statistics.median(times[w]), 1e-9) for w in widths))
+    return measured.monotone()
 
 
 def _tokens(count: int, vocab: int, device: torch.device, offset: int = 0) -> torch.Tensor:
@@ -155,26 +164,27 @@ def _key(target: Model) -> str:
         type(target).__name__,
         str(device),
         str(target.vocab_size),
-        cpu_name(),
-        _flags(),
+        _cpu(),
         str(torch.get_num_threads()),
-        os.environ.get("QUICKDRAFT_Q4_PATH", ""),
-        EXTENSION.key(),  # another kernel build: other costs
+        kernels.best_path(),  # the compiled path that runs (or the PyTorch reference) ...
+        kernels.EXTENSION.key(),  # ... of which build: other costs
         torch.__version__,
     ):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:20]
 
 
-def _flags() -> str:
+def _cpu() -> str:
+    """The CPU's model name and flags (/proc/cpuinfo's first processor), or "" elsewhere."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
-    line = next((x for x in text.splitlines() if x.startswith("flags")), "")
-    return " ".join(sorted(set(line.split(":", 1)[-1].split())))
+    lines = text.splitlines()
+    name = next((x for x in lines if x.startswith("model name")), "")
+    flags = next((x for x in lines if x.startswith("flags")), "")
+    return name + " " + " ".join(sorted(set(flags.split(":", 1)[-1].split())))
 
 
 def _root() -> Path:
-    root = os.environ.get("QUICKDRAFT_CACHE") or Path.home() / ".cache" / "quickdraft"
-    return Path(root) / "costs"
+    return kernels.cache_root() / "costs"

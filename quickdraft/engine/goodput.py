@@ -41,13 +41,29 @@ from quickdraft.engine.costs import VerifyCosts
 
 DECAY = 0.9  # per step a request drafts: its older evidence weighs less
 COST_DECAY = 0.95  # per step: older cost measurements weigh less
-PROBE_EVERY = 4
-PROBE_MAX = 64
-ADVANTAGE_DECAY = 0.7
+PROBE_EVERY = 8
+PROBE_MAX = 128
+ADVANTAGE_DECAY = 0.6
 PROBE_K = 2
 PRIOR = 1.0  # pseudo-counts of accepted and rejected drafts a request starts with
 DRIFT_DECAY = 0.8  # per step of a width: how fast the table's correction follows
 BUCKETS = (1, 2, 4, 8, 12)  # verify widths corrected together: 1, 2-3, 4-7, 8-11, 12+
+
+
+def _clean(scores: torch.Tensor) -> torch.Tensor:
+    """A drafter's scores as probabilities on the host: NaN (an overflow) as 0, within [0, 1]."""
+    return torch.nan_to_num(scores.detach().double().cpu(), nan=0.0).clamp(0.0, 1.0)
+
+
+def _closed(keep: torch.Tensor, draft: Draft) -> torch.Tensor:
+    """``keep`` [N] less any node whose parent is not kept (parents come first in a draft),
+    so that what is verified is a tree, and for a chain a prefix, whatever the scores say."""
+    parents = draft.parents.tolist()
+    closed = keep.clone()
+    for node, parent in enumerate(parents):
+        if parent >= 0 and not closed[parent]:
+            closed[node] = False
+    return closed
 
 
 def _bucket(tokens: float) -> int:
@@ -119,16 +135,18 @@ class GoodputRule:
         self.since = 0.0  # tokens a row gained (mean over rows) since the drafter last drafted
         # Recent drafts' expected rate against plain decoding's (decayed): above 1, drafting
         # goes on; optimistic at the start, so that a request drafts until shown otherwise.
-        self.advantage = 1.2
+        self.advantage = 1.1
         self.drafting = True  # whether the last decision found drafting pays
-        self.idle = 0  # steps in a row that drafted nothing
+        self.idle = 0  # steps since the drafter last ran
         self.wait = PROBE_EVERY  # plain steps before the next probe
+        self.joined = False  # requests joined since the drafter last ran
 
     def begin(self, slots: list[int]) -> None:
         """New requests took these slots: they start from the prior."""
         for slot in slots:
             self.accepted[slot] = self.rejected[slot] = PRIOR
             self.landed[slot] = self.promised[slot] = PRIOR
+        self.joined = True  # the next draft also reads their prompts: not a draft's cost
 
     def alpha(self, slot: int) -> float:
         accepted = self.accepted[slot]
@@ -174,7 +192,8 @@ class GoodputRule:
         alphas = [self.alpha(slot) for slot in slots]
         best, best_rate = 0, 0.0
         for k in range(self.max_k + 1):
-            seconds = self.other(1.0) + self.verify(rows * (k + 1), k > 0) + self.draft(k)
+            drafting = self.draft(k) if k else 0.0  # k = 0 runs no drafter
+            seconds = self.other(1.0) + self.verify(rows * (k + 1), k > 0) + drafting
             rate = sum(expected_tokens(a, k) for a in alphas) / seconds
             if rate > best_rate:
                 best, best_rate = k, rate
@@ -195,7 +214,7 @@ class GoodputRule:
         ).double()
         if draft.scores is not None:
             scale = torch.tensor([self.landed[s] / self.promised[s] for s in slots])
-            scores = draft.scores.detach().double().cpu().clamp(0.0, 1.0)
+            scores = _clean(draft.scores)
             return (scale.double().unsqueeze(1) * scores).clamp(max=1.0)
         alphas = torch.tensor([self.alpha(s) for s in slots], dtype=torch.double)
         return alphas.unsqueeze(1) ** depth.unsqueeze(0)
@@ -206,31 +225,33 @@ class GoodputRule:
         drafting pays on the next steps."""
         nodes = draft.tokens.shape[1]
         p = self.acceptance(draft, slots)  # [B, N]
+        by_node = p.sum(0).tolist()  # host sync: the sizing is decided on the host
         rows = len(slots)
+        side = 0 if draft.side is None else draft.side.tokens.shape[1]
         # Per step: the bookkeeping and the draft; per token: the drafter catching up.
         expand, catch_up = self.draft(0.0), self.draft(1.0) - self.draft(0.0)
         plain = rows / (self.other(1.0) + self.verify(rows, False) + rows * catch_up)
         if nodes == 0:
             kept, gained = 0, 0.0
         elif draft.side is not None or (draft.tree is not None and draft.probs is not None):
-            kept, gained = nodes, float(p.sum())
+            kept, gained = nodes + side, sum(by_node)
         else:
-            depth = torch.arange(nodes) if draft.tree is None else draft.tree.depth.cpu()
-            order = sorted(range(nodes), key=lambda i: (-float(p[:, i].sum()), int(depth[i]), i))
+            depth = (torch.arange(nodes) if draft.tree is None else draft.tree.depth).tolist()
+            order = sorted(range(nodes), key=lambda i: (-by_node[i], depth[i], i))
             # A node pays when its tokens come faster than drafting gives them anyway (plain
             # decoding's rate, or drafting's where that is higher). Nodes go in by falling p
             # while each one's tokens over its verify time stay above that rate.
             rate = plain * max(1.0, self.advantage)
             kept, gained = 0, 0.0
             for i in order:
-                tokens = float(p[:, i].sum())
+                tokens = by_node[i]
                 extra = self.verify(rows * (kept + 2)) - self.verify(rows * (kept + 1))
                 if tokens < rate * (extra + tokens * catch_up):
                     break
                 kept, gained = kept + 1, gained + tokens
             keep = torch.zeros(nodes, dtype=torch.bool)
             keep[order[:kept]] = True
-            draft = draft.keep(keep)
+            draft = draft.keep(_closed(keep, draft))
         # The step's expected rate against plain decoding's, averaged over recent drafts.
         seconds = self.other(1.0) + expand + self.verify(rows * (kept + 1))
         expected = (rows + gained) / (seconds + (rows + gained) * catch_up)
@@ -258,25 +279,24 @@ class GoodputRule:
         self.other.add(1.0, other_seconds)
         nodes = draft.tokens.shape[1] + (0 if draft.side is None else draft.side.tokens.shape[1])
         width = len(slots) * (nodes + 1)
+        self.idle = 0 if self.proposed else self.idle + 1
         if verify_seconds > 0:
             ratio = verify_seconds / self.costs(width)
             drift, i = self.drift[self.proposed], _bucket(width)
             drift[i] = drift[i] * DRIFT_DECAY + ratio * (1 - DRIFT_DECAY)
         gained = sum(accepted) / len(accepted) + 1.0
         if self.proposed:
-            self.draft.add(draft.depth if self.shortens else self.since, draft_seconds)
-            self.since = 0.0
+            if not self.joined:
+                self.draft.add(draft.depth if self.shortens else self.since, draft_seconds)
+            self.since, self.joined = 0.0, False
         self.since += gained
         self.proposed = False
         depth = draft.depth
         if depth == 0:
-            self.idle += 1
             return
-        self.idle = 0
         promised = None
         if draft.scores is not None:
-            scores = draft.scores.detach().double().cpu().clamp(0.0, 1.0)
-            promised = scores.sum(1).tolist()
+            promised = _clean(draft.scores).sum(1).tolist()
         for b, (slot, count) in enumerate(zip(slots, accepted, strict=True)):
             self.accepted[slot] = self.accepted[slot] * DECAY + count
             self.rejected[slot] = self.rejected[slot] * DECAY + (count < depth)

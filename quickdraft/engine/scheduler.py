@@ -27,6 +27,8 @@ from quickdraft.drafters.base import Batch, StepResult, pad_rows
 from quickdraft.engine.requests import Request, Status
 from quickdraft.models.base import ModelOutput, Slots
 
+MIXED = object()  # a slot's kept text came from more than one tenant
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
@@ -128,7 +130,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self._running: Slots | None = None  # the running requests' slots; None: to rebuild
         self._passed_over: dict[int, int] = {}  # slot -> prefill passes its prompt sat out
-        self._left_by: dict[int, str | None] = {}  # slot -> tenant of its last request
+        self._left_by: dict[int, object] = {}  # slot -> tenant of its last request, or MIXED
 
     @property
     def num_rows(self) -> int:
@@ -205,7 +207,10 @@ class Scheduler:
             request.stats.cached_prompt_tokens = reused
             same = self._left_by.get(slot, "") == request.sampling.tenant  # "": no tenant's
             request.stats.cached_own_tokens = reused if same else 0
-            self._left_by[slot] = request.sampling.tenant
+            # A slot whose kept prefix came from another tenant holds both tenants' text from
+            # now on: it counts as nobody's own (MIXED equals no tenant), else a later request
+            # of either could learn how much of the other's text it shares.
+            self._left_by[slot] = request.sampling.tenant if same or not reused else MIXED
             request.status = Status.PREFILL
             self._passed_over.pop(request.slot, None)
             self.rows.requests[request.slot] = request

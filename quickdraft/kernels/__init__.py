@@ -72,8 +72,9 @@ def native() -> bool:
     """Whether the compiled kernels are loaded (building them first if need be)."""
     if hasattr(torch.ops.quickdraft_kernels, "superblock_linear"):
         return True
+    wait = build.wait_seconds()  # a malformed $QUICKDRAFT_KERNEL_WAIT is the user's error
     try:
-        folder = build.build(EXTENSION, cache_root(), build.wait_seconds())
+        folder = build.build(EXTENSION, cache_root(), wait)
     except Exception as error:  # no compiler, no ninja, a failed build, a held lock: all end so
         warnings.warn(
             f"compiled kernels could not be built ({_reason(error)}); 4-bit layers use "

@@ -140,7 +140,12 @@ def locked(
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                if _same_file(fd, path):
+                    break
+                # ``sweep`` removed the folder while we waited: this lock guards nothing.
+                os.close(fd)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except BlockingIOError:
                 if not told:
                     notice(
@@ -160,6 +165,14 @@ def locked(
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether the open ``fd`` is still the file at ``path``."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def holder(path: Path) -> str:
@@ -212,6 +225,9 @@ def sweep(folder: Path, older_than: float = STALE_SECONDS) -> list[Path]:
             continue
         quiet = locked(other / LOCK_NAME, 0, notice=lambda line: None)
         with contextlib.suppress(LockTimeout, OSError), quiet:
-            shutil.rmtree(other, ignore_errors=True)
+            # Renamed first, so no process finds the folder half removed under its name.
+            doomed = other.with_name(f".removing-{other.name}-{os.getpid()}")
+            other.rename(doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
             removed.append(other)
     return removed

@@ -49,9 +49,21 @@ inline bool ahead_pays(int rows) {
 // EVEX (AVX-512 VNNI with VL).
 enum Path : int64_t { kAuto = 0, kAvx512Vnni = 1, kAvx2 = 2, kAvxVnni = 3 };
 
+// Compilers that know AVX-VNNI (its intrinsics and CPU check): GCC 11 and Clang 12 on.
+#if (defined(__clang__) && __clang_major__ >= 12) || \
+    (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define QD_HAS_AVXVNNI 1
+#else
+#define QD_HAS_AVXVNNI 0
+#endif
+
 inline bool has_vex_vnni() {
+#if QD_HAS_AVXVNNI
   __builtin_cpu_init();
   return __builtin_cpu_supports("avxvnni");
+#else
+  return false;  // built without it: the EVEX form stands in where the CPU has AVX-512 VNNI
+#endif
 }
 
 inline bool supported(int64_t path) {

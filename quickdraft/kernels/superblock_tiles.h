@@ -138,26 +138,37 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) inline void tile
 #define QD_DOT_MADDUBS 1
 #define QD_DOT_VNNI 2
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+// Each namespace's functions are compiled for its instruction set: GCC's target pragma, or
+// Clang's attribute pragma (Clang ignores GCC's).
+#if defined(__clang__)
+#define QD_TARGET_BEGIN(isa) \
+  _Pragma(QD_STRINGIFY(clang attribute push(__attribute__((target(isa))), apply_to = function)))
+#define QD_TARGET_END _Pragma("clang attribute pop")
+#else
+#define QD_TARGET_BEGIN(isa) _Pragma("GCC push_options") _Pragma(QD_STRINGIFY(GCC target(isa)))
+#define QD_TARGET_END _Pragma("GCC pop_options")
+#endif
+#define QD_STRINGIFY(x) #x
+
+QD_TARGET_BEGIN("avx2,fma,f16c")
 namespace avx2 {
 #define QD_DOT QD_DOT_MADDUBS
 #include "superblock_tile256.inc"
 #undef QD_DOT
 }  // namespace avx2
-#pragma GCC pop_options
+QD_TARGET_END
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avxvnni")
+#if QD_HAS_AVXVNNI
+QD_TARGET_BEGIN("avx2,fma,f16c,avxvnni")
 namespace avx_vnni {
 #define QD_DOT QD_DOT_VNNI
 #include "superblock_tile256.inc"
 #undef QD_DOT
 }  // namespace avx_vnni
-#pragma GCC pop_options
+QD_TARGET_END
+#endif
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+QD_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
 namespace avx512_vl_vnni {
 #define QD_DOT QD_DOT_VNNI
 #define QD_DOT_EVEX
@@ -165,7 +176,7 @@ namespace avx512_vl_vnni {
 #undef QD_DOT_EVEX
 #undef QD_DOT
 }  // namespace avx512_vl_vnni
-#pragma GCC pop_options
+QD_TARGET_END
 
 // A path's tile: up to kRows rows at once (as many as its vector registers hold).
 template <int Form, bool Half, int R>
@@ -184,11 +195,17 @@ struct Avx2 {
   }
 };
 
+#if QD_HAS_AVXVNNI
+namespace vex_vnni = avx_vnni;
+#else
+namespace vex_vnni = avx512_vl_vnni;  // never chosen: has_vex_vnni() is false in this build
+#endif
+
 template <int Form, bool Half, int R>
 struct AvxVnni {
-  static constexpr int kRows = avx_vnni::kRows;
+  static constexpr int kRows = vex_vnni::kRows;
   static void run(const uint8_t* b, const Activations& a, int64_t first, int64_t k, float* out) {
-    avx_vnni::tile<Form, Half, R>(b, a, first, k, out);
+    vex_vnni::tile<Form, Half, R>(b, a, first, k, out);
   }
 };
 

@@ -53,7 +53,7 @@ class Compiler:
 
         def work() -> tuple[str, Constraint]:
             constraint = Constraint(kind, value)
-            engine.constraints.matcher(constraint)  # a bad one fails here, and is cached
+            engine.constraints.matcher(constraint, held=True)  # fails here, else is kept
             return field, constraint
 
         future = asyncio.get_running_loop().run_in_executor(self._executor, work)

@@ -93,6 +93,8 @@ def _split(text: str) -> tuple[str, int | None] | None:
             if not rest.startswith(":"):
                 return None
             port = rest[1:]
+    elif text.count(":") > 1:  # an IPv6 address without brackets: ambiguous, refused
+        return None
     elif ":" in text:
         name, port = text.rsplit(":", 1)
     if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
