@@ -323,9 +323,9 @@ def test_host_rules():
 
 
 def test_a_constraint_compiled_ahead_of_its_request_is_not_evicted_before_it_queues(
-    target,
-    tokenizer,
-    monkeypatch,  # noqa: F811
+    target,  # noqa: F811
+    tokenizer,  # noqa: F811
+    monkeypatch,
 ):
     """A front end compiles on a worker (``held``); a flood of other constraints compiled
     meanwhile evicts older entries, never the held one, so the engine's thread finds it."""
