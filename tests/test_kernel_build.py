@@ -95,6 +95,17 @@ def test_the_key_covers_the_environment_compiler_and_flags(source, monkeypatch):
     assert extension.key() != key
 
 
+def test_one_environment_is_one_key_whichever_name_runs_its_python(source, tmp_path, monkeypatch):
+    """A venv's ``python`` and ``python3`` (the console scripts' shebang) are one interpreter:
+    one build, not one each (a fresh ``make demo`` built twice)."""
+    extension = build.Extension(name="quickdraft_probe", sources=(source,))
+    key = extension.key()
+    alias = tmp_path / "python3"
+    alias.symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(alias))
+    assert extension.key() == key
+
+
 def test_two_environments_alternate_without_rebuilding(source, tmp_path):
     root = tmp_path / "cache"
     runs = [_build(source, root, prefix) for prefix in ("/env/a", "/env/b", "/env/a", "/env/b")]

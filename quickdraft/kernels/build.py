@@ -72,7 +72,7 @@ class Extension:
             self.name,
             torch.__version__,
             sys.prefix,
-            sys.executable,
+            os.path.realpath(sys.executable),  # python and python3 in a venv: one interpreter
             sysconfig.get_paths()["include"],
             *cpp_extension.include_paths(),
             *compiler_identity(os.environ.get("CXX", "c++")),
