@@ -231,3 +231,17 @@ def test_a_measured_table_never_falls_with_width_and_a_bad_file_is_measured_agai
         monkeypatch.setattr(verify_costs, "_MEMORY", {})
         again = verify_costs.verify_costs(target, budget=0.02)
         assert again.widths == first.widths  # measured again, not a crash
+
+
+def test_a_model_is_fingerprinted_once_per_process(target, tmp_path, monkeypatch):
+    """Every engine asks for its target's costs; the fingerprint (a forward of the model) is
+    taken once per model object, not once per engine."""
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(verify_costs, "_MEMORY", {})
+    monkeypatch.setattr(verify_costs, "_KEYS", verify_costs.weakref.WeakKeyDictionary())
+    calls = []
+    key = verify_costs._key
+    monkeypatch.setattr(verify_costs, "_key", lambda model: calls.append(model) or key(model))
+    for _ in range(3):
+        Engine.from_spec(target, make_spec("ngram", 3))
+    assert len(calls) == 1

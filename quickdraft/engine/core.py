@@ -129,6 +129,10 @@ class Engine:
                 f"drafter: its vocabulary ({drafter.vocab_size}) differs from the target's "
                 f"({target.vocab_size})"
             )
+        # Measured (or read back) on the model as given: a tapping view is a new object each
+        # engine, and its few extra copies are what the rule's per-width correction absorbs.
+        sized = adaptive_k and drafter is not None and self.needs.tokens > 0
+        costs = verify_costs(target) if sized else None
         if self.needs.taps:
             if not isinstance(target, FeatureModel):
                 raise ValueError(
@@ -152,9 +156,7 @@ class Engine:
         self.rows = Rows(max_batch, capacity, self.device)
         if drafter is not None:
             drafter.reserve(max_batch, capacity)
-        self.goodput = None
-        if adaptive_k and drafter is not None and self.needs.tokens > 0:
-            self.goodput = GoodputRule(self.needs, max_batch, verify_costs(target))
+        self.goodput = None if costs is None else GoodputRule(self.needs, max_batch, costs)
         self.seeded = seed is not None
         features = self.needs.hidden or bool(self.needs.taps)
         self.prefix_caching = prefix_caching and (not features or self.needs.resumes)

@@ -21,6 +21,7 @@ import hashlib
 import json
 import statistics
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ ROUNDS = 5  # at most, after the warm-up
 VERSION = 1  # of the stored tables' meaning
 
 _MEMORY: dict[str, VerifyCosts] = {}
+_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its key
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,11 @@ class VerifyCosts:
 def verify_costs(target: Model, budget: float = 1.0, store: bool = True) -> VerifyCosts:
     """The target's verify costs on this host: from memory, from the cache, else measured
     (about ``budget`` seconds) and stored there (``store``)."""
-    key = _key(target)
+    key = _KEYS.get(target) if _weak(target) else None
+    if key is None:
+        key = _key(target)  # a forward of the model: once per model object
+        if _weak(target):
+            _KEYS[target] = key
     known = _MEMORY.get(key)
     if known is not None:
         return known
@@ -139,6 +145,16 @@ def measure(target: Model, budget: float = 1.0) -> VerifyCosts:
                 break
     measured = VerifyCosts(widths, tuple(max(statistics.median(times[w]), 1e-9) for w in widths))
     return measured.monotone()
+
+
+def _weak(target: Model) -> bool:
+    """Whether ``target`` can key a weak dictionary (hashable and weakly referenced)."""
+    try:
+        weakref.ref(target)
+        hash(target)
+    except TypeError:
+        return False
+    return True
 
 
 def _tokens(count: int, vocab: int, device: torch.device, offset: int = 0) -> torch.Tensor:

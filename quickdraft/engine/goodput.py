@@ -207,15 +207,13 @@ class GoodputRule:
 
     def acceptance(self, draft: Draft, slots: list[int]) -> torch.Tensor:
         """[B, N] each node's chance of acceptance for each row (module docstring)."""
-        depth = (
-            torch.arange(1, draft.tokens.shape[1] + 1)
-            if draft.tree is None
-            else draft.tree.depth.cpu()
-        ).double()
         if draft.scores is not None:
             scale = torch.tensor([self.landed[s] / self.promised[s] for s in slots])
             scores = _clean(draft.scores)
             return (scale.double().unsqueeze(1) * scores).clamp(max=1.0)
+        nodes = draft.tokens.shape[1]
+        depth = torch.arange(1, nodes + 1) if draft.tree is None else draft.tree.depth.cpu()
+        depth = depth.double()
         alphas = torch.tensor([self.alpha(s) for s in slots], dtype=torch.double)
         return alphas.unsqueeze(1) ** depth.unsqueeze(0)
 
