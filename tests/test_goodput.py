@@ -11,7 +11,15 @@ from quickdraft.drafters.base import Batch, Draft, Needs
 from quickdraft.drafters.registry import build_drafter, make_spec
 from quickdraft.engine import costs as verify_costs
 from quickdraft.engine.costs import VerifyCosts
-from quickdraft.engine.goodput import PROBE_EVERY, PROBE_K, PROBE_MAX, GoodputRule, expected_tokens
+from quickdraft.engine.goodput import (
+    PROBE_EVERY,
+    PROBE_K,
+    PROBE_MAX,
+    GoodputRule,
+    Learned,
+    expected_tokens,
+    learned,
+)
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
@@ -52,7 +60,7 @@ def test_the_rule_drafts_nothing_where_verifying_costs_and_drafts_fail_then_prob
     for _ in range(PROBE_EVERY):
         _drafted(rule, [0, 1], 0, 0, DEAR(2))
     assert rule.choose([0, 1]) == PROBE_K  # a short draft checks whether it pays again
-    assert rule.wait == 2 * PROBE_EVERY  # and the next wait is longer
+    assert rule.host.wait == 2 * PROBE_EVERY  # and the next wait is longer
     rule.begin([1])  # a new request in slot 1 starts from the prior
     assert rule.alpha(1) == pytest.approx(0.5)
 
@@ -81,14 +89,14 @@ def test_drafting_stops_when_drafts_do_not_pay_and_the_probes_back_off():
     tokens = torch.arange(4).unsqueeze(0)
     weak = Draft.from_parents(tokens, [-1, 0, 1, 2], scores=torch.full((1, 4), 0.01))
     rule = GoodputRule(Needs(4, 4), 1, DEAR)
-    rule.draft.add(0.0, 0.008)  # drafting costs most of a decode step
+    rule.host.draft.add(0.0, 0.008)  # drafting costs most of a decode step
     for _ in range(4):
         rule.trim(weak, [0])
-    assert not rule.drafting
+    assert not rule.host.drafting
     waits = []
     for _ in range(4):
         rule.trim(weak, [0])  # each probe that finds drafts still weak
-        waits.append(rule.wait)
+        waits.append(rule.host.wait)
     assert waits == sorted(waits) and waits[-1] <= PROBE_MAX and waits[-1] > PROBE_EVERY
 
 
@@ -196,25 +204,59 @@ def test_an_engine_without_sizing_drafts_whole(target):
     assert Engine.from_spec(target, make_spec("ngram", 5)).goodput is not None
 
 
+class _Weak:
+    """A drafter whose drafts the rule trims to nothing: four nodes it scores at 1%."""
+
+    needs = Needs(4, 4)
+
+    def __init__(self):
+        self.calls = 0
+
+    def propose(self, batch):
+        self.calls += 1
+        tokens = torch.arange(4).unsqueeze(0)
+        return Draft.from_parents(tokens, [-1, 0, 1, 2], scores=torch.full((1, 4), 0.01))
+
+
+def _steps(rule: GoodputRule, drafter: _Weak, steps: int) -> None:
+    batch = Batch.from_rows([[1, 2, 3]])
+    for _ in range(steps):
+        draft = rule.propose(drafter, batch)
+        rule.update([0], draft, [0], 0.008 if rule.proposed else 0.0, 0.010, 0.001)
+
+
 def test_a_drafter_whose_drafts_never_pay_runs_rarely():
     """Weak drafts trimmed to nothing: after the first, the drafter runs only at probes, whose
     waits double, so over 300 steps it runs a handful of times (not every step)."""
+    weak = _Weak()
+    _steps(GoodputRule(weak.needs, 1, DEAR), weak, 300)
+    assert 3 <= weak.calls <= 10, weak.calls
 
-    class Weak:
-        needs = Needs(4, 4)
-        calls = 0
 
-        def propose(self, batch):
-            Weak.calls += 1
-            tokens = torch.arange(4).unsqueeze(0)
-            return Draft.from_parents(tokens, [-1, 0, 1, 2], scores=torch.full((1, 4), 0.01))
+def test_what_a_rule_learned_carries_over_to_the_next_engine():
+    """Three requests of 100 steps, each in a new engine (``generate``'s way): with what the
+    first learned carried over (``Learned``), the drafter runs as rarely as in one engine of
+    300 steps; each starting afresh, each pays to find out again."""
+    shared, host = _Weak(), Learned(DEAR)
+    for _ in range(3):
+        _steps(GoodputRule(shared.needs, 1, DEAR, host), shared, 100)
+    fresh = _Weak()
+    for _ in range(3):
+        _steps(GoodputRule(fresh.needs, 1, DEAR), fresh, 100)
+    assert shared.calls <= 10 and shared.calls < fresh.calls, (shared.calls, fresh.calls)
 
-    rule = GoodputRule(Weak.needs, 1, DEAR)
-    batch = Batch.from_rows([[1, 2, 3]])
-    for _ in range(300):
-        draft = rule.propose(Weak(), batch)
-        rule.update([0], draft, [0], 0.008 if rule.proposed else 0.0, 0.010, 0.001)
-    assert 3 <= Weak.calls <= 10, Weak.calls
+
+def test_engines_over_one_drafter_share_what_they_learned(target):
+    spec = make_spec("ngram", 5)
+    drafter = build_drafter(spec, target)
+    first = Engine(target, drafter)
+    generate(target, PROMPTS[0], sampling=GREEDY, spec=spec, draft=drafter)
+    again = Engine(target, drafter)
+    assert first.goodput.host is again.goodput.host
+    assert again.goodput.host.other.w > 0  # the request's steps taught it
+    other = Engine(target, build_drafter(spec, target))
+    assert other.goodput.host is not first.goodput.host
+    assert learned(drafter, DEAR) is not first.goodput.host  # another target's table
 
 
 def test_a_measured_table_never_falls_with_width_and_a_bad_file_is_measured_again(

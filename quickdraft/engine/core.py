@@ -35,7 +35,7 @@ from quickdraft.drafters.base import Batch, Draft, Drafter, Needs
 from quickdraft.engine import constrain
 from quickdraft.engine.constrain import Constraints
 from quickdraft.engine.costs import verify_costs
-from quickdraft.engine.goodput import GoodputRule
+from quickdraft.engine.goodput import GoodputRule, learned
 from quickdraft.engine.prompts import check_request
 from quickdraft.engine.requests import (
     Request,
@@ -156,7 +156,10 @@ class Engine:
         self.rows = Rows(max_batch, capacity, self.device)
         if drafter is not None:
             drafter.reserve(max_batch, capacity)
-        self.goodput = None if costs is None else GoodputRule(self.needs, max_batch, costs)
+        self.goodput = None
+        if costs is not None:
+            host = learned(drafter, costs)  # what engines over this drafter learned
+            self.goodput = GoodputRule(self.needs, max_batch, costs, host)
         self.seeded = seed is not None
         features = self.needs.hidden or bool(self.needs.taps)
         self.prefix_caching = prefix_caching and (not features or self.needs.resumes)

@@ -32,7 +32,8 @@ the drafter's whole draft (greedy requests are the same tokens at any size).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import torch
 
@@ -110,35 +111,65 @@ class _Line:
         return max(0.0, mean_y - slope * mean_x) + slope * x
 
 
+@dataclass(slots=True)
+class Learned:
+    """What a rule learns of this host and its drafter rather than of any one request: kept
+    past its engine (``learned``), so that the next engine over the same drafter and target
+    starts where the last one stopped, as a long-lived engine's next request does (a server's
+    engine never forgets them). A fresh one is optimistic: it drafts until shown otherwise."""
+
+    costs: VerifyCosts  # the table these were learned against
+    # The engine's verify steps against the measured table, per width (``_bucket``): drift,
+    # contention, a table measured on a busy machine; apart for steps after the drafter ran
+    # (its work slows the target's pass after it: caches, threads).
+    drift: dict[bool, list[float]] = field(
+        default_factory=lambda: {ran: [1.0] * len(BUCKETS) for ran in (False, True)}
+    )
+    other: _Line = field(default_factory=_Line)  # a step's seconds besides draft and verify
+    # A drafter's seconds: against k for one that shortens; else against the tokens it
+    # catches up with (what the rows gained since it last drafted: EAGLE and a draft
+    # model read them when they next draft), whose intercept is the draft itself.
+    draft: _Line = field(default_factory=_Line)
+    # Recent drafts' expected rate against plain decoding's (decayed): above 1, drafting
+    # goes on.
+    advantage: float = 1.1
+    drafting: bool = True  # whether the last decision found drafting pays
+    idle: int = 0  # steps since the drafter last ran
+    wait: int = PROBE_EVERY  # plain steps before the next probe
+
+
+# Per drafter object: what engines over it learned (``learned``).
+_LEARNED: weakref.WeakKeyDictionary[Drafter, Learned] = weakref.WeakKeyDictionary()
+
+
+def learned(drafter: Drafter, costs: VerifyCosts) -> Learned:
+    """What earlier engines over ``drafter`` learned against ``costs`` (the target's table),
+    to go on from; a fresh record for a new drafter or another target."""
+    try:
+        known = _LEARNED.get(drafter)
+    except TypeError:  # a drafter that takes no weak reference: nothing is kept
+        return Learned(costs)
+    if known is None or known.costs is not costs:
+        known = _LEARNED[drafter] = Learned(costs)
+    return known
+
+
 class GoodputRule:
     """Sizes each step's draft for the requests in its slots (module docstring); ``update``
-    after the step with what it drafted, accepted and cost."""
+    after the step with what it drafted, accepted and cost. Per-request evidence lives here;
+    what holds for the host and drafter in ``host`` (``Learned``)."""
 
-    def __init__(self, needs: Needs, rows: int, costs: VerifyCosts):
+    def __init__(self, needs: Needs, rows: int, costs: VerifyCosts, host: Learned | None = None):
         self.max_k = needs.depth
         self.shortens = needs.shortens
         self.costs = costs
+        self.host = Learned(costs) if host is None else host
         self.accepted = [PRIOR] * rows
         self.rejected = [PRIOR] * rows
         self.landed = [PRIOR] * rows  # tokens scored drafts landed ...
         self.promised = [PRIOR] * rows  # ... against what their scores promised
-        # The engine's verify steps against the measured table, per width (``_bucket``):
-        # drift, contention, a table measured on a busy machine; apart for steps after the
-        # drafter ran (its work slows the target's pass after it: caches, threads).
-        self.drift = {ran: [1.0] * len(BUCKETS) for ran in (False, True)}
         self.proposed = False  # whether the drafter ran this step
-        self.other = _Line()  # seconds a step spends besides drafting and verifying (x = 1)
-        # A drafter's seconds: against k for one that shortens; else against the tokens it
-        # catches up with (what the rows gained since it last drafted: EAGLE and a draft
-        # model read them when they next draft), whose intercept is the draft itself.
-        self.draft = _Line()
         self.since = 0.0  # tokens a row gained (mean over rows) since the drafter last drafted
-        # Recent drafts' expected rate against plain decoding's (decayed): above 1, drafting
-        # goes on; optimistic at the start, so that a request drafts until shown otherwise.
-        self.advantage = 1.1
-        self.drafting = True  # whether the last decision found drafting pays
-        self.idle = 0  # steps since the drafter last ran
-        self.wait = PROBE_EVERY  # plain steps before the next probe
         self.joined = False  # requests joined since the drafter last ran
 
     def begin(self, slots: list[int]) -> None:
@@ -156,7 +187,7 @@ class GoodputRule:
         """Expected seconds of a verify pass over ``tokens`` tokens (all rows together), after
         the drafter ran or not: the measured table, times how this engine's passes of about
         that width compared with it."""
-        return self.costs(tokens) * self.drift[drafted][_bucket(tokens)]
+        return self.costs(tokens) * self.host.drift[drafted][_bucket(tokens)]
 
     @staticmethod
     def sizable(batch: Batch, seeded_engine: bool) -> bool:
@@ -180,7 +211,7 @@ class GoodputRule:
                 self.proposed = False
                 return Draft.empty(batch.size, batch.tokens.device)
             return drafter.propose(dataclasses.replace(batch, limit=k)).cut(k)
-        if not self.drafting and self.idle < self.wait:
+        if not self.host.drafting and self.host.idle < self.host.wait:
             self.proposed = False
             return Draft.empty(batch.size, batch.tokens.device)
         return self.trim(drafter.propose(batch), slots)
@@ -192,16 +223,16 @@ class GoodputRule:
         alphas = [self.alpha(slot) for slot in slots]
         best, best_rate = 0, 0.0
         for k in range(self.max_k + 1):
-            drafting = self.draft(k) if k else 0.0  # k = 0 runs no drafter
-            seconds = self.other(1.0) + self.verify(rows * (k + 1), k > 0) + drafting
+            drafting = self.host.draft(k) if k else 0.0  # k = 0 runs no drafter
+            seconds = self.host.other(1.0) + self.verify(rows * (k + 1), k > 0) + drafting
             rate = sum(expected_tokens(a, k) for a in alphas) / seconds
             if rate > best_rate:
                 best, best_rate = k, rate
-        self.drafting = best > 0
-        if self.drafting:
-            self.wait = PROBE_EVERY
-        if best == 0 and self.idle >= self.wait:
-            self.wait = min(2 * self.wait, PROBE_MAX)
+        self.host.drafting = best > 0
+        if self.host.drafting:
+            self.host.wait = PROBE_EVERY
+        if best == 0 and self.host.idle >= self.host.wait:
+            self.host.wait = min(2 * self.host.wait, PROBE_MAX)
             return min(PROBE_K, self.max_k)
         return best
 
@@ -227,8 +258,8 @@ class GoodputRule:
         rows = len(slots)
         side = 0 if draft.side is None else draft.side.tokens.shape[1]
         # Per step: the bookkeeping and the draft; per token: the drafter catching up.
-        expand, catch_up = self.draft(0.0), self.draft(1.0) - self.draft(0.0)
-        plain = rows / (self.other(1.0) + self.verify(rows, False) + rows * catch_up)
+        expand, catch_up = self.host.draft(0.0), self.host.draft(1.0) - self.host.draft(0.0)
+        plain = rows / (self.host.other(1.0) + self.verify(rows, False) + rows * catch_up)
         if nodes == 0:
             kept, gained = 0, 0.0
         elif draft.side is not None or (draft.tree is not None and draft.probs is not None):
@@ -239,7 +270,7 @@ class GoodputRule:
             # A node pays when its tokens come faster than drafting gives them anyway (plain
             # decoding's rate, or drafting's where that is higher). Nodes go in by falling p
             # while each one's tokens over its verify time stay above that rate.
-            rate = plain * max(1.0, self.advantage)
+            rate = plain * max(1.0, self.host.advantage)
             kept, gained = 0, 0.0
             for i in order:
                 tokens = by_node[i]
@@ -251,15 +282,15 @@ class GoodputRule:
             keep[order[:kept]] = True
             draft = draft.keep(_closed(keep, draft))
         # The step's expected rate against plain decoding's, averaged over recent drafts.
-        seconds = self.other(1.0) + expand + self.verify(rows * (kept + 1))
+        seconds = self.host.other(1.0) + expand + self.verify(rows * (kept + 1))
         expected = (rows + gained) / (seconds + (rows + gained) * catch_up)
         decay = ADVANTAGE_DECAY
-        self.advantage = self.advantage * decay + expected / plain * (1 - decay)
-        was, self.drafting = self.drafting, self.advantage > 1.0
-        if self.drafting:
-            self.wait = PROBE_EVERY
+        self.host.advantage = self.host.advantage * decay + expected / plain * (1 - decay)
+        was, self.host.drafting = self.host.drafting, self.host.advantage > 1.0
+        if self.host.drafting:
+            self.host.wait = PROBE_EVERY
         elif not was:  # a probe that found drafting still does not pay
-            self.wait = min(2 * self.wait, PROBE_MAX)
+            self.host.wait = min(2 * self.host.wait, PROBE_MAX)
         return draft
 
     def update(
@@ -274,18 +305,18 @@ class GoodputRule:
         """A step verified ``draft`` (as cut) for the rows in ``slots``, which accepted
         ``accepted`` of its nodes; ``other_seconds``: the step's time besides drafting and
         verifying (committing, the drafter's observing, bookkeeping)."""
-        self.other.add(1.0, other_seconds)
+        self.host.other.add(1.0, other_seconds)
         nodes = draft.tokens.shape[1] + (0 if draft.side is None else draft.side.tokens.shape[1])
         width = len(slots) * (nodes + 1)
-        self.idle = 0 if self.proposed else self.idle + 1
+        self.host.idle = 0 if self.proposed else self.host.idle + 1
         if verify_seconds > 0:
             ratio = verify_seconds / self.costs(width)
-            drift, i = self.drift[self.proposed], _bucket(width)
+            drift, i = self.host.drift[self.proposed], _bucket(width)
             drift[i] = drift[i] * DRIFT_DECAY + ratio * (1 - DRIFT_DECAY)
         gained = sum(accepted) / len(accepted) + 1.0
         if self.proposed:
             if not self.joined:
-                self.draft.add(draft.depth if self.shortens else self.since, draft_seconds)
+                self.host.draft.add(draft.depth if self.shortens else self.since, draft_seconds)
             self.since, self.joined = 0.0, False
         self.since += gained
         self.proposed = False
@@ -303,5 +334,5 @@ class GoodputRule:
                 self.promised[slot] = self.promised[slot] * DECAY + promised[b]
 
     def __repr__(self) -> str:
-        drift = ", ".join(f"{d:.2f}" for d in self.drift[True])
-        return f"GoodputRule(max_k={self.max_k}, drift=[{drift}], drafting={self.drafting})"
+        drift = ", ".join(f"{d:.2f}" for d in self.host.drift[True])
+        return f"GoodputRule(max_k={self.max_k}, drift=[{drift}], drafting={self.host.drafting})"
