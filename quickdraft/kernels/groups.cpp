@@ -134,81 +134,98 @@ tile_avx512_vnni(const uint8_t* records, const Activations& a, int64_t first, in
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kLanes, acc[r]);
 }
 
-// A group's exact int32 dot products for rows p[0..R), 8 outputs (this half), with AVX2:
-// vpmaddubsw products summed in int16 over the whole group (4 bits: 16 products of at most
-// 15 * 127 a lane, 30,480 < 2^15; 8 bits: each nibble's, then 16 * high + low), one vpmaddwd
-// to int32 at the end, instead of widening every chunk.
-template <int Bits, int R>
+// A group's exact int32 dot products for rows p[0..R) and halves half0 + h, h < H (8 outputs
+// each), dot[h * R + r], with AVX2: vpmaddubsw products summed in int16 over the whole group
+// (4 bits: 16 products of at most 15 * 127 a lane, 30,480 < 2^15; 8 bits: each nibble's, then
+// 16 * high + low), one vpmaddwd to int32 at the end, instead of widening every chunk. Two
+// halves in one pass share each row's broadcast activations.
+template <int Bits, int R, int H>
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline void group_dots_avx2(
-    const uint8_t* record, int half, const int8_t* const* p, __m256i* dot) {
+    const uint8_t* record, int half0, const int8_t* const* p, __m256i* dot) {
   const __m256i low_mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   for (int nibble = 0; nibble < (Bits == 8 ? 2 : 1); ++nibble) {
-    __m256i part[R];
-    for (int r = 0; r < R; ++r) part[r] = _mm256_setzero_si256();
+    __m256i part[H * R];
+    for (int i = 0; i < H * R; ++i) part[i] = _mm256_setzero_si256();
     for (int c = 0; c < kAvx2Chunks<Bits>; ++c) {
-      const __m256i v =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(record + 64 * c + 32 * half));
-      const __m256i lo = _mm256_and_si256(nibble ? _mm256_srli_epi16(v, 4) : v, low_mask);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_mask);
+      __m256i lo[H], hi[H];
+      for (int h = 0; h < H; ++h) {
+        const __m256i v = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(record + 64 * c + 32 * (half0 + h)));
+        lo[h] = _mm256_and_si256(nibble ? _mm256_srli_epi16(v, 4) : v, low_mask);
+        hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_mask);
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        int32_t first4, second4;
-        if constexpr (Bits == 8) {
-          std::memcpy(&first4, p[r] + 4 * c, 4);
-          part[r] = _mm256_add_epi16(part[r],
-                                     _mm256_maddubs_epi16(lo, _mm256_set1_epi32(first4)));
-        } else {
-          std::memcpy(&first4, p[r] + 8 * c, 4);
-          std::memcpy(&second4, p[r] + 8 * c + 4, 4);
-          const __m256i both =
-              _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(first4)),
-                               _mm256_maddubs_epi16(hi, _mm256_set1_epi32(second4)));
-          part[r] = _mm256_add_epi16(part[r], both);
+        int32_t first4, second4 = 0;
+        std::memcpy(&first4, p[r] + (Bits == 8 ? 4 : 8) * c, 4);
+        if constexpr (Bits != 8) std::memcpy(&second4, p[r] + 8 * c + 4, 4);
+        const __m256i first = _mm256_set1_epi32(first4), second = _mm256_set1_epi32(second4);
+        for (int h = 0; h < H; ++h) {
+          const int i = h * R + r;
+          if constexpr (Bits == 8) {
+            part[i] = _mm256_add_epi16(part[i], _mm256_maddubs_epi16(lo[h], first));
+          } else {
+            const __m256i both = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], first),
+                                                  _mm256_maddubs_epi16(hi[h], second));
+            part[i] = _mm256_add_epi16(part[i], both);
+          }
+          asm("" : "+x"(part[i]));  // keep the sums in registers, in this order (no spills)
         }
-        asm("" : "+x"(part[r]));  // keep the sums in registers, in this order (no spills)
       }
     }
-    for (int r = 0; r < R; ++r) {
-      const __m256i sums = _mm256_madd_epi16(part[r], ones);
-      dot[r] = nibble ? _mm256_add_epi32(dot[r], _mm256_slli_epi32(sums, 4)) : sums;
+    for (int i = 0; i < H * R; ++i) {
+      const __m256i sums = _mm256_madd_epi16(part[i], ones);
+      dot[i] = nibble ? _mm256_add_epi32(dot[i], _mm256_slli_epi32(sums, 4)) : sums;
     }
   }
 }
 
 // Rows [first, first + R) of a block, R <= 4 (a tile's sums, float accumulators and a group's
-// codes in the 16 registers), 8 outputs (half a block) at a time.
+// codes in the 16 registers): one row both halves of the block (8 outputs each) in one pass,
+// so each record is read once and the memory stream never waits on a second pass; more rows
+// a half at a time, the second half's codes from cache. Each output's float sums run in the
+// same order either way.
 template <int Bits, int R>
 __attribute__((target("avx2,fma,f16c"))) inline void rows_avx2(const uint8_t* records,
                                                                const Activations& a,
                                                                int64_t first, int64_t k,
                                                                float* out) {
+  constexpr int H = R == 1 ? 2 : 1;  // halves a pass
   constexpr int64_t kCodeBytes = kLanes * kGroup * Bits / 8;
   const int64_t groups = k / kGroup;
   const bool ahead = ahead_pays(R);
-  for (int half = 0; half < 2; ++half) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int half0 = 0; half0 < 2; half0 += H) {
+    __m256 acc[H * R];
+    for (int i = 0; i < H * R; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* record = records + g * record_bytes<Bits>();
-      if (half == 0 && ahead) prefetch_ahead(record, record_bytes<Bits>() / 64);  // 2nd: cache
+      if (half0 == 0 && ahead) prefetch_ahead(record, record_bytes<Bits>() / 64);  // 2nd: cache
       const int8_t* p[R];
       for (int r = 0; r < R; ++r) p[r] = a.codes.data() + (first + r) * k + g * kGroup;
-      __m256i dot[R];
-      group_dots_avx2<Bits, R>(record, half, p, dot);
-      const __m256 s = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(record + kCodeBytes + 16 * half)));
-      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(record + kCodeBytes + 32 + 16 * half)));
-      for (int r = 0; r < R; ++r) {
-        const int64_t row = first + r;
-        const __m256 term = _mm256_mul_ps(_mm256_mul_ps(s, _mm256_cvtepi32_ps(dot[r])),
-                                          _mm256_set1_ps(a.scale[row * groups + g]));
-        acc[r] = _mm256_add_ps(acc[r], term);
-        acc[r] = _mm256_add_ps(
-            acc[r], _mm256_mul_ps(m, _mm256_set1_ps(a.offset[row * groups + g])));
+      __m256i dot[H * R];
+      group_dots_avx2<Bits, R, H>(record, half0, p, dot);
+      for (int h = 0; h < H; ++h) {
+        const int64_t half = half0 + h;
+        const __m256 s = _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(record + kCodeBytes + 16 * half)));
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(
+            reinterpret_cast<const __m128i*>(record + kCodeBytes + 32 + 16 * half)));
+        for (int r = 0; r < R; ++r) {
+          const int64_t row = first + r;
+          const int i = h * R + r;
+          const __m256 term = _mm256_mul_ps(_mm256_mul_ps(s, _mm256_cvtepi32_ps(dot[i])),
+                                            _mm256_set1_ps(a.scale[row * groups + g]));
+          acc[i] = _mm256_add_ps(acc[i], term);
+          acc[i] = _mm256_add_ps(
+              acc[i], _mm256_mul_ps(m, _mm256_set1_ps(a.offset[row * groups + g])));
+        }
       }
     }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * kLanes + 8 * half, acc[r]);
+    for (int h = 0; h < H; ++h) {
+      for (int r = 0; r < R; ++r) {
+        _mm256_storeu_ps(out + r * kLanes + 8 * (half0 + h), acc[h * R + r]);
+      }
+    }
   }
 }
 
