@@ -80,7 +80,7 @@ ATTENTION_PATHS = [p for p in (1, 2) if p >= kernels.attention_path() > 0]
 
 
 @pytest.mark.parametrize("path", ATTENTION_PATHS)
-@pytest.mark.parametrize("shape", [(14, 2, 64), (9, 3, 64), (4, 2, 16), (6, 2, 8)])
+@pytest.mark.parametrize("shape", [(14, 2, 64), (9, 3, 64), (4, 2, 16), (6, 2, 8), (4, 2, 12)])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("keys", [16, 300, 1000])
 def test_invariant_attention_gives_a_query_the_same_numbers_in_a_group_of_any_size(
@@ -89,9 +89,10 @@ def test_invariant_attention_gives_a_query_the_same_numbers_in_a_group_of_any_si
     """The kernel under a quantized target (``kernels/attention.cpp``, on each instruction set
     the host runs): queries that see equally many keys share one call; each must get what it
     gets alone. Shapes of Qwen2.5-Coder-0.5B, SmolLM2 (where MKL's batched product failed in
-    every case) and the tiny test models. (PyTorch's CPU scaled_dot_product_attention does
-    not with several threads: its work is split by the batch's size. The suite runs one
-    thread a worker, where it did, so this sets the thread count users run with.)"""
+    every case), the tiny test models and a head dimension past whole vectors (masked
+    loads). (PyTorch's CPU scaled_dot_product_attention does not with several threads: its
+    work is split by the batch's size. The suite runs one thread a worker, where it did, so
+    this sets the thread count users run with.)"""
     monkeypatch.setattr(kernels, "attention_path", lambda: path)
     torch.set_num_threads(threads)  # the autouse fixture sets 1 again for the next test
     torch.manual_seed(0)

@@ -33,6 +33,7 @@ using quickdraft_simd::exp512;
 using quickdraft_simd::sum256;
 
 constexpr int64_t kMaxDim = 256;
+constexpr int kScoreKeys = 4;  // keys whose scores are computed side by side
 
 inline int64_t token_of(const Attention& P, int64_t g) {
   return P.tokens == nullptr ? g : P.tokens[g];
@@ -52,15 +53,32 @@ __attribute__((target("avx512f"))) void one_avx512(const Attention& P, int64_t g
   const int64_t* slots = P.slots + g * P.width;
   const float* keys = P.keys + P.rows[g] * P.key_row_stride + kv * dim;
   const float* values = P.values + P.rows[g] * P.value_row_stride + kv * dim;
-  float top = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
+  // Keys kScoreKeys at a time: each key's products in the same sequence as alone (the same
+  // bits), their chains side by side so that one key's fused adds do not wait on the last.
+  int64_t j = 0;
+  for (; j + kScoreKeys <= n; j += kScoreKeys) {
+    __m512 acc[kScoreKeys];
+    const float* key[kScoreKeys];
+    for (int i = 0; i < kScoreKeys; ++i) {
+      acc[i] = _mm512_setzero_ps();
+      key[i] = keys + slots[j + i] * P.key_slot_stride;
+    }
+    for (int64_t c = 0; c < chunks; ++c) {
+      for (int i = 0; i < kScoreKeys; ++i) {
+        acc[i] = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(mask(c), key[i] + 16 * c), acc[i]);
+      }
+    }
+    for (int i = 0; i < kScoreKeys; ++i) scores[j + i] = _mm512_reduce_add_ps(acc[i]) * P.scale;
+  }
+  for (; j < n; ++j) {
     const float* key = keys + slots[j] * P.key_slot_stride;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t c = 0; c < chunks; ++c)
       acc = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(mask(c), key + 16 * c), acc);
     scores[j] = _mm512_reduce_add_ps(acc) * P.scale;
-    top = scores[j] > top ? scores[j] : top;
   }
+  float top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) top = scores[i] > top ? scores[i] : top;
   __m512 total = _mm512_setzero_ps();
   const __m512 shift = _mm512_set1_ps(top);
   for (int64_t j = 0; j < n; j += 16) {
@@ -90,7 +108,17 @@ __attribute__((target("avx2"))) inline __m256i lanes(int64_t c, int64_t width) {
                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+// 8 floats of chunk c: a plain load where the head dimension is whole vectors (``Whole``),
+// else masked to the dimension (the same values either way).
+template <bool Whole>
+__attribute__((target("avx2"), always_inline)) inline __m256 load8(const float* at, int64_t c,
+                                                                    int64_t dim) {
+  if constexpr (Whole) return _mm256_loadu_ps(at + 8 * c);
+  return _mm256_maskload_ps(at + 8 * c, lanes(c, dim));
+}
+
 // The same with AVX2: 8 lanes at a time, masked loads for the tail.
+template <bool Whole>
 __attribute__((target("avx2,fma"))) void one_avx2(const Attention& P, int64_t g, int64_t h,
                                                   std::vector<float>& scores) {
   const int64_t dim = P.dim, n = P.counts[g];
@@ -98,19 +126,33 @@ __attribute__((target("avx2,fma"))) void one_avx2(const Attention& P, int64_t g,
   const int64_t chunks = (dim + 7) / 8;
   const float* query = P.q + token_of(P, g) * P.q_stride + h * dim;
   __m256 qv[kMaxDim / 8];
-  for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm256_maskload_ps(query + 8 * c, lanes(c, dim));
+  for (int64_t c = 0; c < chunks; ++c) qv[c] = load8<Whole>(query, c, dim);
   const int64_t* slots = P.slots + g * P.width;
   const float* keys = P.keys + P.rows[g] * P.key_row_stride + kv * dim;
   const float* values = P.values + P.rows[g] * P.value_row_stride + kv * dim;
-  float top = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
+  int64_t j = 0;  // keys kScoreKeys at a time, as one_avx512
+  for (; j + kScoreKeys <= n; j += kScoreKeys) {
+    __m256 acc[kScoreKeys];
+    const float* key[kScoreKeys];
+    for (int i = 0; i < kScoreKeys; ++i) {
+      acc[i] = _mm256_setzero_ps();
+      key[i] = keys + slots[j + i] * P.key_slot_stride;
+    }
+    for (int64_t c = 0; c < chunks; ++c) {
+      for (int i = 0; i < kScoreKeys; ++i) {
+        acc[i] = _mm256_fmadd_ps(qv[c], load8<Whole>(key[i], c, dim), acc[i]);
+      }
+    }
+    for (int i = 0; i < kScoreKeys; ++i) scores[j + i] = sum256(acc[i]) * P.scale;
+  }
+  for (; j < n; ++j) {
     const float* key = keys + slots[j] * P.key_slot_stride;
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t c = 0; c < chunks; ++c)
-      acc = _mm256_fmadd_ps(qv[c], _mm256_maskload_ps(key + 8 * c, lanes(c, dim)), acc);
+    for (int64_t c = 0; c < chunks; ++c) acc = _mm256_fmadd_ps(qv[c], load8<Whole>(key, c, dim), acc);
     scores[j] = sum256(acc) * P.scale;
-    top = scores[j] > top ? scores[j] : top;
   }
+  float top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) top = scores[i] > top ? scores[i] : top;
   __m256 total = _mm256_setzero_ps();
   const __m256 shift = _mm256_set1_ps(top);
   for (int64_t j = 0; j < n; j += 8) {
@@ -126,7 +168,7 @@ __attribute__((target("avx2,fma"))) void one_avx2(const Attention& P, int64_t g,
     const float* value = values + slots[j] * P.value_slot_stride;
     const __m256 w = _mm256_set1_ps(scores[j]);
     for (int64_t c = 0; c < chunks; ++c)
-      acc[c] = _mm256_fmadd_ps(w, _mm256_maskload_ps(value + 8 * c, lanes(c, dim)), acc[c]);
+      acc[c] = _mm256_fmadd_ps(w, load8<Whole>(value, c, dim), acc[c]);
   }
   float* out = P.out + token_of(P, g) * P.out_stride + h * dim;
   for (int64_t c = 0; c < chunks; ++c)
@@ -149,8 +191,10 @@ void attend_queries(const Attention& P, int64_t path) {
     for (int64_t item = begin; item < end; ++item) {
       if (path == 1) {
         one_avx512(P, item / P.heads, item % P.heads, scores);
+      } else if (P.dim % 8 == 0) {
+        one_avx2<true>(P, item / P.heads, item % P.heads, scores);
       } else {
-        one_avx2(P, item / P.heads, item % P.heads, scores);
+        one_avx2<false>(P, item / P.heads, item % P.heads, scores);
       }
     }
   });
