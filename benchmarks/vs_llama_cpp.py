@@ -2,10 +2,10 @@
 0.5B as draft, 2 threads, greedy, in one interleaved run.
 
 Rows, prompt by prompt in a rotating order (the machine's speed drifts; every row sees the
-same conditions); ``--rounds N`` runs it all N times, rotated anew, and keeps each prompt's
-run of the median decode time (on a shared host one prompt's rate can swing 30% between runs;
-a sized drafter learns this host's costs on its first prompts, so later rounds show the
-steady state a long-lived engine runs in):
+same conditions); ``--rounds N`` runs it all N times, rotated anew, each round with every
+drafter built afresh (nothing learned from one round's replies reaches the next), and keeps
+each prompt's run of the median decode time (on a shared host one prompt's rate can swing
+30% between runs):
 
 - llama.cpp (llama-cpp-python, built from source, see below): plain decoding; speculative
   decoding with the 0.5B GGUF as its draft model (k tokens a step, the draft keeping its KV
@@ -84,6 +84,10 @@ class Row:
     run: Callable[[list[int]], tuple[list[int], float, float, float | None]]
     weight_bytes: float = 0.0
     results: list[dict] = field(default_factory=list)
+    # Called before each round: a quickdraft row builds its drafter anew, so nothing a drafter
+    # keeps between requests (suffix decoding's trie of earlier replies, what sizing learned)
+    # carries from one round's run of a prompt into the next round's.
+    fresh: Callable[[], None] = lambda: None
 
 
 def chat_prompts(tokenizer, count: int) -> list[tuple[str, list[int]]]:
@@ -205,18 +209,25 @@ def quickdraft_rows(args) -> tuple[list[Row], object, int]:
                 if spec is not None
             ]
         for name, spec, model in configs:
-            drafter = None
-            if spec is not None:
-                drafter = build_drafter(spec, target, model, same_tokenizer=True)
-            run = _quickdraft_run(target, spec, drafter, tokenizer, args)
-            rows.append(Row(f"quickdraft {quant} {name}", "quickdraft", quant, run, weight_bytes))
+            run, fresh = _quickdraft_run(target, spec, model, tokenizer, args)
+            row = Row(f"quickdraft {quant} {name}", "quickdraft", quant, run, weight_bytes)
+            row.fresh = fresh
+            rows.append(row)
     return rows, tokenizer, params
 
 
-def _quickdraft_run(target, spec, drafter, tokenizer, args) -> Callable:
+def _quickdraft_run(target, spec, model, tokenizer, args) -> tuple[Callable, Callable]:
+    """A row's run of one prompt, and what starts a round: its drafter built anew (one
+    drafter serves every prompt of a round, as a server's engine serves its requests)."""
     sampling = SamplingParams(
         temperature=0, max_new_tokens=args.max_new_tokens, stop_token_ids=tokenizer.eos_token_ids
     )
+    drafter = None
+
+    def fresh() -> None:
+        nonlocal drafter
+        if spec is not None:
+            drafter = build_drafter(spec, target, model, same_tokenizer=True)
 
     def run(ids: list[int]) -> tuple[list[int], float, float, float]:
         start = time.perf_counter()
@@ -225,7 +236,7 @@ def _quickdraft_run(target, spec, drafter, tokenizer, args) -> Callable:
         tokens = [t for t in out.token_ids if t not in tokenizer.eos_token_ids]
         return tokens, out.stats.time_prefill, total, out.stats.mean_accepted_length
 
-    return run
+    return run, fresh
 
 
 def projection_params(model) -> int:
@@ -342,6 +353,8 @@ def main() -> None:
     rates = machine_rates(args.threads)
     runs: dict[tuple[int, int], list[dict]] = {}  # (row, prompt) -> its runs
     for round_ in range(args.rounds):
+        for row in rows:
+            row.fresh()
         for index, (kind, ids) in enumerate(prompts):
             turn = (index + round_) % len(rows)
             for row in rows[turn:] + rows[:turn]:
