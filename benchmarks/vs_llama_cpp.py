@@ -175,7 +175,7 @@ def quickdraft_rows(args) -> tuple[list[Row], object, int]:
         weight_bytes, params = _weight_bytes(target), projection_params(target)
         configs = [("plain", None, None)]
         if quant == "float32" and len(quants) > 1:  # the reference only
-            run = _quickdraft_run(target, None, None, tokenizer, args)
+            run, _ = _quickdraft_run(target, None, None, tokenizer, args)
             rows.append(Row("quickdraft float32 plain", "quickdraft", quant, run, weight_bytes))
             continue
         for k in (3, 5) if draft is not None and "draft" in args.methods.split(",") else ():

@@ -233,6 +233,39 @@ def test_a_drafter_whose_drafts_never_pay_runs_rarely():
     assert 3 <= weak.calls <= 10, weak.calls
 
 
+def test_a_tree_drafter_that_caps_its_depth_drafts_one_level_past_what_was_kept():
+    """Depth 1 kept (p 0.9), depths 2-4 cut (p 0.01): the next draft asks for depth 2; then
+    with every level kept, a level deeper each step."""
+
+    class Deep:
+        needs = Needs(8, 4, caps_depth=True)
+
+        def __init__(self, scores):
+            self.scores, self.asked = scores, []
+
+        def propose(self, batch):
+            self.asked.append(batch.max_depth)
+            depth = min(batch.max_depth or 4, 4)  # its own depth: 4
+            tokens = torch.arange(depth).unsqueeze(0)
+            parents = [-1, *range(depth - 1)]
+            return Draft.from_parents(tokens, parents, scores=self.scores[:, :depth])
+
+    batch = Batch.from_rows([[1, 2, 3]])
+    steep = Deep(torch.tensor([[0.9, 0.01, 0.01, 0.01]]))
+    rule = GoodputRule(steep.needs, 1, CHEAP)
+    for _ in range(3):
+        draft = rule.propose(steep, batch)
+        rule.update([0], draft, [draft.depth], 0.001, 0.010, 0.001)
+    assert steep.asked == [None, 2, 2]
+    sure = Deep(torch.tensor([[0.99, 0.98, 0.97, 0.96]]))
+    rule = GoodputRule(sure.needs, 1, CHEAP)
+    rule.kept_depth = 1
+    for _ in range(4):
+        draft = rule.propose(sure, batch)
+        rule.update([0], draft, [draft.depth], 0.001, 0.010, 0.001)
+    assert sure.asked == [2, 3, 4, 5]  # the drafter stops at its own depth (4)
+
+
 def test_what_a_rule_learned_carries_over_to_the_next_engine():
     """Three requests of 100 steps, each in a new engine (``generate``'s way): with what the
     first learned carried over (``Learned``), the drafter runs as rarely as in one engine of

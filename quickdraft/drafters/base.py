@@ -44,6 +44,8 @@ class Needs:
     side_tokens: the most side-branch tokens (``SideBranch``) it sends a step.
     shortens:    whether it honours ``Batch.limit`` (a draft of at most that many tokens),
                  so the engine may choose each step's k (adaptive k).
+    caps_depth:  whether it honours ``Batch.max_depth`` (no node deeper than that), so the
+                 engine may spare a tree drafter the levels it would cut from its drafts.
     resumes:     for a drafter that reads features (``hidden``, ``taps``): whether it keeps,
                  per slot, what it made of the slot's last text, so the engine may reuse a
                  slot's cached prefix (prefix caching) for it too. It then says how much with
@@ -63,6 +65,7 @@ class Needs:
     taps: tuple[int, ...] = ()
     side_tokens: int = 0
     shortens: bool = False
+    caps_depth: bool = False
     resumes: bool = False
     pooled: bool = False
 
@@ -90,6 +93,9 @@ class Batch:
     generator:  the engine's generator for rows without their own.
     limit:      draft at most this many tokens this step (None: the drafter's own k); only
                 drafters that declare ``Needs.shortens`` are handed one.
+    max_depth:  draft no node deeper than this (depth 1: the pending token's children; None:
+                the drafter's own depth); only drafters that declare ``Needs.caps_depth``
+                are handed one.
     matchers:   each row's grammar matcher (``constraints.Matcher``) when a request asks for
                 structured output, else None (empty: no row does). A drafter that samples may
                 draw from its own distribution masked to ``allowed()`` along its draft
@@ -104,6 +110,7 @@ class Batch:
     generators: tuple[torch.Generator | None, ...]
     generator: torch.Generator
     limit: int | None = None
+    max_depth: int | None = None
     matchers: tuple[Any, ...] = ()
 
     @staticmethod

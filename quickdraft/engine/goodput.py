@@ -18,7 +18,9 @@ p_ri comes from one of two models:
 Chain drafters that can be cut before drafting (``Needs.shortens``) are given the k with the
 best goodput (``Batch.limit``); k = 0 drafts nothing. Other drafts are kept in their best
 prefix by p (a node's p never exceeds its parent's, so the prefix is a tree) where the verify
-judges each node alone (point-mass drafts, chains) and whole otherwise. A draft must promise
+judges each node alone (point-mass drafts, chains) and whole otherwise; a tree drafter that
+caps its depth (``Needs.caps_depth``: EAGLE) then drafts one level past the deepest node the
+last cut kept, so it spends no network passes on levels the cut would drop. A draft must promise
 ``MARGIN`` more than a plain step. When no draft beats a plain decode step, the next steps
 decode plainly, and after ``PROBE_EVERY`` of them one draft
 checks whether drafting pays again; each probe that finds it does not doubles the wait, up to
@@ -175,6 +177,10 @@ class GoodputRule:
         self.landed = [PRIOR] * rows  # tokens scored drafts landed ...
         self.promised = [PRIOR] * rows  # ... against what their scores promised
         self.proposed = False  # whether the drafter ran this step
+        # The deepest node the last trimmed draft kept (None: it kept the draft whole): a
+        # drafter that caps its depth drafts one level past it, a level a step deeper while
+        # its drafts keep their deepest nodes.
+        self.kept_depth: int | None = None
         self.since = 0.0  # tokens a row gained (mean over rows) since the drafter last drafted
         self.joined = False  # requests joined since the drafter last ran
 
@@ -220,6 +226,8 @@ class GoodputRule:
         if not self.host.drafting and self.host.idle < self.host.wait:
             self.proposed = False
             return Draft.empty(batch.size, batch.tokens.device)
+        if drafter.needs.caps_depth and self.kept_depth is not None:
+            batch = dataclasses.replace(batch, max_depth=self.kept_depth + 1)
         return self.trim(drafter.propose(batch), slots)
 
     def choose(self, slots: list[int]) -> int:
@@ -269,6 +277,7 @@ class GoodputRule:
         # Per step: the bookkeeping and the draft; per token: the drafter catching up.
         expand, catch_up = self.host.draft(0.0), self.host.draft(1.0) - self.host.draft(0.0)
         plain = rows / (self.host.other(1.0) + self.verify(rows, False) + rows * catch_up)
+        self.kept_depth = None
         if nodes == 0:
             kept, gained = 0, 0.0
         elif draft.side is not None or (draft.tree is not None and draft.probs is not None):
@@ -290,6 +299,7 @@ class GoodputRule:
             keep = torch.zeros(nodes, dtype=torch.bool)
             keep[order[:kept]] = True
             draft = draft.keep(_closed(keep, draft))
+            self.kept_depth = draft.depth
         # The step's expected rate against plain decoding's, averaged over recent drafts.
         seconds = self.host.other(1.0) + expand + self.verify(rows * (kept + 1))
         expected = (rows + gained) / (seconds + (rows + gained) * catch_up)

@@ -128,6 +128,7 @@ class EagleDrafter:
             depth=max(self.tree.depth, lookup),
             hidden=True,
             taps=taps,
+            caps_depth=True,
             resumes=True,
         )
         self.embed = target.embed
@@ -377,7 +378,8 @@ class EagleDrafter:
         anchor = batch.lengths - 2  # position of the pending token's entry
         # Scores are summed over rows (one shared shape), so the floor is too.
         floor = rows * math.log(tree.min_prob) if tree.min_prob > 0 else -math.inf
-        for level in range(1, tree.depth):
+        depth = tree.depth if batch.max_depth is None else min(tree.depth, batch.max_depth)
+        for level in range(1, depth):
             level_total = scores[-1].sum(0)
             # Nodes under the floor are never drafted, nor are their children.
             # (A shortlist smaller than top-k pads with -inf: never expanded.)
