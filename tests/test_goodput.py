@@ -167,9 +167,21 @@ def test_sized_trees_on_the_real_model_are_token_identical(smollm2, method):
     spec = make_spec(method)
     assert spec.adaptive_k
     drafter = build_drafter(spec, target, target_name="smollm2-135m")
+    asked = []  # (max_depth, the draft's depth): EAGLE caps its depth (Needs.caps_depth)
+    propose = drafter.propose
+
+    def watched(batch):
+        draft = propose(batch)
+        asked.append((batch.max_depth, draft.depth))
+        return draft
+
+    drafter.propose = watched
     for prompt in prompts:
         want = generate(target, prompt, sampling=GREEDY).token_ids
         assert generate(target, prompt, sampling=GREEDY, spec=spec, draft=drafter).token_ids == want
+    capped = [(cap, depth) for cap, depth in asked if cap is not None]
+    assert all(depth <= cap for cap, depth in capped)  # the lookup branch's nodes too
+    assert bool(capped) == drafter.needs.caps_depth
 
 
 def test_sized_chains_with_a_draft_model_are_token_identical(target):

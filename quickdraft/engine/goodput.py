@@ -53,7 +53,7 @@ PRIOR = 1.0  # pseudo-counts of accepted and rejected drafts a request starts wi
 # What a draft must promise over a plain step (expected tokens a second) to be drafted: the
 # estimates behind it (acceptance, the drafter's and the verify's seconds on a shared host) are
 # off by about this much, and a draft that promises less gains little when right and loses
-# when wrong (SmolLM2 with AVX2: prompt lookup and EAGLE ran 0.97x plain on code without it).
+# when wrong (benchmarks/results/vs_llama_cpp_avx2/README.md).
 MARGIN = 1.03
 DRIFT_DECAY = 0.8  # per step of a width: how fast the table's correction follows
 BUCKETS = (1, 2, 4, 8, 12)  # verify widths corrected together: 1, 2-3, 4-7, 8-11, 12+
@@ -170,6 +170,7 @@ class GoodputRule:
     def __init__(self, needs: Needs, rows: int, costs: VerifyCosts, host: Learned | None = None):
         self.max_k = needs.depth
         self.shortens = needs.shortens
+        self.caps_depth = needs.caps_depth
         self.costs = costs
         self.host = Learned(costs) if host is None else host
         self.accepted = [PRIOR] * rows
@@ -226,7 +227,8 @@ class GoodputRule:
         if not self.host.drafting and self.host.idle < self.host.wait:
             self.proposed = False
             return Draft.empty(batch.size, batch.tokens.device)
-        if drafter.needs.caps_depth and self.kept_depth is not None:
+        # A probe (drafting found not to pay) drafts the whole depth: it is to find out.
+        if self.caps_depth and self.host.drafting and self.kept_depth is not None:
             batch = dataclasses.replace(batch, max_depth=self.kept_depth + 1)
         return self.trim(drafter.propose(batch), slots)
 
@@ -299,7 +301,7 @@ class GoodputRule:
             keep = torch.zeros(nodes, dtype=torch.bool)
             keep[order[:kept]] = True
             draft = draft.keep(_closed(keep, draft))
-            self.kept_depth = draft.depth
+            self.kept_depth = draft.depth or None  # none kept: the next draft whole
         # The step's expected rate against plain decoding's, averaged over recent drafts.
         seconds = self.host.other(1.0) + expand + self.verify(rows * (kept + 1))
         expected = (rows + gained) / (seconds + (rows + gained) * catch_up)

@@ -148,7 +148,9 @@ __attribute__((target("avx2,fma"))) void one_avx2(const Attention& P, int64_t g,
   for (; j < n; ++j) {
     const float* key = keys + slots[j] * P.key_slot_stride;
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t c = 0; c < chunks; ++c) acc = _mm256_fmadd_ps(qv[c], load8<Whole>(key, c, dim), acc);
+    for (int64_t c = 0; c < chunks; ++c) {
+      acc = _mm256_fmadd_ps(qv[c], load8<Whole>(key, c, dim), acc);
+    }
     scores[j] = sum256(acc) * P.scale;
   }
   float top = -INFINITY;

@@ -419,4 +419,6 @@ class EagleDrafter:
         """Prompt lookup's continuation as one more branch of the tree (``graft.graft``)."""
         assert self.lookup is not None
         continuation = self.lookup.propose(batch).tokens.to(draft.tokens.device)  # [B, L]
+        if batch.max_depth is not None:  # no node deeper than asked, the branch's either
+            continuation = continuation[:, : batch.max_depth]
         return graft(draft, continuation)
