@@ -5,7 +5,8 @@ Rows, prompt by prompt in a rotating order (the machine's speed drifts; every ro
 same conditions); ``--rounds N`` runs it all N times, rotated anew, each round with every
 drafter built afresh (nothing learned from one round's replies reaches the next), and keeps
 each prompt's run of the median decode time (on a shared host one prompt's rate can swing
-30% between runs):
+30% between runs; use an odd N); "x own plain" is the median over every run of a row's rate
+against its plain row's on the same prompt in the same round:
 
 - llama.cpp (llama-cpp-python, built from source, see below): plain decoding; speculative
   decoding with the 0.5B GGUF as its draft model (k tokens a step, the draft keeping its KV
@@ -83,7 +84,8 @@ class Row:
     # ids -> (tokens, first, total, tokens a target forward: quickdraft's only, else None)
     run: Callable[[list[int]], tuple[list[int], float, float, float | None]]
     weight_bytes: float = 0.0
-    results: list[dict] = field(default_factory=list)
+    results: list[dict] = field(default_factory=list)  # a run a prompt: its median one
+    runs: list[dict] = field(default_factory=list)  # every run, every round
     # Called before each round: a quickdraft row builds its drafter anew, so nothing a drafter
     # keeps between requests (suffix decoding's trie of earlier replies, what sizing learned)
     # carries from one round's run of a prompt into the next round's.
@@ -368,6 +370,7 @@ def main() -> None:
     for row in rows:  # each prompt's run of the median decode time
         for index in range(len(prompts)):
             done = runs[(id(row), index)]
+            row.runs += done
             middle = statistics.median_low(r["total_s"] - r["first_s"] for r in done)
             row.results.append(next(r for r in done if r["total_s"] - r["first_s"] == middle))
     report = summarise(rows, prompts, rates, args)
@@ -417,6 +420,7 @@ def summarise_row(row: Row, plain: Row, float_plain: Row, calibration: set[int])
         return statistics.median(decode(r) for r in row.results if keep(r))
 
     pairs = list(zip(row.results, plain.results, strict=True))
+    in_round = list(zip(row.runs, plain.runs, strict=True))  # the same prompt and round
     floats = list(zip(row.results, float_plain.results, strict=True))
     accepted = None  # new tokens a target forward, bonus included: quickdraft's rows only
     per_prompt = [r["tokens_per_forward"] for r in row.results]
@@ -436,16 +440,18 @@ def summarise_row(row: Row, plain: Row, float_plain: Row, calibration: set[int])
         "same_as_own_plain": sum(r["tokens"] == p["tokens"] for r, p in pairs) / len(pairs),
         "float_agreement": statistics.mean(agreement(r["tokens"], f["tokens"]) for r, f in floats),
         "tokens_per_forward": accepted,
-        # Prompt by prompt against the same prompt's plain run, medians per kind: pairs see
-        # the same text and nearly the same moment, so they settle sooner than the rates.
-        "x_own_plain_code": median_ratio(pairs, "code", decode),
-        "x_own_plain_chat": median_ratio(pairs, "chat", decode),
+        # Run by run against the plain row's run of the same prompt in the same round, medians
+        # per kind: a pair sees the same text within a minute, so it settles sooner than the
+        # rates do.
+        "x_own_plain_code": median_ratio(in_round, "code", decode),
+        "x_own_plain_chat": median_ratio(in_round, "chat", decode),
         "results": row.results,
+        "runs": row.runs,
     }
 
 
 def median_ratio(pairs: list[tuple[dict, dict]], kind: str, rate: Callable[[dict], float]) -> float:
-    """The median over prompts of ``kind`` of a row's rate over its plain row's."""
+    """The median over the pairs of ``kind`` of a row's rate over its plain row's."""
     ratios = [rate(r) / max(rate(p), 1e-9) for r, p in pairs if r["kind"] == kind]
     return statistics.median(ratios) if ratios else float("nan")
 
