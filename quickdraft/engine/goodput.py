@@ -20,11 +20,12 @@ best goodput (``Batch.limit``); k = 0 drafts nothing. Other drafts are kept in t
 prefix by p (a node's p never exceeds its parent's, so the prefix is a tree) where the verify
 judges each node alone (point-mass drafts, chains) and whole otherwise; a tree drafter that
 caps its depth (``Needs.caps_depth``: EAGLE) then drafts one level past the deepest node the
-last cut kept, so it spends no network passes on levels the cut would drop. A draft must promise
-``MARGIN`` more than a plain step. When no draft beats a plain decode step, the next steps
-decode plainly, and after ``PROBE_EVERY`` of them one draft
-checks whether drafting pays again; each probe that finds it does not doubles the wait, up to
-``PROBE_MAX`` steps, so text where drafts never land costs few drafts.
+last cut kept, so it spends no network passes on levels the cut would drop. A draft must
+promise ``MARGIN`` more than a plain step. When no draft beats a plain decode step, the next
+steps decode plainly, and after ``PROBE_EVERY`` of them one draft checks whether drafting pays
+again; each probe that finds it does not doubles the wait, up to ``PROBE_MAX`` steps, so text
+where drafts never land costs few drafts. What holds for the host rather than a request
+(``Learned``) carries over to the next engine over the same drafter object.
 
 Exactness does not depend on the size chosen: any prefix of a draft is a draft. Sizing follows
 measured times, so it is left out where the tokens must be reproducible: a step whose batch
