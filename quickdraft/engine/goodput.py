@@ -243,7 +243,8 @@ class GoodputRule:
             drafting = self.host.draft(k) if k else 0.0  # k = 0 runs no drafter
             seconds = self.host.other(1.0) + self.verify(rows * (k + 1), k > 0) + drafting
             rate = sum(expected_tokens(a, k) for a in alphas) / seconds
-            plain = plain or rate
+            if k == 0:
+                plain = rate
             if rate > best_rate:
                 best, best_rate = k, rate
         if best_rate < plain * MARGIN:
