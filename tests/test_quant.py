@@ -276,6 +276,33 @@ def test_a_4bit_targets_8bit_fallback_tensors_take_the_groups_layout():
         assert (layer(x) - reference).norm() / reference.norm() < 0.02
 
 
+def test_a_q4_1_tensor_keeps_4_bits_in_groups():
+    """A quantized file's tensor in 4-bit blocks of 32 with their own float16 scale and minimum
+    (a GGUF's Q4_1: every projection of SmolLM2-135M's file), which superblocks' integer
+    sub-scales do not reproduce, takes 4-bit groups, its weights exactly the file's, not the
+    8-bit fallback (about 1.7x the bytes a token)."""
+    from quickdraft.models.ops import Linear, layout_of
+
+    generator = torch.Generator().manual_seed(0)
+    shape = (48, 256 // 32)
+    # Scales over two decades within a row: superblocks' 6-bit sub-scales miss them by 0.007
+    # of the weights' norm (``exact.EXACT_ERROR``: 0.005).
+    scale = (10 ** (torch.rand(shape, generator=generator) * 2 - 3)).half().float()
+    minimum = (-8 * scale * (1 + 0.2 * torch.randn(shape, generator=generator))).half().float()
+    codes = torch.randint(0, 16, (48, 256), generator=generator).float()
+    weight = codes * scale.repeat_interleave(32, 1) + minimum.repeat_interleave(32, 1)
+    layer = Linear(weight.clone(), None, prepack=False)
+    layer.quantize_q4(4, exact_only=True, groups_fallback=True)
+    quantized = layer.quantized_weights
+    assert layout_of(quantized) == "groups" and quantized.bits == 4
+    eight = Linear(weight.clone(), None, prepack=False)
+    eight.quantize_q4(8, exact_only=True, groups_fallback=True)
+    assert quantized.nbytes < 0.6 * eight.quantized_weights.nbytes
+    x = torch.randn(3, 256, generator=generator)
+    reference = x @ weight.T
+    assert (layer(x) - reference).norm() / reference.norm() < 0.02
+
+
 def test_a_fused_product_of_two_forms_keeps_each_runs_own(monkeypatch):
     """A quantized file's q/k rows in 4 bits beside value rows in Q6_K (a Q4_K_M file's fused
     q/k/v; one q/k row 4 bits miss alone, as in the 1.5B's): each run of rows keeps its own

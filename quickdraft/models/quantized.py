@@ -48,7 +48,8 @@ SOURCES = [
     Path(kernels.__file__).with_name("groups.cpp"),
     Path(kernels.__file__).with_name("superblock.cpp"),
     Path(kernels.__file__).with_name("superblock.h"),  # a record's bytes
-    Path(__file__).with_name("ops.py"),  # which codes a layer gets
+    Path(__file__).with_name("ops.py"),  # which codes a layer gets ...
+    Path(__file__).with_name("exact.py"),  # ... from a quantized file
     Path(__file__).with_name("llama.py"),  # the head's bits, the layouts tried
     Path(__file__).with_name("gguf.py"),  # a GGUF's blocks read as codes
 ]
