@@ -52,10 +52,10 @@ MIN_RUN = 16  # rows: a kernel block's outputs
 def exact_runs(module: Any, weight: torch.Tensor, bits: int, fallback: Any) -> list[Any]:
     """The narrowest codes that reproduce a quantized file's weights (within ``EXACT_ERROR``):
     ``bits`` when 4 (in ``module``'s layout, then in ``fallback``'s), the Q6_K form on
-    superblocks, else 8 bits in the layout ``fallback`` (``ops.Linear.quantize_q4``). Where no form reproduces the whole tensor, on superblocks, by
-    runs of rows that each have one (at most ``MAX_PARTS``): the rows each form reproduces are
-    found from the codes already tried, and each run is judged, and cut from them, as a
-    whole."""
+    superblocks, else 8 bits in the layout ``fallback`` (``ops.Linear.quantize_q4``). Where no
+    form reproduces the whole tensor, on superblocks, by runs of rows that each have one (at
+    most ``MAX_PARTS``): the rows each form reproduces are found from the codes already tried,
+    and each run is judged, and cut from them, as a whole."""
     makers = [lambda: module.quantize(weight, bits)] if bits == 4 else []
     if bits == 4 and fallback is not module:
         # A file's 4-bit blocks of 32 (Q4_0, Q4_1: every projection of SmolLM2-135M's
