@@ -148,3 +148,43 @@ def test_rules_are_seeded(rule):
     assert torch.equal(runs[0].next_token, runs[1].next_token)
     assert torch.equal(runs[0].num_accepted, runs[1].num_accepted)
     assert not torch.equal(runs[0].next_token, runs[2].next_token)
+
+
+@pytest.mark.parametrize("rule", [r for r in AcceptRule if r.lossless])
+@pytest.mark.parametrize("branching", [None, (2, 2), (3, 2, 1)])
+def test_greedy_walk_on_argmax_is_every_lossless_rule_at_temperature_zero(rule, branching):
+    """The engine's greedy path (``engine.verify.greedy_drafted``: the tree walk over each
+    node's argmax, on the host) accepts, corrects and walks exactly as each lossless rule does
+    on the one-hot distributions of temperature 0, for chains and trees (siblings that repeat
+    a token included), with and without draft probabilities, ties in the logits included (the
+    lowest id wins, as in sampling)."""
+    from quickdraft.accept import TREE_RULES
+    from quickdraft.config import SamplingParams
+    from quickdraft.drafters.base import Batch, Draft
+    from quickdraft.engine.verify import accept_rows, greedy_drafted
+    from quickdraft.sampling import probs_for_rows
+    from quickdraft.tree import TreeShape
+
+    generator = torch.Generator().manual_seed(7)
+    rows, vocab = 64, 6
+    shape = TreeShape.chain(4) if branching is None else TreeShape.from_branching(list(branching))
+    nodes = shape.num_nodes
+    logits = torch.randint(0, 4, (rows, nodes + 1, vocab), generator=generator).float()  # ties
+    argmax = logits.argmax(-1)  # [B, N + 1]
+    parents = shape.parents
+    # Each node's token: its parent's argmax most of the time, so walks go deep.
+    hit = torch.rand(rows, nodes, generator=generator) < 0.7
+    other = torch.randint(0, vocab, (rows, nodes), generator=generator)
+    tokens = torch.where(hit, argmax[:, parents + 1], other)
+    params = SamplingParams(temperature=0)
+    for with_probs in (False, True):
+        probs = None
+        if with_probs:
+            probs = torch.softmax(torch.randn(rows, nodes, vocab, generator=generator), -1)
+        draft = Draft(tokens, probs) if branching is None else Draft(tokens, probs, shape)
+        batch = Batch.from_rows([[1, 2]] * rows, params)
+        target = probs_for_rows(logits, [params] * rows)
+        expected = accept_rows(ACCEPT_RULES[rule], TREE_RULES[rule], draft, target, batch)
+        got = greedy_drafted(logits, draft)
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a, b)

@@ -51,6 +51,7 @@ from quickdraft.engine.verify import (
     accept_rows,
     emitted_logprobs,
     emitted_tokens,
+    greedy_drafted,
     greedy_undrafted,
 )
 from quickdraft.models.base import FeatureModel, Model, Slots, Tokenizer
@@ -145,6 +146,8 @@ class Engine:
             ACCEPT_RULES[acceptance],
             TREE_RULES[acceptance],
         )
+        # A lossless stock rule at temperature 0 is token matching (``greedy_drafted``).
+        self.token_matching = rules is None and acceptance.lossless
         self.disable_by_batch_size = disable_by_batch_size
         self.max_model_len = max_model_len
         self.device = target.device
@@ -304,8 +307,11 @@ class Engine:
         # 4. Accept: the accepted path and the corrected or bonus token of every row.
         failed = constrain.failed(requests)
         logits = constrain.mask_logits(out.logits[:, :nodes], requests, draft, failed)
-        if nodes == 1 and all(params.greedy for params in batch.sampling):
+        greedy = all(params.greedy for params in batch.sampling)
+        if greedy and nodes == 1:
             num_accepted, next_token, path = greedy_undrafted(logits)
+        elif greedy and self.token_matching:
+            num_accepted, next_token, path = greedy_drafted(logits, draft)
         else:
             target_probs = probs_for_rows(logits, batch.sampling)
             num_accepted, next_token, path = accept_rows(

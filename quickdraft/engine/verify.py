@@ -61,6 +61,45 @@ def greedy_undrafted(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     return num_accepted, next_token, num_accepted.new_empty(next_token.shape[0], 0)
 
 
+def greedy_drafted(
+    logits: torch.Tensor, draft: Draft
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``accept_rows`` for a step whose rows are all greedy under a lossless rule (at
+    temperature 0 rejection sampling and greedy acceptance both accept a node exactly when
+    its token is the target's argmax at its parent, the first such child of a node in node
+    order, and end on the argmax where no child holds it): the walk of
+    ``accept.tree_greedy`` on the host over the argmax at every node, without a one-hot
+    distribution over the vocabulary for each node and a tensor walk over them (0.9 ms of
+    SmolLM2-135M's 5 ms step on a 2-node chain). Typical acceptance takes the longest
+    matching path where siblings repeat a token, so it keeps its own walk.
+    logits: [B, T, V] of the verify pass, masked where a constraint applies; T >= N + 1."""
+    nodes, depth = draft.tokens.shape[1], draft.depth
+    choices = logits[:, : nodes + 1].argmax(dim=-1).tolist()  # host sync: the walk's input
+    children: list[list[int]] = [[] for _ in range(nodes + 1)]  # [0]: the root's
+    for node, parent in enumerate(draft.parents.tolist()):
+        children[parent + 1].append(node)  # in node order: the first match wins, as there
+    accepted, next_tokens, paths = [], [], []
+    for tokens, choice in zip(draft.tokens.tolist(), choices, strict=True):
+        path, node = [], -1
+        while True:
+            want = choice[node + 1]  # the target's token after ``node``
+            child = next((c for c in children[node + 1] if tokens[c] == want), None)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        accepted.append(len(path))
+        next_tokens.append(want)
+        paths.append(path + [-1] * (depth - len(path)))
+    device = logits.device
+    path_tensor = torch.tensor(paths, dtype=torch.long, device=device).view(len(paths), depth)
+    return (
+        torch.tensor(accepted, dtype=torch.long, device=device),
+        torch.tensor(next_tokens, dtype=torch.long, device=device),
+        path_tensor,
+    )
+
+
 def _path(verdict: Verdict, depth: int) -> torch.Tensor:
     if verdict.path is not None:
         return verdict.path[:, :depth]
