@@ -65,6 +65,30 @@ def test_the_rule_drafts_nothing_where_verifying_costs_and_drafts_fail_then_prob
     assert rule.alpha(1) == pytest.approx(0.5)
 
 
+def test_a_drafted_steps_other_work_is_learned_apart_and_weighs_on_the_choice():
+    """What a step spends besides drafting and verifying is learned apart for drafted steps
+    (committing a path, the drafter observing its accepted tokens), against the tokens a row
+    gained: until a drafted step ran, a plain step's stands in; a draft that would pay at a
+    plain step's bookkeeping does not pay at its own dearer one."""
+
+    def rule_with(other_drafted: float) -> GoodputRule:
+        rule = _chain_rule(MIDDLING, rows=1)
+        for _ in range(3):  # a plain step: 1 ms besides its verify
+            rule.proposed = False
+            rule.update([0], Draft.empty(1), [0], 0.0, MIDDLING(1), 0.001)
+        assert rule.other(True, 2.0) == pytest.approx(rule.other(False, 2.0))  # none ran yet
+        for accepted in (1, 2, 1, 2):  # drafts of 2, half landing
+            rule.proposed = True
+            draft = Draft.chain(torch.zeros(1, 2, dtype=torch.long))
+            rule.update([0], draft, [accepted], 0.0, MIDDLING(3), other_drafted)
+        return rule
+
+    cheap, dear = rule_with(0.001), rule_with(0.015)
+    assert cheap.other(False) == pytest.approx(0.001)
+    assert dear.other(True, 2.5) > 0.01 and dear.other(False) == pytest.approx(0.001)
+    assert cheap.choose([0]) > 0 and dear.choose([0]) == 0
+
+
 def test_a_cheap_verify_keeps_more_of_a_tree_than_a_dear_one():
     """The same scored tree (EAGLE's path probabilities) is cut to its nodes worth verifying:
     on a host whose verify costs grow fast, fewer; parents always stay with their children."""
@@ -83,6 +107,31 @@ def test_a_cheap_verify_keeps_more_of_a_tree_than_a_dear_one():
             assert parent < node  # a tree: parents first
     assert len(kept["cheap"]) > len(kept["dear"]) >= 1
     assert set(kept["dear"]) < set(kept["cheap"])
+
+
+def test_drafted_steps_dearer_than_predicted_raise_the_bias_and_stop_drafting():
+    """A drafted step that keeps costing more than the rule's model of its parts gave (a
+    tree drafter's depth, attention over a longer context than the table's) raises
+    ``bias``, which weighs on the expected rate of drafting: the same drafts that pay at
+    their predicted cost stop paying at 1.5x it. A step costing what was predicted leaves
+    the bias at 1."""
+    tokens = torch.arange(4).unsqueeze(0)
+    scores = torch.tensor([[0.9, 0.6, 0.35, 0.2]], dtype=torch.float64)
+    draft = Draft.from_parents(tokens, [-1, 0, 1, 2], scores=scores)
+    rules = {}
+    for name, factor in (("true", 1.0), ("dear", 1.5)):
+        rule = GoodputRule(Needs(4, 4), 1, CHEAP)
+        rule.host.draft.add(0.0, 0.004)  # a draft costs 0.4 of a decode step
+        for _ in range(12):
+            rule.proposed = True
+            cut = rule.trim(draft, [0])
+            kept = cut.tokens.shape[1]
+            spent = rule.predicted * factor
+            rule.update([0], cut, [min(kept, 2)], 0.004, spent - 0.004)
+        rules[name] = rule
+    assert rules["true"].host.bias == pytest.approx(1.0, abs=0.05)
+    assert rules["dear"].host.bias > 1.35
+    assert rules["true"].host.drafting and not rules["dear"].host.drafting
 
 
 def test_drafting_stops_when_drafts_do_not_pay_and_the_probes_back_off():
@@ -298,7 +347,7 @@ def test_engines_over_one_drafter_share_what_they_learned(target):
     generate(target, PROMPTS[0], sampling=GREEDY, spec=spec, draft=drafter)
     again = Engine(target, drafter)
     assert first.goodput.host is again.goodput.host
-    assert again.goodput.host.other.w > 0  # the request's steps taught it
+    assert again.goodput.host.other[False].w > 0  # the request's steps taught it
     other = Engine(target, build_drafter(spec, target))
     assert other.goodput.host is not first.goodput.host
     assert learned(drafter, DEAR) is not first.goodput.host  # another target's table

@@ -6,7 +6,9 @@ accepted length is the count of accepted nodes), and costs ``draft + verify(B * 
 seconds for a batch of B rows. ``verify`` is the target's cost by width measured at load
 (``engine.costs``), scaled by how the engine's own verify steps compare with it (drift,
 contention); ``draft`` is the drafter's seconds, learned from its steps, and ``other`` what
-a step spends besides (committing, the drafter's observing), which a plain step spends too.
+a step spends besides (committing, the drafter's observing), learned against the tokens a row
+gains, apart for steps the drafter ran and plain ones. What drafted steps really cost against
+what this model of their parts gave them (``Learned.bias``) scales a drafted step's seconds.
 
 p_ri comes from one of two models:
 
@@ -57,6 +59,8 @@ PRIOR = 1.0  # pseudo-counts of accepted and rejected drafts a request starts wi
 # when wrong (benchmarks/results/vs_llama_cpp_avx2/README.md).
 MARGIN = 1.03
 DRIFT_DECAY = 0.8  # per step of a width: how fast the table's correction follows
+BIAS_DECAY = 0.8  # per drafted step: how fast the drafted steps' correction follows
+BIAS_RANGE = (0.5, 2.0)
 BUCKETS = (1, 2, 4, 8, 12)  # verify widths corrected together: 1, 2-3, 4-7, 8-11, 12+
 
 
@@ -134,11 +138,21 @@ class Learned:
     drift: dict[bool, list[float]] = field(
         default_factory=lambda: {ran: [1.0] * len(BUCKETS) for ran in (False, True)}
     )
-    other: _Line = field(default_factory=_Line)  # a step's seconds besides draft and verify
+    # A step's seconds besides drafting and verifying (committing, the drafter's observing),
+    # against the tokens a row gained; apart for steps the drafter ran (its observing of a
+    # verified draft, the walk and commit of a path cost more than a plain step's: 0.55-0.95
+    # ms against 0.4 on SmolLM2-135M).
+    other: dict[bool, _Line] = field(default_factory=lambda: {False: _Line(), True: _Line()})
     # A drafter's seconds: against k for one that shortens; else against the tokens it
     # catches up with (what the rows gained since it last drafted: EAGLE and a draft
     # model read them when they next draft), whose intercept is the draft itself.
     draft: _Line = field(default_factory=_Line)
+    # Drafted steps' real seconds against what the rule predicted for them (decayed): what
+    # the model of their parts misses (a tree's depth in its draft time, attention over a
+    # longer context than the table's, the caches a draft leaves cold), applied to the
+    # predicted seconds of a drafted step. Measured on SmolLM2-135M (AVX2 code, EAGLE alone):
+    # 1.14-1.25 before it was applied.
+    bias: float = 1.0
     # Recent drafts' expected rate against plain decoding's (decayed): above 1, drafting
     # goes on.
     advantage: float = 1.1
@@ -184,6 +198,7 @@ class GoodputRule:
         # its drafts keep their deepest nodes.
         self.kept_depth: int | None = None
         self.since = 0.0  # tokens a row gained (mean over rows) since the drafter last drafted
+        self.predicted = 0.0  # ``trim``'s seconds for the step it cut, before ``bias``
         self.joined = False  # requests joined since the drafter last ran
 
     def begin(self, slots: list[int]) -> None:
@@ -196,6 +211,12 @@ class GoodputRule:
     def alpha(self, slot: int) -> float:
         accepted = self.accepted[slot]
         return accepted / (accepted + self.rejected[slot])
+
+    def other(self, drafted: bool, gained: float = 1.0) -> float:
+        """Expected seconds of a step's work besides drafting and verifying, its rows
+        gaining ``gained`` tokens each; a drafted step's as a plain step's until one ran."""
+        line = self.host.other[drafted]
+        return line(gained) if line.w else self.host.other[False](gained)
 
     def verify(self, tokens: int, drafted: bool = True) -> float:
         """Expected seconds of a verify pass over ``tokens`` tokens (all rows together), after
@@ -241,8 +262,9 @@ class GoodputRule:
         best, best_rate, plain = 0, 0.0, 0.0
         for k in range(self.max_k + 1):
             drafting = self.host.draft(k) if k else 0.0  # k = 0 runs no drafter
-            seconds = self.host.other(1.0) + self.verify(rows * (k + 1), k > 0) + drafting
-            rate = sum(expected_tokens(a, k) for a in alphas) / seconds
+            gained = sum(expected_tokens(a, k) for a in alphas)
+            seconds = self.other(k > 0, gained / rows) + self.verify(rows * (k + 1), k > 0)
+            rate = gained / ((seconds + drafting) * (self.host.bias if k else 1.0))
             if k == 0:
                 plain = rate
             if rate > best_rate:
@@ -280,7 +302,7 @@ class GoodputRule:
         side = 0 if draft.side is None else draft.side.tokens.shape[1]
         # Per step: the bookkeeping and the draft; per token: the drafter catching up.
         expand, catch_up = self.host.draft(0.0), self.host.draft(1.0) - self.host.draft(0.0)
-        plain = rows / (self.host.other(1.0) + self.verify(rows, False) + rows * catch_up)
+        plain = rows / (self.other(False) + self.verify(rows, False) + rows * catch_up)
         self.kept_depth = None
         if nodes == 0:
             kept, gained = 0, 0.0
@@ -305,8 +327,9 @@ class GoodputRule:
             draft = draft.keep(_closed(keep, draft))
             self.kept_depth = draft.depth or None  # none kept: the next draft whole
         # The step's expected rate against plain decoding's, averaged over recent drafts.
-        seconds = self.host.other(1.0) + expand + self.verify(rows * (kept + 1))
-        expected = (rows + gained) / (seconds + (rows + gained) * catch_up)
+        seconds = self.other(True, 1 + gained / rows) + expand + self.verify(rows * (kept + 1))
+        self.predicted = seconds + catch_up * self.since  # this step's, the catch-up in it
+        expected = (rows + gained) / ((seconds + (rows + gained) * catch_up) * self.host.bias)
         decay = ADVANTAGE_DECAY
         self.host.advantage = self.host.advantage * decay + expected / plain * (1 - decay)
         was, self.host.drafting = self.host.drafting, self.host.advantage > MARGIN
@@ -328,18 +351,28 @@ class GoodputRule:
         """A step verified ``draft`` (as cut) for the rows in ``slots``, which accepted
         ``accepted`` of its nodes; ``other_seconds``: the step's time besides drafting and
         verifying (committing, the drafter's observing, bookkeeping)."""
-        self.host.other.add(1.0, other_seconds)
         nodes = draft.tokens.shape[1] + (0 if draft.side is None else draft.side.tokens.shape[1])
         width = len(slots) * (nodes + 1)
+        gained = sum(accepted) / len(accepted) + 1.0
+        predicted = 0.0  # what the rule's model gave for this step, before ``bias``
+        if self.proposed and not self.joined and draft.depth > 0:
+            predicted = self.predicted  # a tree's, from ``trim``; a chain's, for its own k:
+            if self.shortens:
+                predicted = self.other(True, gained) + self.verify(width) + self.host.draft(nodes)
+        self.host.other[self.proposed].add(gained, other_seconds)
         self.host.idle = 0 if self.proposed else self.host.idle + 1
         if verify_seconds > 0:
             ratio = verify_seconds / self.costs(width)
             drift, i = self.host.drift[self.proposed], _bucket(width)
             drift[i] = drift[i] * DRIFT_DECAY + ratio * (1 - DRIFT_DECAY)
-        gained = sum(accepted) / len(accepted) + 1.0
         if self.proposed:
             if not self.joined:
                 self.host.draft.add(draft.depth if self.shortens else self.since, draft_seconds)
+            if predicted > 0:
+                spent = draft_seconds + verify_seconds + other_seconds
+                bias = self.host.bias * BIAS_DECAY + spent / predicted * (1 - BIAS_DECAY)
+                self.host.bias = min(max(bias, BIAS_RANGE[0]), BIAS_RANGE[1])
+            self.predicted = 0.0
             self.since, self.joined = 0.0, False
         self.since += gained
         self.proposed = False
