@@ -15,6 +15,7 @@ from quickdraft.engine.goodput import (
     PROBE_EVERY,
     PROBE_K,
     PROBE_MAX,
+    PROBE_SHARE,
     GoodputRule,
     Learned,
     expected_tokens,
@@ -147,6 +148,32 @@ def test_drafting_stops_when_drafts_do_not_pay_and_the_probes_back_off():
         rule.trim(weak, [0])  # each probe that finds drafts still weak
         waits.append(rule.host.wait)
     assert waits == sorted(waits) and waits[-1] <= PROBE_MAX and waits[-1] > PROBE_EVERY
+
+
+def test_probes_that_cost_several_plain_steps_come_rarer():
+    """A probe that finds drafting does not pay costs its draft and wider verify beyond what
+    plain decoding takes for the tokens it gave. Where that is several plain steps (a draft
+    network catching up with a prompt), probes wait longer than PROBE_MAX between them, so
+    they spend about PROBE_SHARE of the time; cheap ones keep PROBE_MAX."""
+    tokens = torch.arange(4).unsqueeze(0)
+    weak = Draft.from_parents(tokens, [-1, 0, 1, 2], scores=torch.full((1, 4), 0.01))
+    waits = {}
+    for name, draft_seconds in (("cheap", 0.001), ("dear", 0.040)):
+        rule = GoodputRule(Needs(4, 4), 1, DEAR)
+        rule.host.draft.add(0.0, 0.008)
+        longest = 0
+        for _ in range(40):
+            rule.host.idle = rule.host.wait  # the wait is over: the next draft probes
+            rule.proposed, rule.probing = True, not rule.host.drafting
+            cut = rule.trim(weak, [0])
+            width = cut.tokens.shape[1] + 1
+            rule.update([0], cut, [0], draft_seconds, DEAR(width), 0.0)
+            longest = max(longest, rule.host.wait)
+        waits[name] = longest
+    plain = DEAR(1)
+    assert waits["cheap"] == PROBE_MAX
+    assert waits["dear"] > PROBE_MAX
+    assert waits["dear"] == pytest.approx(0.040 / (PROBE_SHARE * plain), rel=0.2)
 
 
 def test_expected_tokens_is_the_geometric_sum():

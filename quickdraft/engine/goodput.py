@@ -25,8 +25,9 @@ caps its depth (``Needs.caps_depth``: EAGLE) then drafts one level past the deep
 last cut kept, so it spends no network passes on levels the cut would drop. A draft must
 promise ``MARGIN`` more than a plain step. When no draft beats a plain decode step, the next
 steps decode plainly, and after ``PROBE_EVERY`` of them one draft checks whether drafting pays
-again; each probe that finds it does not doubles the wait, up to ``PROBE_MAX`` steps, so text
-where drafts never land costs few drafts. What holds for the host rather than a request
+again; each probe that finds it does not doubles the wait, up to ``PROBE_MAX`` steps (more for
+a drafter whose probes cost several plain steps: ``PROBE_SHARE``), so text where drafts never
+land costs few drafts. What holds for the host rather than a request
 (``Learned``) carries over to the next engine over the same drafter object.
 
 Exactness does not depend on the size chosen: any prefix of a draft is a draft. Sizing follows
@@ -50,6 +51,14 @@ DECAY = 0.9  # per step a request drafts: its older evidence weighs less
 COST_DECAY = 0.95  # per step: older cost measurements weigh less
 PROBE_EVERY = 8
 PROBE_MAX = 128
+# Probes that find drafting does not pay should spend about this share of the time: a drafter
+# whose probe costs c plain steps (beyond the tokens it gives) waits up to c / PROBE_SHARE
+# steps between them, at least PROBE_MAX, at most PROBE_CEILING. EAGLE's probes on
+# SmolLM2-135M (AVX2) cost 3-5 of its 4.5 ms steps: the draft, and its network catching up
+# with the request's prompt and the tokens since its last draft.
+PROBE_SHARE = 0.01
+PROBE_CEILING = 4096
+PROBE_DECAY = 0.5  # per probe: how fast the probes' cost follows
 ADVANTAGE_DECAY = 0.6
 PROBE_K = 2
 PRIOR = 1.0  # pseudo-counts of accepted and rejected drafts a request starts with
@@ -102,13 +111,12 @@ class _Line:
     xy: float = 0.0
 
     def add(self, x: float, y: float) -> None:
-        for name in ("w", "x", "y", "xx", "xy"):
-            setattr(self, name, getattr(self, name) * COST_DECAY)
-        self.w += 1.0
-        self.x += x
-        self.y += y
-        self.xx += x * x
-        self.xy += x * y
+        decay = COST_DECAY
+        self.w = self.w * decay + 1.0
+        self.x = self.x * decay + x
+        self.y = self.y * decay + y
+        self.xx = self.xx * decay + x * x
+        self.xy = self.xy * decay + x * y
 
     def spread(self) -> float:
         """Variance of the x seen (0 while every point had the same x)."""
@@ -159,6 +167,7 @@ class Learned:
     drafting: bool = True  # whether the last decision found drafting pays
     idle: int = 0  # steps since the drafter last ran
     wait: int = PROBE_EVERY  # plain steps before the next probe
+    probe: float = 0.0  # a probe's seconds beyond plain decoding's for its tokens (decayed)
 
 
 # Per drafter object: what engines over it learned (``learned``).
@@ -199,6 +208,7 @@ class GoodputRule:
         self.kept_depth: int | None = None
         self.since = 0.0  # tokens a row gained (mean over rows) since the drafter last drafted
         self.predicted = 0.0  # ``trim``'s seconds for the step it cut, before ``bias``
+        self.probing = False  # whether this step's draft is a probe
         self.joined = False  # requests joined since the drafter last ran
 
     def begin(self, slots: list[int]) -> None:
@@ -249,6 +259,7 @@ class GoodputRule:
         if not self.host.drafting and self.host.idle < self.host.wait:
             self.proposed = False
             return Draft.empty(batch.size, batch.tokens.device)
+        self.probing = not self.host.drafting
         # A probe (drafting found not to pay) drafts the whole depth: it is to find out.
         if self.caps_depth and self.host.drafting and self.kept_depth is not None:
             batch = dataclasses.replace(batch, max_depth=self.kept_depth + 1)
@@ -275,9 +286,17 @@ class GoodputRule:
         if self.host.drafting:
             self.host.wait = PROBE_EVERY
         if best == 0 and self.host.idle >= self.host.wait:
-            self.host.wait = min(2 * self.host.wait, PROBE_MAX)
+            self.host.wait = min(2 * self.host.wait, self.longest_wait(rows))
+            self.probing = True
             return min(PROBE_K, self.max_k)
         return best
+
+    def longest_wait(self, rows: int) -> int:
+        """The most plain steps between probes: PROBE_MAX, or more where a probe costs more
+        than PROBE_SHARE of that many steps (``PROBE_SHARE``)."""
+        plain = self.other(False) + self.verify(rows, False)
+        steps = self.host.probe / (PROBE_SHARE * plain) if plain > 0 else 0.0
+        return int(min(PROBE_CEILING, max(PROBE_MAX, steps)))
 
     def acceptance(self, draft: Draft, slots: list[int]) -> torch.Tensor:
         """[B, N] each node's chance of acceptance for each row (module docstring)."""
@@ -336,7 +355,7 @@ class GoodputRule:
         if self.host.drafting:
             self.host.wait = PROBE_EVERY
         elif not was:  # a probe that found drafting still does not pay
-            self.host.wait = min(2 * self.host.wait, PROBE_MAX)
+            self.host.wait = min(2 * self.host.wait, self.longest_wait(rows))
         return draft
 
     def update(
@@ -365,6 +384,13 @@ class GoodputRule:
             ratio = verify_seconds / self.costs(width)
             drift, i = self.host.drift[self.proposed], _bucket(width)
             drift[i] = drift[i] * DRIFT_DECAY + ratio * (1 - DRIFT_DECAY)
+        if self.probing:  # what it cost beyond plain decoding's time for its tokens
+            spent = draft_seconds + verify_seconds + other_seconds
+            plain = self.other(False) + self.verify(len(slots), False)
+            cost = max(0.0, spent - gained * plain)
+            known = self.host.probe
+            self.host.probe = cost if not known else known * PROBE_DECAY + cost * (1 - PROBE_DECAY)
+            self.probing = False
         if self.proposed:
             if not self.joined:
                 self.host.draft.add(draft.depth if self.shortens else self.since, draft_seconds)

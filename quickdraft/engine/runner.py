@@ -79,10 +79,14 @@ class ModelRunner:
     ) -> StepResult:
         """What the drafter observes of the verify pass ``out`` over ``draft``: the features it
         declared at the kept positions (``commit``'s), and the side branch's logits."""
-        needs, rows = self.needs, torch.arange(batch.size, device=kept.device).unsqueeze(1)
-        hidden = out.hidden[rows, kept] if needs.hidden else None
-        taps = {layer: out.taps[layer][rows, kept] for layer in needs.taps}
-        nodes = draft.tokens.shape[1] + 1
+        needs, nodes = self.needs, draft.tokens.shape[1] + 1
+        if nodes == 1:  # nothing drafted: the pending token's position, kept by every row
+            hidden = out.hidden[:, :1] if needs.hidden else None
+            taps = {layer: out.taps[layer][:, :1] for layer in needs.taps}
+        else:
+            rows = torch.arange(batch.size, device=kept.device).unsqueeze(1)
+            hidden = out.hidden[rows, kept] if needs.hidden else None
+            taps = {layer: out.taps[layer][rows, kept] for layer in needs.taps}
         side = out.logits[:, nodes:] if out.logits.shape[1] > nodes else None
         return StepResult(batch, num_accepted + 1, hidden, taps, num_accepted, side)
 
