@@ -12,6 +12,7 @@ from quickdraft.drafters.registry import build_drafter, make_spec
 from quickdraft.engine import costs as verify_costs
 from quickdraft.engine.costs import VerifyCosts
 from quickdraft.engine.goodput import (
+    PROBE_BURST,
     PROBE_EVERY,
     PROBE_K,
     PROBE_MAX,
@@ -174,6 +175,14 @@ def test_probes_that_cost_several_plain_steps_come_rarer():
     assert waits["cheap"] == PROBE_MAX
     assert waits["dear"] > PROBE_MAX
     assert waits["dear"] == pytest.approx(0.040 / (PROBE_SHARE * plain), rel=0.2)
+    # and after a costly probe fails, the next one waits 1 / PROBE_BURST times its cost
+    rule = GoodputRule(Needs(4, 4), 1, DEAR)
+    rule.host.draft.add(0.0, 0.008)
+    rule.host.probe, rule.host.drafting, rule.host.advantage = 0.040, False, 0.5
+    rule.host.idle = rule.host.wait = PROBE_EVERY
+    rule.proposed = rule.probing = True
+    rule.trim(weak, [0])
+    assert rule.host.wait == pytest.approx(0.040 / (PROBE_BURST * plain), rel=0.2)
 
 
 def test_expected_tokens_is_the_geometric_sum():
@@ -352,6 +361,9 @@ def test_a_tree_drafter_that_caps_its_depth_drafts_one_level_past_what_was_kept(
         draft = rule.propose(sure, batch)
         rule.update([0], draft, [draft.depth], 0.001, 0.010, 0.001)
     assert sure.asked == [2, 3, 4, 5]  # the drafter stops at its own depth (4)
+    rule.host.drafting, rule.host.idle = False, rule.host.wait  # drafting stopped paying
+    rule.propose(steep, batch)
+    assert steep.asked[-1] == PROBE_K  # a probe drafts PROBE_K levels, as a chain's does
 
 
 def test_what_a_rule_learned_carries_over_to_the_next_engine():

@@ -22,13 +22,15 @@ best goodput (``Batch.limit``); k = 0 drafts nothing. Other drafts are kept in t
 prefix by p (a node's p never exceeds its parent's, so the prefix is a tree) where the verify
 judges each node alone (point-mass drafts, chains) and whole otherwise; a tree drafter that
 caps its depth (``Needs.caps_depth``: EAGLE) then drafts one level past the deepest node the
-last cut kept, so it spends no network passes on levels the cut would drop. A draft must
+last cut kept, so it spends no network passes on levels the cut would drop (a probe,
+``PROBE_K`` levels, as a chain's). A draft must
 promise ``MARGIN`` more than a plain step. When no draft beats a plain decode step, the next
 steps decode plainly, and after ``PROBE_EVERY`` of them one draft checks whether drafting pays
 again; each probe that finds it does not doubles the wait, up to ``PROBE_MAX`` steps (more for
-a drafter whose probes cost several plain steps: ``PROBE_SHARE``), so text where drafts never
-land costs few drafts. What holds for the host rather than a request
-(``Learned``) carries over to the next engine over the same drafter object.
+a drafter whose probes cost several plain steps, whose waits also start longer: ``PROBE_SHARE``,
+``PROBE_BURST``), so text where drafts never land costs few drafts. What holds for the host
+rather than a request (``Learned``) carries over to the next engine over the same drafter
+object.
 
 Exactness does not depend on the size chosen: any prefix of a draft is a draft. Sizing follows
 measured times, so it is left out where the tokens must be reproducible: a step whose batch
@@ -58,6 +60,9 @@ PROBE_MAX = 128
 # with the request's prompt and the tokens since its last draft.
 PROBE_SHARE = 0.01
 PROBE_CEILING = 4096
+# And after one that failed, a probe waits at least 1 / PROBE_BURST times its own cost in
+# plain steps: a costly probe's doubling starts that far, not at PROBE_EVERY.
+PROBE_BURST = 0.1
 PROBE_DECAY = 0.5  # per probe: how fast the probes' cost follows
 ADVANTAGE_DECAY = 0.6
 PROBE_K = 2
@@ -260,9 +265,11 @@ class GoodputRule:
             self.proposed = False
             return Draft.empty(batch.size, batch.tokens.device)
         self.probing = not self.host.drafting
-        # A probe (drafting found not to pay) drafts the whole depth: it is to find out.
-        if self.caps_depth and self.host.drafting and self.kept_depth is not None:
-            batch = dataclasses.replace(batch, max_depth=self.kept_depth + 1)
+        # A probe (drafting found not to pay) drafts PROBE_K levels, as a chain's probe does:
+        # if they land, drafting resumes and goes a level deeper a step.
+        if self.caps_depth and (self.probing or self.kept_depth is not None):
+            depth = PROBE_K if self.probing else self.kept_depth + 1
+            batch = dataclasses.replace(batch, max_depth=depth)
         return self.trim(drafter.propose(batch), slots)
 
     def choose(self, slots: list[int]) -> int:
@@ -286,17 +293,19 @@ class GoodputRule:
         if self.host.drafting:
             self.host.wait = PROBE_EVERY
         if best == 0 and self.host.idle >= self.host.wait:
-            self.host.wait = min(2 * self.host.wait, self.longest_wait(rows))
+            self.host.wait = self.next_wait(rows)
             self.probing = True
             return min(PROBE_K, self.max_k)
         return best
 
-    def longest_wait(self, rows: int) -> int:
-        """The most plain steps between probes: PROBE_MAX, or more where a probe costs more
-        than PROBE_SHARE of that many steps (``PROBE_SHARE``)."""
+    def next_wait(self, rows: int) -> int:
+        """The plain steps before the next probe, after one that found drafting does not
+        pay: twice the last wait, at least 1 / PROBE_BURST and at most 1 / PROBE_SHARE times
+        a probe's cost in plain steps, within PROBE_MAX .. PROBE_CEILING at the top."""
         plain = self.other(False) + self.verify(rows, False)
-        steps = self.host.probe / (PROBE_SHARE * plain) if plain > 0 else 0.0
-        return int(min(PROBE_CEILING, max(PROBE_MAX, steps)))
+        cost = self.host.probe / plain if plain > 0 else 0.0  # in plain steps
+        longest = min(PROBE_CEILING, max(PROBE_MAX, cost / PROBE_SHARE))
+        return int(min(longest, max(2 * self.host.wait, cost / PROBE_BURST)))
 
     def acceptance(self, draft: Draft, slots: list[int]) -> torch.Tensor:
         """[B, N] each node's chance of acceptance for each row (module docstring)."""
@@ -355,7 +364,7 @@ class GoodputRule:
         if self.host.drafting:
             self.host.wait = PROBE_EVERY
         elif not was:  # a probe that found drafting still does not pay
-            self.host.wait = min(2 * self.host.wait, self.longest_wait(rows))
+            self.host.wait = self.next_wait(rows)
         return draft
 
     def update(
