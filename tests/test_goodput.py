@@ -13,15 +13,13 @@ from quickdraft.engine import costs as verify_costs
 from quickdraft.engine.costs import VerifyCosts
 from quickdraft.engine.goodput import (
     PROBE_BURST,
-    PROBE_EVERY,
     PROBE_K,
     PROBE_MAX,
     PROBE_SHARE,
     GoodputRule,
-    Learned,
     expected_tokens,
-    learned,
 )
+from quickdraft.engine.learned import PROBE_EVERY, Learned, learned
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]
@@ -183,6 +181,21 @@ def test_probes_that_cost_several_plain_steps_come_rarer():
     rule.proposed = rule.probing = True
     rule.trim(weak, [0])
     assert rule.host.wait == pytest.approx(0.040 / (PROBE_BURST * plain), rel=0.2)
+
+
+def test_a_new_request_gets_a_probe_soon_whatever_the_wait_others_earned():
+    """Drafting rests after long failure (a wait of hundreds of steps that chat requests
+    earned); a request that joins is probed after ``first_wait`` steps (10x a probe's cost),
+    since its own text (code, say) may suit drafting, not at the end of the long wait."""
+    rule = GoodputRule(Needs(4, 4), 2, DEAR)
+    rule.host.drafting, rule.host.idle, rule.host.wait = False, 50, 800
+    rule.host.probe = 0.020  # two plain steps of DEAR
+    rule.begin([1])
+    assert rule.host.wait == 50 + rule.first_wait(1)
+    assert rule.first_wait(1) == pytest.approx(0.020 / (PROBE_BURST * DEAR(1)), abs=1)
+    rule.host.wait = 60
+    rule.begin([0])  # a wait already shorter is kept
+    assert rule.host.wait == 60
 
 
 def test_expected_tokens_is_the_geometric_sum():

@@ -35,7 +35,8 @@ from quickdraft.drafters.base import Batch, Draft, Drafter, Needs
 from quickdraft.engine import constrain
 from quickdraft.engine.constrain import Constraints
 from quickdraft.engine.costs import verify_costs
-from quickdraft.engine.goodput import GoodputRule, learned
+from quickdraft.engine.goodput import GoodputRule
+from quickdraft.engine.learned import learned
 from quickdraft.engine.prompts import check_request
 from quickdraft.engine.requests import (
     Request,

@@ -29,8 +29,8 @@ steps decode plainly, and after ``PROBE_EVERY`` of them one draft checks whether
 again; each probe that finds it does not doubles the wait, up to ``PROBE_MAX`` steps (more for
 a drafter whose probes cost several plain steps, whose waits also start longer: ``PROBE_SHARE``,
 ``PROBE_BURST``), so text where drafts never land costs few drafts. What holds for the host
-rather than a request (``Learned``) carries over to the next engine over the same drafter
-object.
+rather than a request (``Learned``, ``engine.learned``) carries over to the next engine over
+the same drafter object.
 
 Exactness does not depend on the size chosen: any prefix of a draft is a draft. Sizing follows
 measured times, so it is left out where the tokens must be reproducible: a step whose batch
@@ -41,17 +41,14 @@ the drafter's whole draft (greedy requests are the same tokens at any size).
 from __future__ import annotations
 
 import dataclasses
-import weakref
-from dataclasses import dataclass, field
 
 import torch
 
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs
 from quickdraft.engine.costs import VerifyCosts
+from quickdraft.engine.learned import PROBE_EVERY, Learned, bucket
 
 DECAY = 0.9  # per step a request drafts: its older evidence weighs less
-COST_DECAY = 0.95  # per step: older cost measurements weigh less
-PROBE_EVERY = 8
 PROBE_MAX = 128
 # Probes that find drafting does not pay should spend about this share of the time: a drafter
 # whose probe costs c plain steps (beyond the tokens it gives) waits up to c / PROBE_SHARE
@@ -75,7 +72,6 @@ MARGIN = 1.03
 DRIFT_DECAY = 0.8  # per step of a width: how fast the table's correction follows
 BIAS_DECAY = 0.8  # per drafted step: how fast the drafted steps' correction follows
 BIAS_RANGE = (0.5, 2.0)
-BUCKETS = (1, 2, 4, 8, 12)  # verify widths corrected together: 1, 2-3, 4-7, 8-11, 12+
 
 
 def _clean(scores: torch.Tensor) -> torch.Tensor:
@@ -94,101 +90,11 @@ def _closed(keep: torch.Tensor, draft: Draft) -> torch.Tensor:
     return closed
 
 
-def _bucket(tokens: float) -> int:
-    return max(i for i, low in enumerate(BUCKETS) if tokens >= low or i == 0)
-
-
 def expected_tokens(alpha: float, k: int) -> float:
     """Tokens a verify of k chained drafts gives at acceptance alpha (the bonus included)."""
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-@dataclass(slots=True)
-class _Line:
-    """A decayed least-squares line y = a + b x, with a, b >= 0."""
-
-    w: float = 0.0
-    x: float = 0.0
-    y: float = 0.0
-    xx: float = 0.0
-    xy: float = 0.0
-
-    def add(self, x: float, y: float) -> None:
-        decay = COST_DECAY
-        self.w = self.w * decay + 1.0
-        self.x = self.x * decay + x
-        self.y = self.y * decay + y
-        self.xx = self.xx * decay + x * x
-        self.xy = self.xy * decay + x * y
-
-    def spread(self) -> float:
-        """Variance of the x seen (0 while every point had the same x)."""
-        return self.xx / self.w - (self.x / self.w) ** 2 if self.w else 0.0
-
-    def __call__(self, x: float) -> float:
-        if not self.w:
-            return 0.0
-        mean_x, mean_y = self.x / self.w, self.y / self.w
-        if self.spread() <= 1e-9 * max(1.0, mean_x * mean_x):
-            return mean_y * x / mean_x if mean_x else mean_y  # one x seen: proportional
-        slope = max(0.0, (self.xy / self.w - mean_x * mean_y) / self.spread())
-        return max(0.0, mean_y - slope * mean_x) + slope * x
-
-
-@dataclass(slots=True)
-class Learned:
-    """What a rule learns of this host and its drafter rather than of any one request: kept
-    past its engine (``learned``), so that the next engine over the same drafter and target
-    starts where the last one stopped, as a long-lived engine's next request does (a server's
-    engine never forgets them). A fresh one is optimistic: it drafts until shown otherwise."""
-
-    costs: VerifyCosts  # the table these were learned against
-    # The engine's verify steps against the measured table, per width (``_bucket``): drift,
-    # contention, a table measured on a busy machine; apart for steps after the drafter ran
-    # (its work slows the target's pass after it: caches, threads).
-    drift: dict[bool, list[float]] = field(
-        default_factory=lambda: {ran: [1.0] * len(BUCKETS) for ran in (False, True)}
-    )
-    # A step's seconds besides drafting and verifying (committing, the drafter's observing),
-    # against the tokens a row gained; apart for steps the drafter ran (its observing of a
-    # verified draft, the walk and commit of a path cost more than a plain step's: 0.55-0.95
-    # ms against 0.4 on SmolLM2-135M).
-    other: dict[bool, _Line] = field(default_factory=lambda: {False: _Line(), True: _Line()})
-    # A drafter's seconds: against k for one that shortens; else against the tokens it
-    # catches up with (what the rows gained since it last drafted: EAGLE and a draft
-    # model read them when they next draft), whose intercept is the draft itself.
-    draft: _Line = field(default_factory=_Line)
-    # Drafted steps' real seconds against what the rule predicted for them (decayed): what
-    # the model of their parts misses (a tree's depth in its draft time, attention over a
-    # longer context than the table's, the caches a draft leaves cold), applied to the
-    # predicted seconds of a drafted step. Measured on SmolLM2-135M (AVX2 code, EAGLE alone):
-    # 1.14-1.25 before it was applied.
-    bias: float = 1.0
-    # Recent drafts' expected rate against plain decoding's (decayed): above 1, drafting
-    # goes on.
-    advantage: float = 1.1
-    drafting: bool = True  # whether the last decision found drafting pays
-    idle: int = 0  # steps since the drafter last ran
-    wait: int = PROBE_EVERY  # plain steps before the next probe
-    probe: float = 0.0  # a probe's seconds beyond plain decoding's for its tokens (decayed)
-
-
-# Per drafter object: what engines over it learned (``learned``).
-_LEARNED: weakref.WeakKeyDictionary[Drafter, Learned] = weakref.WeakKeyDictionary()
-
-
-def learned(drafter: Drafter, costs: VerifyCosts) -> Learned:
-    """What earlier engines over ``drafter`` learned against ``costs`` (the target's table),
-    to go on from; a fresh record for a new drafter or another target."""
-    try:
-        known = _LEARNED.get(drafter)
-    except TypeError:  # a drafter that takes no weak reference: nothing is kept
-        return Learned(costs)
-    if known is None or known.costs is not costs:
-        known = _LEARNED[drafter] = Learned(costs)
-    return known
 
 
 class GoodputRule:
@@ -222,6 +128,11 @@ class GoodputRule:
             self.accepted[slot] = self.rejected[slot] = PRIOR
             self.landed[slot] = self.promised[slot] = PRIOR
         self.joined = True  # the next draft also reads their prompts: not a draft's cost
+        # Whether their text suits drafting is unknown: while drafting rests, they get a probe
+        # as soon as one after a failed probe would come, not at the end of a long wait that
+        # other requests' text earned (a chat's, before a code request's).
+        soonest = self.host.idle + self.first_wait(len(slots))
+        self.host.wait = min(self.host.wait, max(soonest, PROBE_EVERY))
 
     def alpha(self, slot: int) -> float:
         accepted = self.accepted[slot]
@@ -237,7 +148,7 @@ class GoodputRule:
         """Expected seconds of a verify pass over ``tokens`` tokens (all rows together), after
         the drafter ran or not: the measured table, times how this engine's passes of about
         that width compared with it."""
-        return self.costs(tokens) * self.host.drift[drafted][_bucket(tokens)]
+        return self.costs(tokens) * self.host.drift[drafted][bucket(tokens)]
 
     @staticmethod
     def sizable(batch: Batch, seeded_engine: bool) -> bool:
@@ -298,14 +209,22 @@ class GoodputRule:
             return min(PROBE_K, self.max_k)
         return best
 
+    def probe_steps(self, rows: int) -> float:
+        """A probe's cost beyond the tokens it gave, in plain steps of ``rows`` rows."""
+        plain = self.other(False) + self.verify(rows, False)
+        return self.host.probe / plain if plain > 0 else 0.0
+
+    def first_wait(self, rows: int) -> int:
+        """The fewest plain steps before a probe: 1 / PROBE_BURST times a probe's cost."""
+        return int(self.probe_steps(rows) / PROBE_BURST)
+
     def next_wait(self, rows: int) -> int:
         """The plain steps before the next probe, after one that found drafting does not
-        pay: twice the last wait, at least 1 / PROBE_BURST and at most 1 / PROBE_SHARE times
+        pay: twice the last wait, at least ``first_wait`` and at most 1 / PROBE_SHARE times
         a probe's cost in plain steps, within PROBE_MAX .. PROBE_CEILING at the top."""
-        plain = self.other(False) + self.verify(rows, False)
-        cost = self.host.probe / plain if plain > 0 else 0.0  # in plain steps
+        cost = self.probe_steps(rows)
         longest = min(PROBE_CEILING, max(PROBE_MAX, cost / PROBE_SHARE))
-        return int(min(longest, max(2 * self.host.wait, cost / PROBE_BURST)))
+        return int(min(longest, max(2 * self.host.wait, self.first_wait(rows))))
 
     def acceptance(self, draft: Draft, slots: list[int]) -> torch.Tensor:
         """[B, N] each node's chance of acceptance for each row (module docstring)."""
@@ -391,7 +310,7 @@ class GoodputRule:
         self.host.idle = 0 if self.proposed else self.host.idle + 1
         if verify_seconds > 0:
             ratio = verify_seconds / self.costs(width)
-            drift, i = self.host.drift[self.proposed], _bucket(width)
+            drift, i = self.host.drift[self.proposed], bucket(width)
             drift[i] = drift[i] * DRIFT_DECAY + ratio * (1 - DRIFT_DECAY)
         if self.probing:  # what it cost beyond plain decoding's time for its tokens
             spent = draft_seconds + verify_seconds + other_seconds
