@@ -60,6 +60,10 @@ PROBE_CEILING = 4096
 # And after one that failed, a probe waits at least 1 / PROBE_BURST times its own cost in
 # plain steps: a costly probe's doubling starts that far, not at PROBE_EVERY.
 PROBE_BURST = 0.1
+# A request that joins while drafting rests gets a probe of its own, but no sooner after the
+# last probe than this share of the time allows: with requests joining every few dozen steps,
+# a probe each would cost far more than PROBE_SHARE.
+PROBE_JOIN_SHARE = 0.05
 PROBE_DECAY = 0.5  # per probe: how fast the probes' cost follows
 ADVANTAGE_DECAY = 0.6
 PROBE_K = 2
@@ -129,10 +133,12 @@ class GoodputRule:
             self.landed[slot] = self.promised[slot] = PRIOR
         self.joined = True  # the next draft also reads their prompts: not a draft's cost
         # Whether their text suits drafting is unknown: while drafting rests, they get a probe
-        # as soon as one after a failed probe would come, not at the end of a long wait that
-        # other requests' text earned (a chat's, before a code request's).
-        soonest = self.host.idle + self.first_wait(len(slots))
-        self.host.wait = min(self.host.wait, max(soonest, PROBE_EVERY))
+        # as soon as one after a failed probe would come (and PROBE_JOIN_SHARE allows), not at
+        # the end of a long wait that other requests' text earned (a chat's, before a code
+        # request's). The wait failed probes earned (``backoff``) stays for the probes after.
+        cost = self.probe_steps(len(slots))
+        soonest = max(self.host.idle + self.first_wait(len(slots)), cost / PROBE_JOIN_SHARE)
+        self.host.wait = min(self.host.wait, max(int(soonest), PROBE_EVERY))
 
     def alpha(self, slot: int) -> float:
         accepted = self.accepted[slot]
@@ -202,7 +208,7 @@ class GoodputRule:
             best = 0
         self.host.drafting = best > 0
         if self.host.drafting:
-            self.host.wait = PROBE_EVERY
+            self.host.wait = self.host.backoff = PROBE_EVERY
         if best == 0 and self.host.idle >= self.host.wait:
             self.host.wait = self.next_wait(rows)
             self.probing = True
@@ -220,11 +226,14 @@ class GoodputRule:
 
     def next_wait(self, rows: int) -> int:
         """The plain steps before the next probe, after one that found drafting does not
-        pay: twice the last wait, at least ``first_wait`` and at most 1 / PROBE_SHARE times
+        pay: twice the last one failed probes earned (a joining request's earlier probe
+        leaves it), at least ``first_wait`` and at most 1 / PROBE_SHARE times
         a probe's cost in plain steps, within PROBE_MAX .. PROBE_CEILING at the top."""
         cost = self.probe_steps(rows)
         longest = min(PROBE_CEILING, max(PROBE_MAX, cost / PROBE_SHARE))
-        return int(min(longest, max(2 * self.host.wait, self.first_wait(rows))))
+        backoff = int(min(longest, max(2 * self.host.backoff, self.first_wait(rows))))
+        self.host.backoff = backoff
+        return backoff
 
     def acceptance(self, draft: Draft, slots: list[int]) -> torch.Tensor:
         """[B, N] each node's chance of acceptance for each row (module docstring)."""
@@ -281,7 +290,7 @@ class GoodputRule:
         self.host.advantage = self.host.advantage * decay + expected / plain * (1 - decay)
         was, self.host.drafting = self.host.drafting, self.host.advantage > MARGIN
         if self.host.drafting:
-            self.host.wait = PROBE_EVERY
+            self.host.wait = self.host.backoff = PROBE_EVERY
         elif not was:  # a probe that found drafting still does not pay
             self.host.wait = self.next_wait(rows)
         return draft

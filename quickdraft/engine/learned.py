@@ -91,6 +91,7 @@ class Learned:
     drafting: bool = True  # whether the last decision found drafting pays
     idle: int = 0  # steps since the drafter last ran
     wait: int = PROBE_EVERY  # plain steps before the next probe
+    backoff: int = PROBE_EVERY  # the wait failed probes earned (a join may probe sooner)
     probe: float = 0.0  # a probe's seconds beyond plain decoding's for its tokens (decayed)
 
 
