@@ -13,7 +13,6 @@ from quickdraft.engine import costs as verify_costs
 from quickdraft.engine.costs import VerifyCosts
 from quickdraft.engine.goodput import (
     PROBE_BURST,
-    PROBE_JOIN_SHARE,
     PROBE_K,
     PROBE_MAX,
     PROBE_SHARE,
@@ -197,11 +196,11 @@ def test_a_new_request_gets_a_probe_soon_whatever_the_wait_others_earned():
     rule.host.wait = 60
     rule.begin([0])  # a wait already shorter is kept
     assert rule.host.wait == 60
-    # Requests joining right after a probe: no sooner than PROBE_JOIN_SHARE allows, and the
-    # wait failed probes earned is what the probes after start from.
+    # A join's earlier probe leaves the wait failed probes earned: the probes after start
+    # from it, not from the join's.
     rule.host.idle, rule.host.wait, rule.host.backoff = 0, 150, 150
     rule.begin([1])
-    assert rule.host.wait == pytest.approx(2 / PROBE_JOIN_SHARE, abs=1)
+    assert rule.host.wait == rule.first_wait(1)
     cap = 2 / PROBE_SHARE  # a probe of 2 plain steps: failed probes spend 1% of the time
     assert rule.next_wait(1) == pytest.approx(min(2 * 150, cap), abs=1)
 

@@ -60,10 +60,6 @@ PROBE_CEILING = 4096
 # And after one that failed, a probe waits at least 1 / PROBE_BURST times its own cost in
 # plain steps: a costly probe's doubling starts that far, not at PROBE_EVERY.
 PROBE_BURST = 0.1
-# A request that joins while drafting rests gets a probe of its own, but no sooner after the
-# last probe than this share of the time allows: with requests joining every few dozen steps,
-# a probe each would cost far more than PROBE_SHARE.
-PROBE_JOIN_SHARE = 0.05
 PROBE_DECAY = 0.5  # per probe: how fast the probes' cost follows
 ADVANTAGE_DECAY = 0.6
 PROBE_K = 2
@@ -133,12 +129,12 @@ class GoodputRule:
             self.landed[slot] = self.promised[slot] = PRIOR
         self.joined = True  # the next draft also reads their prompts: not a draft's cost
         # Whether their text suits drafting is unknown: while drafting rests, they get a probe
-        # as soon as one after a failed probe would come (and PROBE_JOIN_SHARE allows), not at
-        # the end of a long wait that other requests' text earned (a chat's, before a code
-        # request's). The wait failed probes earned (``backoff``) stays for the probes after.
-        cost = self.probe_steps(len(slots))
-        soonest = max(self.host.idle + self.first_wait(len(slots)), cost / PROBE_JOIN_SHARE)
-        self.host.wait = min(self.host.wait, max(int(soonest), PROBE_EVERY))
+        # as soon as one after a failed probe would come, not at the end of a long wait that
+        # other requests' text earned (a chat's, before a code request's): a probe a request
+        # at most, where requests join faster than the back-off. The wait failed probes earned
+        # (``backoff``) stays for the probes after.
+        soonest = self.host.idle + self.first_wait(len(slots))
+        self.host.wait = min(self.host.wait, max(soonest, PROBE_EVERY))
 
     def alpha(self, slot: int) -> float:
         accepted = self.accepted[slot]
