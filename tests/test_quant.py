@@ -115,6 +115,45 @@ def test_invariant_attention_gives_a_query_the_same_numbers_in_a_group_of_any_si
     torch.testing.assert_close(together, reference, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("path", ATTENTION_PATHS)
+@pytest.mark.parametrize("shape", [(9, 3, 64), (12, 2, 128), (4, 2, 12)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_tree_node_attends_as_it_would_alone(threads, shape, path, monkeypatch):
+    """A draft's tokens share their row's committed keys (the kernel reads each of those
+    once for all of them and for every head of a KV group) and then see their own ancestors:
+    each node of a tree, in rows of different lengths, gets what it gets as the only query of
+    its call."""
+    monkeypatch.setattr(kernels, "attention_path", lambda: path)
+    torch.set_num_threads(threads)
+    torch.manual_seed(1)
+    heads, kv_heads, dim = shape
+    parents = [-1, 0, 0, 1, 2, 3]  # a chain 0-1-3-5 and a branch 2-4
+    nodes, capacity = len(parents), 200
+    q = torch.randn(2, heads, nodes, dim)
+    cache_k, cache_v = torch.randn(2, 2, kv_heads, capacity, dim)
+    sees = torch.zeros(2, 1, nodes, capacity, dtype=torch.bool)
+    for row, length in enumerate((90, 173)):
+        sees[row, 0, :, :length] = True  # the committed prefix
+        for node in range(nodes):
+            ancestor = node
+            while ancestor >= 0:  # itself and its ancestors, written after the prefix
+                sees[row, 0, node, length + ancestor] = True
+                ancestor = parents[ancestor]
+    together = attend_each(q, cache_k, cache_v, seen_slots(sees), gqa=True)
+    for row in range(2):
+        for node in range(nodes):
+            alone = attend_each(
+                q[row : row + 1, :, node : node + 1], cache_k[row : row + 1],
+                cache_v[row : row + 1], seen_slots(sees[row : row + 1, :, node : node + 1]),
+                gqa=True,
+            )  # fmt: skip
+            assert torch.equal(alone[0, :, 0], together[row, :, node]), (row, node)
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        q, cache_k, cache_v, attn_mask=sees, enable_gqa=True
+    )
+    torch.testing.assert_close(together, reference, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 def test_slots_are_gathered_as_advanced_indexing_gathers_them(rows):
     """``gather_slots`` (one index_select over a cache's rows laid end to end) copies the

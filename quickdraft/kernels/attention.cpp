@@ -4,9 +4,15 @@
 // bmm hands batches to MKL, whose result for one batch entry changes with the batch's size
 // (measured on torch 2.13 with SmolLM2's shapes: 60 of 60 random cases).
 //
-// Each (query, head) is computed by one thread, in one fixed sequence: the scores as dot
-// products over the head dimension, their maximum, exp(score - max) by a fixed polynomial,
-// their sum over the slots in order, and the values weighted by them, also in order.
+// Each (query, head) is computed in one fixed sequence: the scores as dot products over the
+// head dimension, their maximum, exp(score - max) by a fixed polynomial, their sum over the
+// slots in order, and the values weighted by them, also in order. One thread takes the heads of
+// a KV group (or a part of them) for every query of a cache row: the keys those queries share
+// (the committed prefix) are read in blocks that each (query, head) pair uses while they sit in
+// the first-level cache, so a draft's tokens and a group's heads load each key once between
+// them. The blocks change what is read when, not the sequence of any pair's arithmetic: a
+// query's bits are those it gets alone (tests/test_quant.py), and those of the kernel that took
+// one (query, head) at a time, in 0.59-0.89x its time (benchmarks/results/attention_teams.md).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -33,73 +39,108 @@ using quickdraft_simd::exp512;
 using quickdraft_simd::sum256;
 
 constexpr int64_t kMaxDim = 256;
-constexpr int kScoreKeys = 4;  // keys whose scores are computed side by side
+constexpr int kScoreKeys = 8;  // keys whose scores are computed side by side
 
 inline int64_t token_of(const Attention& P, int64_t g) {
   return P.tokens == nullptr ? g : P.tokens[g];
 }
 
-// One (query, head) with AVX-512: 16 lanes of the head dimension at a time, a masked tail.
-__attribute__((target("avx512f"))) void one_avx512(const Attention& P, int64_t g, int64_t h,
-                                                   std::vector<float>& scores) {
-  const int64_t dim = P.dim, n = P.counts[g];
-  const int64_t kv = h / (P.heads / P.kv_heads);
-  const int64_t chunks = (dim + 15) / 16;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (dim - 16 * (chunks - 1))) - 1u);
-  auto mask = [&](int64_t c) { return c + 1 == chunks ? tail : static_cast<__mmask16>(0xFFFF); };
-  const float* query = P.q + token_of(P, g) * P.q_stride + h * dim;
-  __m512 qv[kMaxDim / 16];
-  for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_maskz_loadu_ps(mask(c), query + 16 * c);
-  const int64_t* slots = P.slots + g * P.width;
-  const float* keys = P.keys + P.rows[g] * P.key_row_stride + kv * dim;
-  const float* values = P.values + P.rows[g] * P.value_row_stride + kv * dim;
-  // Keys kScoreKeys at a time: each key's products in the same sequence as alone (the same
-  // bits), their chains side by side so that one key's fused adds do not wait on the last.
-  int64_t j = 0;
-  for (; j + kScoreKeys <= n; j += kScoreKeys) {
-    __m512 acc[kScoreKeys];
-    const float* key[kScoreKeys];
-    for (int i = 0; i < kScoreKeys; ++i) {
-      acc[i] = _mm512_setzero_ps();
-      key[i] = keys + slots[j + i] * P.key_slot_stride;
-    }
-    for (int64_t c = 0; c < chunks; ++c) {
+// The three phases of one (query, head): the scores of keys [j0, j1) of its slots, the softmax
+// of its n scores in place (returning 1 / their sum), and the values of keys [j0, j1) added
+// into its accumulator (acc, its head dimension rounded up to whole vectors). A key's score and
+// a lane's sum over the values come out the same whichever blocks [j0, j1) cut the keys into:
+// each key's products run in one sequence, and a lane's sum adds the keys in slot order. C: the
+// head dimension in vectors where it is known when compiled (dimensions 64 and 128: the arrays
+// below stay in registers), 0 where not.
+struct Pair {
+  const float* query;
+  const float* keys;    // its cache row and KV head
+  const float* values;
+  const int64_t* slots;
+  float* out;
+};
+
+template <int C>
+struct Avx512 {
+  static constexpr int64_t kLanes = 16;
+
+  __attribute__((target("avx512f"), always_inline)) static inline __mmask16 mask(
+      int64_t c, int64_t chunks, int64_t dim) {
+    if (C != 0 && dim == C * 16) return 0xFFFF;
+    return c + 1 == chunks ? static_cast<__mmask16>((1u << (dim - 16 * (chunks - 1))) - 1u)
+                           : static_cast<__mmask16>(0xFFFF);
+  }
+
+  __attribute__((target("avx512f"))) static void scores(const Attention& P, const Pair& p,
+                                                        int64_t j0, int64_t j1, float* s) {
+    const int64_t dim = P.dim, chunks = C ? C : (dim + 15) / 16;
+    __m512 qv[C ? C : kMaxDim / 16];
+    for (int64_t c = 0; c < chunks; ++c)
+      qv[c] = _mm512_maskz_loadu_ps(mask(c, chunks, dim), p.query + 16 * c);
+    int64_t j = j0;  // keys kScoreKeys at a time, their chains side by side
+    for (; j + kScoreKeys <= j1; j += kScoreKeys) {
+      __m512 acc[kScoreKeys];
+      const float* key[kScoreKeys];
       for (int i = 0; i < kScoreKeys; ++i) {
-        acc[i] = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(mask(c), key[i] + 16 * c), acc[i]);
+        acc[i] = _mm512_setzero_ps();
+        key[i] = p.keys + p.slots[j + i] * P.key_slot_stride;
       }
+      for (int64_t c = 0; c < chunks; ++c) {
+        for (int i = 0; i < kScoreKeys; ++i) {
+          acc[i] = _mm512_fmadd_ps(
+              qv[c], _mm512_maskz_loadu_ps(mask(c, chunks, dim), key[i] + 16 * c), acc[i]);
+        }
+      }
+      for (int i = 0; i < kScoreKeys; ++i) s[j + i] = _mm512_reduce_add_ps(acc[i]) * P.scale;
     }
-    for (int i = 0; i < kScoreKeys; ++i) scores[j + i] = _mm512_reduce_add_ps(acc[i]) * P.scale;
+    for (; j < j1; ++j) {
+      const float* key = p.keys + p.slots[j] * P.key_slot_stride;
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c)
+        acc = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(mask(c, chunks, dim), key + 16 * c),
+                              acc);
+      s[j] = _mm512_reduce_add_ps(acc) * P.scale;
+    }
   }
-  for (; j < n; ++j) {
-    const float* key = keys + slots[j] * P.key_slot_stride;
-    __m512 acc = _mm512_setzero_ps();
+
+  __attribute__((target("avx512f"))) static float softmax(float* s, int64_t n) {
+    float top = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) top = s[i] > top ? s[i] : top;
+    __m512 total = _mm512_setzero_ps();
+    const __m512 shift = _mm512_set1_ps(top);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1u);
+      const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), shift));
+      _mm512_mask_storeu_ps(s + j, m, e);
+      total = _mm512_add_ps(total, _mm512_maskz_mov_ps(m, e));
+    }
+    return 1.0f / _mm512_reduce_add_ps(total);
+  }
+
+  __attribute__((target("avx512f"))) static void values(const Attention& P, const Pair& p,
+                                                        int64_t j0, int64_t j1, const float* s,
+                                                        float* sum) {
+    const int64_t dim = P.dim, chunks = C ? C : (dim + 15) / 16;
+    __m512 acc[C ? C : kMaxDim / 16];
+    for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_loadu_ps(sum + 16 * c);
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* value = p.values + p.slots[j] * P.value_slot_stride;
+      const __m512 w = _mm512_set1_ps(s[j]);
+      for (int64_t c = 0; c < chunks; ++c)
+        acc[c] = _mm512_fmadd_ps(
+            w, _mm512_maskz_loadu_ps(mask(c, chunks, dim), value + 16 * c), acc[c]);
+    }
+    for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(sum + 16 * c, acc[c]);
+  }
+
+  __attribute__((target("avx512f"))) static void finish(const Attention& P, const Pair& p,
+                                                        const float* sum, float inverse) {
+    const int64_t dim = P.dim, chunks = C ? C : (dim + 15) / 16;
     for (int64_t c = 0; c < chunks; ++c)
-      acc = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(mask(c), key + 16 * c), acc);
-    scores[j] = _mm512_reduce_add_ps(acc) * P.scale;
+      _mm512_mask_storeu_ps(p.out + 16 * c, mask(c, chunks, dim),
+                            _mm512_mul_ps(_mm512_loadu_ps(sum + 16 * c), _mm512_set1_ps(inverse)));
   }
-  float top = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) top = scores[i] > top ? scores[i] : top;
-  __m512 total = _mm512_setzero_ps();
-  const __m512 shift = _mm512_set1_ps(top);
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1u);
-    const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores.data() + j), shift));
-    _mm512_mask_storeu_ps(scores.data() + j, m, e);
-    total = _mm512_add_ps(total, _mm512_maskz_mov_ps(m, e));
-  }
-  const float inverse = 1.0f / _mm512_reduce_add_ps(total);
-  __m512 acc[kMaxDim / 16];
-  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
-    const float* value = values + slots[j] * P.value_slot_stride;
-    const __m512 w = _mm512_set1_ps(scores[j]);
-    for (int64_t c = 0; c < chunks; ++c)
-      acc[c] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mask(c), value + 16 * c), acc[c]);
-  }
-  float* out = P.out + token_of(P, g) * P.out_stride + h * dim;
-  for (int64_t c = 0; c < chunks; ++c)
-    _mm512_mask_storeu_ps(out + 16 * c, mask(c), _mm512_mul_ps(acc[c], _mm512_set1_ps(inverse)));
-}
+};
 
 // Lanes [0, width - 8c) of chunk c, at most 8: a mask for AVX2's masked loads and stores.
 __attribute__((target("avx2"))) inline __m256i lanes(int64_t c, int64_t width) {
@@ -108,73 +149,196 @@ __attribute__((target("avx2"))) inline __m256i lanes(int64_t c, int64_t width) {
                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// 8 floats of chunk c: a plain load where the head dimension is whole vectors (``Whole``),
-// else masked to the dimension (the same values either way).
-template <bool Whole>
-__attribute__((target("avx2"), always_inline)) inline __m256 load8(const float* at, int64_t c,
-                                                                    int64_t dim) {
-  if constexpr (Whole) return _mm256_loadu_ps(at + 8 * c);
-  return _mm256_maskload_ps(at + 8 * c, lanes(c, dim));
+// The same with AVX2, 8 lanes at a time. C as above (8: dimension 64, 16: 128), or 0 with
+// ``Whole`` saying whether the dimension is whole vectors (else masked loads at its end).
+template <int C, bool Whole = true>
+struct Avx2 {
+  static constexpr int64_t kLanes = 8;
+  // A value pass keeps at most this many vectors of its sum in registers at once.
+  static constexpr int64_t kWindow = 8;
+
+  __attribute__((target("avx2"), always_inline)) static inline __m256 load8(const float* at,
+                                                                            int64_t c,
+                                                                            int64_t dim) {
+    if constexpr (Whole) return _mm256_loadu_ps(at + 8 * c);
+    return _mm256_maskload_ps(at + 8 * c, lanes(c, dim));
+  }
+
+  __attribute__((target("avx2,fma"))) static void scores(const Attention& P, const Pair& p,
+                                                         int64_t j0, int64_t j1, float* s) {
+    const int64_t dim = P.dim, chunks = C ? C : (dim + 7) / 8;
+    __m256 qv[C ? C : kMaxDim / 8];
+    for (int64_t c = 0; c < chunks; ++c) qv[c] = load8(p.query, c, dim);
+    int64_t j = j0;
+    for (; j + kScoreKeys <= j1; j += kScoreKeys) {
+      __m256 acc[kScoreKeys];
+      const float* key[kScoreKeys];
+      for (int i = 0; i < kScoreKeys; ++i) {
+        acc[i] = _mm256_setzero_ps();
+        key[i] = p.keys + p.slots[j + i] * P.key_slot_stride;
+      }
+      for (int64_t c = 0; c < chunks; ++c) {
+        for (int i = 0; i < kScoreKeys; ++i) {
+          acc[i] = _mm256_fmadd_ps(qv[c], load8(key[i], c, dim), acc[i]);
+        }
+      }
+      for (int i = 0; i < kScoreKeys; ++i) s[j + i] = sum256(acc[i]) * P.scale;
+    }
+    for (; j < j1; ++j) {
+      const float* key = p.keys + p.slots[j] * P.key_slot_stride;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c) acc = _mm256_fmadd_ps(qv[c], load8(key, c, dim), acc);
+      s[j] = sum256(acc) * P.scale;
+    }
+  }
+
+  __attribute__((target("avx2,fma"))) static float softmax(float* s, int64_t n) {
+    float top = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) top = s[i] > top ? s[i] : top;
+    __m256 total = _mm256_setzero_ps();
+    const __m256 shift = _mm256_set1_ps(top);
+    for (int64_t j = 0; j < n; j += 8) {
+      const __m256i m = lanes(0, n - j);
+      const __m256 e = exp256(_mm256_sub_ps(_mm256_maskload_ps(s + j, m), shift));
+      _mm256_maskstore_ps(s + j, m, e);
+      total = _mm256_add_ps(total, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
+    }
+    return 1.0f / sum256(total);
+  }
+
+  __attribute__((target("avx2,fma"))) static void values(const Attention& P, const Pair& p,
+                                                         int64_t j0, int64_t j1, const float* s,
+                                                         float* sum) {
+    const int64_t dim = P.dim, chunks = C ? C : (dim + 7) / 8;
+    for (int64_t first = 0; first < chunks; first += kWindow) {  // a lane's keys stay in order
+      const int64_t width = std::min(kWindow, chunks - first);
+      __m256 acc[kWindow];
+      for (int64_t c = 0; c < width; ++c) acc[c] = _mm256_loadu_ps(sum + 8 * (first + c));
+      for (int64_t j = j0; j < j1; ++j) {
+        const float* value = p.values + p.slots[j] * P.value_slot_stride;
+        const __m256 w = _mm256_set1_ps(s[j]);
+        for (int64_t c = 0; c < width; ++c)
+          acc[c] = _mm256_fmadd_ps(w, load8(value, first + c, dim), acc[c]);
+      }
+      for (int64_t c = 0; c < width; ++c) _mm256_storeu_ps(sum + 8 * (first + c), acc[c]);
+    }
+  }
+
+  __attribute__((target("avx2,fma"))) static void finish(const Attention& P, const Pair& p,
+                                                         const float* sum, float inverse) {
+    const int64_t dim = P.dim, chunks = C ? C : (dim + 7) / 8;
+    for (int64_t c = 0; c < chunks; ++c)
+      _mm256_maskstore_ps(p.out + 8 * c, lanes(c, dim),
+                          _mm256_mul_ps(_mm256_loadu_ps(sum + 8 * c), _mm256_set1_ps(inverse)));
+  }
+};
+
+// A team: the queries of one cache row (a decode step's one token, or a draft's tokens), which
+// share the first `shared` entries of their slot lists (the committed prefix; a tree's nodes
+// then see their own ancestors).
+struct Team {
+  std::vector<int64_t> queries;
+  int64_t shared = 0;
+};
+
+std::vector<Team> teams_of(const Attention& P) {
+  std::vector<Team> teams;
+  std::vector<int64_t> team_of_row;  // by cache row, its team + 1 (0: none yet)
+  for (int64_t g = 0; g < P.queries; ++g) {
+    const int64_t row = P.rows[g];
+    if (row >= static_cast<int64_t>(team_of_row.size())) team_of_row.resize(row + 1, 0);
+    if (team_of_row[row] == 0) {
+      teams.push_back({{g}, P.counts[g]});
+      team_of_row[row] = static_cast<int64_t>(teams.size());
+      continue;
+    }
+    Team& team = teams[team_of_row[row] - 1];
+    const int64_t* first = P.slots + team.queries[0] * P.width;
+    const int64_t* mine = P.slots + g * P.width;
+    int64_t same = 0;
+    const int64_t most = std::min(team.shared, P.counts[g]);
+    while (same < most && first[same] == mine[same]) ++same;
+    team.shared = same;
+    team.queries.push_back(g);
+  }
+  return teams;
 }
 
-// The same with AVX2: 8 lanes at a time, masked loads for the tail.
-template <bool Whole>
-__attribute__((target("avx2,fma"))) void one_avx2(const Attention& P, int64_t g, int64_t h,
-                                                  std::vector<float>& scores) {
-  const int64_t dim = P.dim, n = P.counts[g];
-  const int64_t kv = h / (P.heads / P.kv_heads);
-  const int64_t chunks = (dim + 7) / 8;
-  const float* query = P.q + token_of(P, g) * P.q_stride + h * dim;
-  __m256 qv[kMaxDim / 8];
-  for (int64_t c = 0; c < chunks; ++c) qv[c] = load8<Whole>(query, c, dim);
-  const int64_t* slots = P.slots + g * P.width;
-  const float* keys = P.keys + P.rows[g] * P.key_row_stride + kv * dim;
-  const float* values = P.values + P.rows[g] * P.value_row_stride + kv * dim;
-  int64_t j = 0;  // keys kScoreKeys at a time, as one_avx512
-  for (; j + kScoreKeys <= n; j += kScoreKeys) {
-    __m256 acc[kScoreKeys];
-    const float* key[kScoreKeys];
-    for (int i = 0; i < kScoreKeys; ++i) {
-      acc[i] = _mm256_setzero_ps();
-      key[i] = keys + slots[j + i] * P.key_slot_stride;
+// Keys a team's (query, head) pairs read in turn while they stay in the first-level cache.
+constexpr int64_t kBlock = 32;
+
+// One work item: the heads [h0, h1) of KV head kv for every query of a team. The scores, then
+// the values, of the shared keys in blocks of kBlock, every pair reading a block before the
+// next is loaded (the heads of a KV group and the tokens of a draft read each key once from
+// memory between them, not once each); then each pair's own keys and its softmax.
+template <typename K>
+void attend_team(const Attention& P, const Team& team, int64_t h0, int64_t h1,
+                 std::vector<float>& scratch) {
+  const int64_t group = P.heads / P.kv_heads, heads = h1 - h0;
+  const int64_t pairs = static_cast<int64_t>(team.queries.size()) * heads;
+  const int64_t stride = P.width + 16, padded = (P.dim + K::kLanes - 1) / K::kLanes * K::kLanes;
+  scratch.resize(pairs * (stride + padded));
+  float* scores = scratch.data();
+  float* sums = scores + pairs * stride;
+  std::fill(sums, sums + pairs * padded, 0.0f);
+  std::vector<Pair> pair(pairs);
+  for (int64_t m = 0; m < static_cast<int64_t>(team.queries.size()); ++m) {
+    const int64_t g = team.queries[m];
+    for (int64_t h = h0; h < h1; ++h) {
+      pair[m * heads + h - h0] = {
+          P.q + token_of(P, g) * P.q_stride + h * P.dim,
+          P.keys + P.rows[g] * P.key_row_stride + (h / group) * P.dim,
+          P.values + P.rows[g] * P.value_row_stride + (h / group) * P.dim,
+          P.slots + g * P.width, P.out + token_of(P, g) * P.out_stride + h * P.dim};
     }
-    for (int64_t c = 0; c < chunks; ++c) {
-      for (int i = 0; i < kScoreKeys; ++i) {
-        acc[i] = _mm256_fmadd_ps(qv[c], load8<Whole>(key[i], c, dim), acc[i]);
-      }
+  }
+  for (int64_t j0 = 0; j0 < team.shared; j0 += kBlock) {
+    const int64_t j1 = std::min(j0 + kBlock, team.shared);
+    for (int64_t i = 0; i < pairs; ++i) K::scores(P, pair[i], j0, j1, scores + i * stride);
+  }
+  std::vector<float> inverse(pairs);
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int64_t n = P.counts[team.queries[i / heads]];
+    K::scores(P, pair[i], team.shared, n, scores + i * stride);
+    inverse[i] = K::softmax(scores + i * stride, n);
+  }
+  for (int64_t j0 = 0; j0 < team.shared; j0 += kBlock) {
+    const int64_t j1 = std::min(j0 + kBlock, team.shared);
+    for (int64_t i = 0; i < pairs; ++i)
+      K::values(P, pair[i], j0, j1, scores + i * stride, sums + i * padded);
+  }
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int64_t n = P.counts[team.queries[i / heads]];
+    K::values(P, pair[i], team.shared, n, scores + i * stride, sums + i * padded);
+    K::finish(P, pair[i], sums + i * padded, inverse[i]);
+  }
+}
+
+template <typename K>
+void attend_all(const Attention& P) {
+  const std::vector<Team> teams = teams_of(P);
+  const int64_t group = P.heads / P.kv_heads;
+  int64_t total = 0;
+  for (int64_t g = 0; g < P.queries; ++g) total += P.counts[g];
+  // A KV group's heads in `parts` items: one item each (the key loads shared) unless that
+  // leaves a thread idle, then fewer heads an item down to one (as many items as pairs).
+  const int64_t threads = at::get_num_threads();
+  const int64_t units = static_cast<int64_t>(teams.size()) * P.kv_heads;
+  int64_t parts = 1;
+  while (parts < group && units * parts < 2 * threads) ++parts;
+  const int64_t items = units * parts;
+  const int64_t work = total * P.heads * P.dim / 16 + 1;
+  const int64_t grain = std::max<int64_t>(1, items * 2048 / work);
+  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t part = item % parts, unit = item / parts;
+      const int64_t kv = unit % P.kv_heads;
+      const int64_t h0 = kv * group + group * part / parts;
+      const int64_t h1 = kv * group + group * (part + 1) / parts;
+      attend_team<K>(P, teams[unit / P.kv_heads], h0, h1, scratch);
     }
-    for (int i = 0; i < kScoreKeys; ++i) scores[j + i] = sum256(acc[i]) * P.scale;
-  }
-  for (; j < n; ++j) {
-    const float* key = keys + slots[j] * P.key_slot_stride;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t c = 0; c < chunks; ++c) {
-      acc = _mm256_fmadd_ps(qv[c], load8<Whole>(key, c, dim), acc);
-    }
-    scores[j] = sum256(acc) * P.scale;
-  }
-  float top = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) top = scores[i] > top ? scores[i] : top;
-  __m256 total = _mm256_setzero_ps();
-  const __m256 shift = _mm256_set1_ps(top);
-  for (int64_t j = 0; j < n; j += 8) {
-    const __m256i m = lanes(0, n - j);
-    const __m256 e = exp256(_mm256_sub_ps(_mm256_maskload_ps(scores.data() + j, m), shift));
-    _mm256_maskstore_ps(scores.data() + j, m, e);
-    total = _mm256_add_ps(total, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
-  }
-  const float inverse = 1.0f / sum256(total);
-  __m256 acc[kMaxDim / 8];
-  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < n; ++j) {
-    const float* value = values + slots[j] * P.value_slot_stride;
-    const __m256 w = _mm256_set1_ps(scores[j]);
-    for (int64_t c = 0; c < chunks; ++c)
-      acc[c] = _mm256_fmadd_ps(w, load8<Whole>(value, c, dim), acc[c]);
-  }
-  float* out = P.out + token_of(P, g) * P.out_stride + h * dim;
-  for (int64_t c = 0; c < chunks; ++c)
-    _mm256_maskstore_ps(out + 8 * c, lanes(c, dim), _mm256_mul_ps(acc[c], _mm256_set1_ps(inverse)));
+  });
 }
 
 }  // namespace
@@ -182,24 +346,15 @@ __attribute__((target("avx2,fma"))) void one_avx2(const Attention& P, int64_t g,
 namespace quickdraft_kernels {
 
 void attend_queries(const Attention& P, int64_t path) {
-  int64_t total = 0;
-  for (int64_t g = 0; g < P.queries; ++g) total += P.counts[g];
-  const int64_t items = P.queries * P.heads;
-  // One (query, head) per item; threads only when there is enough work to share.
-  const int64_t work = total * P.heads * P.dim / 16 + 1;
-  const int64_t grain = std::max<int64_t>(1, items * 2048 / work);
-  at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(P.width + 16);
-    for (int64_t item = begin; item < end; ++item) {
-      if (path == 1) {
-        one_avx512(P, item / P.heads, item % P.heads, scores);
-      } else if (P.dim % 8 == 0) {
-        one_avx2<true>(P, item / P.heads, item % P.heads, scores);
-      } else {
-        one_avx2<false>(P, item / P.heads, item % P.heads, scores);
-      }
-    }
-  });
+  if (path == 1) {
+    if (P.dim == 64) return attend_all<Avx512<4>>(P);
+    if (P.dim == 128) return attend_all<Avx512<8>>(P);
+    return attend_all<Avx512<0>>(P);
+  }
+  if (P.dim == 64) return attend_all<Avx2<8>>(P);
+  if (P.dim == 128) return attend_all<Avx2<16>>(P);
+  if (P.dim % 8 == 0) return attend_all<Avx2<0, true>>(P);
+  return attend_all<Avx2<0, false>>(P);
 }
 
 }  // namespace quickdraft_kernels
