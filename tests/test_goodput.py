@@ -205,6 +205,32 @@ def test_a_new_request_gets_a_probe_soon_whatever_the_wait_others_earned():
     assert rule.next_wait(1) == pytest.approx(min(2 * 150, cap), abs=1)
 
 
+def test_a_joining_request_waits_where_costly_probes_keep_failing():
+    """Where probes cost several plain steps and fail one after another (EAGLE on a small
+    target whose drafts seldom land), a joining request waits out the back-off like the
+    others; a probe that pays brings the early probe back."""
+    tokens = torch.arange(2).unsqueeze(0)
+    weak = Draft.from_parents(tokens, [-1, 0], scores=torch.full((1, 2), 0.01))
+    rule = GoodputRule(Needs(4, 4), 2, DEAR)
+    rule.host.draft.add(0.0, 0.008)
+    rule.host.drafting, rule.host.advantage = False, 0.5
+    for _ in range(6):  # probes that each cost about three plain steps and land nothing
+        rule.host.idle = rule.host.wait
+        rule.proposed = rule.probing = True
+        cut = rule.trim(weak, [0])
+        rule.update([0], cut, [0], 0.030, DEAR(cut.tokens.shape[1] + 1), 0.0)
+    assert rule.probe_steps(1) > 2 and not rule.join_pays(1)
+    rule.host.idle, rule.host.wait = 10, 400
+    rule.begin([1])
+    assert rule.host.wait == 400  # no early probe for the newcomer
+    for _ in range(2):  # probes that pay: their tokens came faster than plain decoding's
+        rule.proposed = rule.probing = True
+        rule.update([0], cut, [3], 0.001, DEAR(2), 0.0)
+    assert rule.join_pays(1)
+    rule.begin([1])
+    assert rule.host.wait < 400
+
+
 def test_expected_tokens_is_the_geometric_sum():
     assert expected_tokens(0.5, 0) == 1.0
     assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)

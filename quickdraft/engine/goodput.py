@@ -61,6 +61,11 @@ PROBE_CEILING = 4096
 # plain steps: a costly probe's doubling starts that far, not at PROBE_EVERY.
 PROBE_BURST = 0.1
 PROBE_DECAY = 0.5  # per probe: how fast the probes' cost follows
+LANDED_DECAY = 0.7  # per probe: how fast the share of probes that paid follows
+# What a probe that finds drafting pays is worth, in plain steps: the 1.5B's EAGLE on code,
+# 1.4-1.7x its plain decoding over a request's 60-70 steps, gains 25-45. With probes of 2-3
+# plain steps, joins stop getting early probes after about five failed probes in a row.
+JOIN_WORTH = 24.0
 ADVANTAGE_DECAY = 0.6
 PROBE_K = 2
 PRIOR = 1.0  # pseudo-counts of accepted and rejected drafts a request starts with
@@ -132,9 +137,19 @@ class GoodputRule:
         # as soon as one after a failed probe would come, not at the end of a long wait that
         # other requests' text earned (a chat's, before a code request's): a probe a request
         # at most, where requests join faster than the back-off. The wait failed probes earned
-        # (``backoff``) stays for the probes after.
-        soonest = self.host.idle + self.first_wait(len(slots))
-        self.host.wait = min(self.host.wait, max(soonest, PROBE_EVERY))
+        # (``backoff``) stays for the probes after. Unless probes on this host hardly ever pay
+        # for what they cost (``join_pays``).
+        if self.join_pays(len(slots)):
+            soonest = self.host.idle + self.first_wait(len(slots))
+            self.host.wait = min(self.host.wait, max(soonest, PROBE_EVERY))
+
+    def join_pays(self, rows: int) -> bool:
+        """Whether a joining request's early probe is worth its cost: the chance a probe pays
+        for itself (``Learned.landed``) times what finding drafting pays is worth, against
+        what a probe costs. On SmolLM2-135M (AVX2 code) EAGLE's probe costs 2-3 plain steps,
+        its network catching up with the prompt, and almost never pays; a request is 30-130
+        steps there, so a probe each took 2-3% of the time."""
+        return self.host.landed * JOIN_WORTH >= self.probe_steps(rows)
 
     def alpha(self, slot: int) -> float:
         accepted = self.accepted[slot]
@@ -323,6 +338,8 @@ class GoodputRule:
             cost = max(0.0, spent - gained * plain)
             known = self.host.probe
             self.host.probe = cost if not known else known * PROBE_DECAY + cost * (1 - PROBE_DECAY)
+            paid = float(cost == 0.0)  # its tokens came at least as fast as plain decoding's
+            self.host.landed = self.host.landed * LANDED_DECAY + paid * (1 - LANDED_DECAY)
             self.probing = False
         if self.proposed:
             if not self.joined:

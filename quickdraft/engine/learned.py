@@ -93,6 +93,7 @@ class Learned:
     wait: int = PROBE_EVERY  # plain steps before the next probe
     backoff: int = PROBE_EVERY  # the wait failed probes earned (a join may probe sooner)
     probe: float = 0.0  # a probe's seconds beyond plain decoding's for its tokens (decayed)
+    landed: float = 0.5  # the share of probes whose tokens came as fast as plain ones (decayed)
 
 
 # Per drafter object: what engines over it learned (``learned``).

@@ -233,9 +233,13 @@ struct Avx2 {
   }
 };
 
-// A team: the queries of one cache row (a decode step's one token, or a draft's tokens), which
-// share the first `shared` entries of their slot lists (the committed prefix; a tree's nodes
-// then see their own ancestors).
+// A team: queries of one cache row (a decode step's one token, or a draft's tokens), at most
+// kTeam of them, which share the first `shared` entries of their slot lists (the committed
+// prefix; a tree's nodes then see their own ancestors). The cap bounds a work item's scores
+// (every pair's are kept until the shared values are read) and splits a prefill chunk's
+// queries into items for the threads.
+constexpr int64_t kTeam = 16;
+
 struct Team {
   std::vector<int64_t> queries;
   int64_t shared = 0;
@@ -243,11 +247,12 @@ struct Team {
 
 std::vector<Team> teams_of(const Attention& P) {
   std::vector<Team> teams;
-  std::vector<int64_t> team_of_row;  // by cache row, its team + 1 (0: none yet)
+  std::vector<int64_t> team_of_row;  // by cache row, its open team + 1 (0: none)
   for (int64_t g = 0; g < P.queries; ++g) {
     const int64_t row = P.rows[g];
     if (row >= static_cast<int64_t>(team_of_row.size())) team_of_row.resize(row + 1, 0);
-    if (team_of_row[row] == 0) {
+    if (team_of_row[row] == 0 ||
+        static_cast<int64_t>(teams[team_of_row[row] - 1].queries.size()) == kTeam) {
       teams.push_back({{g}, P.counts[g]});
       team_of_row[row] = static_cast<int64_t>(teams.size());
       continue;

@@ -33,17 +33,19 @@ class SuffixTrie:
 
     def extend(self, cursor: list[Node], tokens: list[int]) -> list[Node]:
         """Add ``tokens`` after the text ``cursor`` stands at; the cursor after them."""
-        depth = self.depth
-        for token in tokens:
-            grown = [self.root]
-            for length, node in enumerate(cursor):
-                child = node.children.get(token)
+        depth, root = self.depth, self.root
+        for token in tokens:  # every step of a request runs this: kept lean
+            grown = [root]
+            append = grown.append
+            for node in cursor:
+                children = node.children
+                child = children.get(token)
                 if child is None:
-                    child = node.children[token] = Node()
+                    child = children[token] = Node()
                 child.count += 1
-                if length + 1 < depth:
-                    grown.append(child)
-            cursor = grown
+                append(child)
+            # The cursor holds the suffixes shorter than depth: the deepest one grew past it.
+            cursor = grown if len(grown) <= depth else grown[:depth]
         self.tokens += len(tokens)
         return cursor
 
