@@ -66,6 +66,7 @@ LANDED_DECAY = 0.7  # per probe: how fast the share of probes that paid follows
 # 1.4-1.7x its plain decoding over a request's 60-70 steps, gains 25-45. With probes of 2-3
 # plain steps, joins stop getting early probes after about five failed probes in a row.
 JOIN_WORTH = 24.0
+JOIN_FREE = 1.0
 ADVANTAGE_DECAY = 0.6
 PROBE_K = 2
 PRIOR = 1.0  # pseudo-counts of accepted and rejected drafts a request starts with
@@ -144,12 +145,15 @@ class GoodputRule:
             self.host.wait = min(self.host.wait, max(soonest, PROBE_EVERY))
 
     def join_pays(self, rows: int) -> bool:
-        """Whether a joining request's early probe is worth its cost: the chance a probe pays
-        for itself (``Learned.landed``) times what finding drafting pays is worth, against
-        what a probe costs. On SmolLM2-135M (AVX2 code) EAGLE's probe costs 2-3 plain steps,
-        its network catching up with the prompt, and almost never pays; a request is 30-130
-        steps there, so a probe each took 2-3% of the time."""
-        return self.host.landed * JOIN_WORTH >= self.probe_steps(rows)
+        """Whether a joining request's early probe is worth its cost: always where a probe
+        costs at most ``JOIN_FREE`` plain steps (a chain's lookup: the early probe is how a
+        request whose text suits drafting starts drafting after others' failures), else
+        the chance a probe pays for itself (``Learned.landed``) times what finding drafting
+        pays is worth, against what a probe costs. On SmolLM2-135M (AVX2 code) EAGLE's probe
+        costs 2-3 plain steps, its network catching up with the prompt, and almost never
+        pays; a request is 30-130 steps there, so a probe each took 2-3% of the time."""
+        cost = self.probe_steps(rows)
+        return cost <= JOIN_FREE or self.host.landed * JOIN_WORTH >= cost
 
     def alpha(self, slot: int) -> float:
         accepted = self.accepted[slot]
