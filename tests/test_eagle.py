@@ -254,6 +254,46 @@ def test_save_load_round_trip_and_config_errors(targets, tmp_path):
         EagleConfig.for_target(target.config, "eagle2", 10)
 
 
+@pytest.mark.parametrize("variant", ["eagle1", "eagle3"])
+def test_the_compiled_draft_layer_computes_what_the_pytorch_layer_does(targets, variant):
+    """With its products quantized (int8 on CPU), a drafter runs each pass of its layer in one
+    compiled call (``eagle/compiled.py``). The PyTorch layer over the same quantized
+    products gives the same outputs to float rounding: for a catch-up over real features
+    (causal over several entries) and for a level of a tree over the cache (two nodes, each
+    seeing its ancestors), and both leave the same keys and values in the cache."""
+    from quickdraft import kernels
+
+    if not kernels.native():
+        pytest.skip("no compiled kernels on this host")
+    target = targets["llama-tied"]
+    net = random_net(target, variant)
+    sequence = torch.tensor([[5, 17, 3, 99, 42, 5, 17, 60, 2, 33, 71]])
+    tapped = target.with_taps(EagleDrafter(target, net, int8=True).needs.taps)
+    full = tapped.forward(sequence, torch.arange(11).unsqueeze(0), tapped.new_cache(1, 11))
+    found = {}
+    for compiled in (True, False):
+        drafter = EagleDrafter(target, net, DynamicTree(3, 2, 4), int8=True)
+        assert drafter.layer is not None
+        if not compiled:
+            drafter.layer = None
+        _, start = prefilled(drafter, sequence, 9, full)
+        assert drafter.cache is not None
+        cache = drafter.cache.narrow(0, 1)
+        with torch.inference_mode():
+            root, _ = drafter._catch_up(cache, start)
+            tokens = torch.tensor([[60, 61]])
+            attn_input, residual = drafter.net.project(
+                target.embed[tokens].float(), root[:, None].expand(1, 2, -1)
+            )
+            ancestors = torch.tensor([[True, False], [False, True]])
+            level = drafter._attend(cache, attn_input, residual, torch.tensor([[8, 8]]),
+                                    ancestors, 0)  # fmt: skip
+        used = int(cache.lengths[0]) + 2
+        found[compiled] = (root, level, cache.keys[0, 0, :used], cache.values[0, 0, :used])
+    for got, expected in zip(found[True], found[False], strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_int8_file_halves_the_drafter_and_keeps_each_row_to_its_step(targets, tmp_path):
     """``save_eagle(int8=True)``: matrices as int8 codes with an fp16 scale per row, norms and
     the draft vocabulary as before; loading gives every weight within half a step of its row

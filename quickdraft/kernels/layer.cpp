@@ -21,6 +21,9 @@
 // form) and whether a superblock record holds its factors in float16. A product's parts are
 // runs of its output rows, each in its own form (a quantized file's q/k in 4 bits beside its
 // value projection in Q6_K): their outputs side by side.
+//
+// attn_input (optional, one layer): what the q/k/v product reads in place of the normed state,
+// which stays the residual: an EAGLE draft layer (drafters/eagle/compiled.py).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/List.h>
@@ -151,7 +154,7 @@ std::vector<at::Tensor> decoder_layers(
     const at::Tensor& keys, const at::Tensor& values, const at::Tensor& write_rows,
     const at::Tensor& write_slots, const at::Tensor& query_tokens, const at::Tensor& query_rows,
     const at::Tensor& slots, const at::Tensor& counts, int64_t heads, int64_t kv_heads,
-    at::IntArrayRef taps, int64_t path) {
+    at::IntArrayRef taps, int64_t path, const std::optional<at::Tensor>& attn_input) {
   TORCH_CHECK(path == quickdraft_simd::kAvx512Vnni || path == quickdraft_simd::kAvx2 ||
                   path == quickdraft_simd::kAvxVnni,
               "decoder_layers: path must be 1, 2 or 3");
@@ -195,6 +198,18 @@ std::vector<at::Tensor> decoder_layers(
       TORCH_CHECK(slot[i * width + j] >= 0 && slot[i * width + j] < capacity,
                   "decoder_layers: an attention slot is out of range");
     }
+  }
+  // A given attention input (one layer only): the q/k/v product reads it in place of the
+  // normed state, which stays the residual (an EAGLE draft layer: EAGLE-1's has no input norm,
+  // EAGLE-3's reads its normed embedding and feature side by side, twice the hidden width).
+  const float* given = nullptr;
+  int64_t given_width = hidden;
+  if (attn_input.has_value()) {
+    TORCH_CHECK(attn_input->dim() == 2 && attn_input->size(0) == tokens &&
+                    attn_input->scalar_type() == at::kFloat && attn_input->is_contiguous(),
+                "decoder_layers: attn_input must be contiguous float32 [tokens, width]");
+    given = attn_input->data_ptr<float>();
+    given_width = attn_input->size(1);
   }
   const int64_t q_width = heads * dim, kv_width = kv_heads * dim;
   const int64_t qkv_width = q_width + 2 * kv_width;
@@ -255,7 +270,7 @@ std::vector<at::Tensor> decoder_layers(
     }
     const Product* at = &products[l * kProducts];
     if (l == 0) intermediate = at[3].k;
-    TORCH_CHECK(at[0].k == hidden && at[0].n == qkv_width && at[1].k == q_width &&
+    TORCH_CHECK(at[0].k == given_width && at[0].n == qkv_width && at[1].k == q_width &&
                     at[1].n == hidden && at[2].k == hidden && at[3].n == hidden &&
                     at[3].k == intermediate && at[2].n == 2 * intermediate,
                 "decoder_layers: layer ", l, "'s product shapes do not fit the model");
@@ -264,6 +279,7 @@ std::vector<at::Tensor> decoder_layers(
   TORCH_CHECK(at_weight == weights.size() && at_bias == biases.size(),
               "decoder_layers: weights, biases and spec do not describe the same layers");
   TORCH_CHECK(keys.size(0) >= layers, "decoder_layers: the cache has fewer layers than the spec");
+  TORCH_CHECK(given == nullptr || layers == 1, "decoder_layers: attn_input is for one layer");
   for (int64_t t : taps) {
     TORCH_CHECK(t >= 0 && t < layers, "decoder_layers: tap layer ", t, " out of range");
   }
@@ -288,10 +304,12 @@ std::vector<at::Tensor> decoder_layers(
     float* layer_keys = keys.data_ptr<float>() + l * keys.stride(0);
     float* layer_values = values.data_ptr<float>() + l * values.stride(0);
 
-    each_row(tokens, hidden, [&](int64_t i) {
-      rms_norm(state + i * hidden, attn_norm, hidden, epsilon, h.get() + i * hidden);
-    });
-    run(p[0], h.get(), tokens, path, qkv.get(), scratch.get());
+    if (given == nullptr) {
+      each_row(tokens, hidden, [&](int64_t i) {
+        rms_norm(state + i * hidden, attn_norm, hidden, epsilon, h.get() + i * hidden);
+      });
+    }
+    run(p[0], given != nullptr ? given : h.get(), tokens, path, qkv.get(), scratch.get());
     each_row(tokens, qkv_width, [&](int64_t i) {
       float* row = qkv.get() + i * qkv_width;
       rotate(row, heads + kv_heads, dim, cos_ + i * dim, sin_ + i * dim);
@@ -334,8 +352,8 @@ TORCH_LIBRARY_FRAGMENT(quickdraft_kernels, m) {
   m.def("decoder_layers(Tensor(a!) x, Tensor[] weights, Tensor?[] biases, int[] spec, "
         "float eps, Tensor cos, Tensor sin, Tensor(b!) keys, Tensor(c!) values, "
         "Tensor write_rows, Tensor write_slots, Tensor query_tokens, Tensor query_rows, "
-        "Tensor slots, Tensor counts, int heads, int kv_heads, int[] taps, int path) "
-        "-> Tensor[]");
+        "Tensor slots, Tensor counts, int heads, int kv_heads, int[] taps, int path, "
+        "Tensor? attn_input=None) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(quickdraft_kernels, CPU, m) { m.impl("decoder_layers", &decoder_layers); }

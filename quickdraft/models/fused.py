@@ -81,10 +81,13 @@ class Stack:
         heads: int,
         eps: float,
         taps: tuple[int, ...],
+        attn_input: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """x [B, T, d] (the embedded tokens, overwritten), cos/sin [B, T, D], write [B, T]
         (``Cache.slots_for``), groups (``attention.seen_slots`` of the pass's mask) -> (the
-        last layer's output [B, T, d], the outputs of ``taps``)."""
+        last layer's output [B, T, d], the outputs of ``taps``). attn_input [B * T, w]: what
+        a one-layer stack's q/k/v product reads in place of the normed x, which stays the
+        residual (an EAGLE draft layer, ``drafters.eagle.compiled``)."""
         batch, num_new, hidden = x.shape
         rows, queries, slots, counts = flat_slots(groups)
         buffer_rows = cache._rows[:, 0]  # a row's place in the cache's buffers
@@ -110,6 +113,7 @@ class Stack:
             cache.keys.shape[3],
             list(taps),
             self.path,
+            attn_input,
         )
         return flat.view(batch, num_new, hidden), {
             t: out.view(batch, num_new, hidden) for t, out in zip(taps, found, strict=True)

@@ -46,6 +46,7 @@ from quickdraft.drafters.base import (
     StepResult,
     pad_rows,
 )
+from quickdraft.drafters.eagle.compiled import CompiledLayer
 from quickdraft.drafters.eagle.graft import ancestor_mask, graft
 from quickdraft.drafters.eagle.net import EagleNet, check_fits
 from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree, rerank
@@ -113,6 +114,13 @@ class EagleDrafter:
             self.net = packed["net", int8]
         else:
             self.net = packed["net", int8] = packed_copy(net.eval(), int8)
+        # The layer's passes in one compiled call where its quantized products allow
+        # (``compiled.py``); else the PyTorch layer.
+        self.layer: CompiledLayer | None = None
+        if self.device.type == "cpu" and int8:
+            if ("layer", int8) not in packed:
+                packed["layer", int8] = CompiledLayer.of(net.eval(), self.net)
+            self.layer = packed["layer", int8]
         self.tree = tree or DEFAULT_TREES["cpu"]
         if isinstance(lookup, bool) or not isinstance(lookup, int) or lookup < 0:
             raise ValueError(f"eagle_lookup must be a non-negative integer, got {lookup!r}")
@@ -313,15 +321,20 @@ class EagleDrafter:
         past each row's committed length. ancestors: [T, offset + T] bool, which scratch
         entries each new one sees (itself and its ancestors); committed entries are always
         visible. Returns the outputs [B, T, d]."""
+        if self.layer is not None:
+            output = self.layer.run(cache, attn_input, residual, positions, ancestors, offset)
+            if output is not None:
+                return output
         net = self.net
         num = attn_input.shape[1]
-        q, k, v = net.qkv(attn_input, positions)
         lengths = cache.lengths
         steps = torch.arange(num, device=self.device)
-        cache.write(0, k.transpose(1, 2), v.transpose(1, 2), lengths.unsqueeze(1) + offset + steps)
+        write = lengths.unsqueeze(1) + offset + steps  # [B, T] the new entries' slots
         used = int(lengths.max()) + offset + num  # host sync: the attention's width
-        keys, values = cache.view(0, used)
         mask = prefix_tree_mask(lengths, used, ancestors, num)
+        q, k, v = net.qkv(attn_input, positions)
+        cache.write(0, k.transpose(1, 2), v.transpose(1, 2), write)
+        keys, values = cache.view(0, used)
         attended = torch.nn.functional.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, enable_gqa=q.shape[1] != keys.shape[1]
         )
