@@ -127,6 +127,8 @@ class GoodputRule:
         self.predicted = 0.0  # ``trim``'s seconds for the step it cut, before ``bias``
         self.probing = False  # whether this step's draft is a probe
         self.joined = False  # requests joined since the drafter last ran
+        # (slots, acceptances) of the last step ``choose`` found no k paying for
+        self.resting: tuple[list[int], list[float]] | None = None
 
     def begin(self, slots: list[int]) -> None:
         """New requests took these slots: they start from the prior."""
@@ -209,6 +211,13 @@ class GoodputRule:
         decoding has won for PROBE_EVERY steps."""
         rows = len(slots)
         alphas = [self.alpha(slot) for slot in slots]
+        # Resting, with the same rows at the same acceptance as the step that found no k
+        # paying (nothing drafted or joined since, only the costs' slow drift): the same
+        # answer, without the search (40 us a step, 1% of a SmolLM2 step on AVX2).
+        resting = (slots, alphas)
+        if resting == self.resting and self.host.idle < self.host.wait:
+            return 0
+        self.resting = None
         best, best_rate, plain = 0, 0.0, 0.0
         for k in range(self.max_k + 1):
             drafting = self.host.draft(k) if k else 0.0  # k = 0 runs no drafter
@@ -221,6 +230,7 @@ class GoodputRule:
                 best, best_rate = k, rate
         if best_rate < plain * MARGIN:
             best = 0
+            self.resting = resting
         self.host.drafting = best > 0
         if self.host.drafting:
             self.host.wait = self.host.backoff = PROBE_EVERY
