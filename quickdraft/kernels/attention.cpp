@@ -60,6 +60,13 @@ struct Pair {
   float* out;
 };
 
+// The largest of n scores, in order (both paths' softmax subtracts it).
+inline float largest(const float* s, int64_t n) {
+  float top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) top = s[i] > top ? s[i] : top;
+  return top;
+}
+
 template <int C>
 struct Avx512 {
   static constexpr int64_t kLanes = 16;
@@ -104,10 +111,8 @@ struct Avx512 {
   }
 
   __attribute__((target("avx512f"))) static float softmax(float* s, int64_t n) {
-    float top = -INFINITY;
-    for (int64_t i = 0; i < n; ++i) top = s[i] > top ? s[i] : top;
     __m512 total = _mm512_setzero_ps();
-    const __m512 shift = _mm512_set1_ps(top);
+    const __m512 shift = _mm512_set1_ps(largest(s, n));
     for (int64_t j = 0; j < n; j += 16) {
       const __mmask16 m = n - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j)) - 1u);
       const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), shift));
@@ -193,10 +198,8 @@ struct Avx2 {
   }
 
   __attribute__((target("avx2,fma"))) static float softmax(float* s, int64_t n) {
-    float top = -INFINITY;
-    for (int64_t i = 0; i < n; ++i) top = s[i] > top ? s[i] : top;
     __m256 total = _mm256_setzero_ps();
-    const __m256 shift = _mm256_set1_ps(top);
+    const __m256 shift = _mm256_set1_ps(largest(s, n));
     for (int64_t j = 0; j < n; j += 8) {
       const __m256i m = lanes(0, n - j);
       const __m256 e = exp256(_mm256_sub_ps(_mm256_maskload_ps(s + j, m), shift));
