@@ -67,6 +67,7 @@ LANDED_DECAY = 0.7  # per probe: how fast the share of probes that paid follows
 # plain steps, joins stop getting early probes after about five failed probes in a row.
 JOIN_WORTH = 24.0
 JOIN_FREE = 1.0
+RESEARCH_EVERY = 32  # resting steps between a chain rule's searches (``choose``)
 ADVANTAGE_DECAY = 0.6
 PROBE_K = 2
 PRIOR = 1.0  # pseudo-counts of accepted and rejected drafts a request starts with
@@ -212,10 +213,13 @@ class GoodputRule:
         rows = len(slots)
         alphas = [self.alpha(slot) for slot in slots]
         # Resting, with the same rows at the same acceptance as the step that found no k
-        # paying (nothing drafted or joined since, only the costs' slow drift): the same
-        # answer, without the search (40 us a step, 1% of a SmolLM2 step on AVX2).
+        # paying (nothing drafted or joined since): the same answer but for the costs' drift,
+        # so the search (40 us a step, 1% of a SmolLM2 step on AVX2) runs every
+        # RESEARCH_EVERY steps only, for plain steps that slowed (a longer context, a busier
+        # host) to bring drafting back before the next probe.
         resting = (slots, alphas)
-        if resting == self.resting and self.host.idle < self.host.wait:
+        idle = self.host.idle
+        if resting == self.resting and idle < self.host.wait and idle % RESEARCH_EVERY:
             return 0
         self.resting = None
         best, best_rate, plain = 0, 0.0, 0.0
@@ -352,7 +356,10 @@ class GoodputRule:
             cost = max(0.0, spent - gained * plain)
             known = self.host.probe
             self.host.probe = cost if not known else known * PROBE_DECAY + cost * (1 - PROBE_DECAY)
-            paid = float(cost == 0.0)  # its tokens came at least as fast as plain decoding's
+            # It paid: its tokens came at least as fast as plain decoding's, or it found
+            # drafting pays (a tree's trim decides that before its verify; a probe that also
+            # caught up with a newcomer's prompt may cost more and still find it).
+            paid = float(cost == 0.0 or self.host.drafting)
             self.host.landed = self.host.landed * LANDED_DECAY + paid * (1 - LANDED_DECAY)
             self.probing = False
         if self.proposed:

@@ -391,8 +391,15 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& keys, const at::Tensor&
   }
   TORCH_CHECK(slots.dim() == 2, "attend: slots must be [G, n]");
   const int64_t* count = counts.data_ptr<int64_t>();
+  const int64_t* row = rows.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
   for (int64_t g = 0; g < queries; ++g) {
     TORCH_CHECK(count[g] > 0 && count[g] <= slots.size(1), "attend: counts out of range");
+    TORCH_CHECK(row[g] >= 0 && row[g] < keys.size(0), "attend: a row is out of range");
+    for (int64_t j = 0; j < count[g]; ++j) {
+      TORCH_CHECK(slot[g * slots.size(1) + j] >= 0 && slot[g * slots.size(1) + j] < keys.size(1),
+                  "attend: a slot is out of range");
+    }
   }
   at::Tensor out = at::empty_like(q);
   const int64_t heads = q.size(1);
