@@ -432,7 +432,10 @@ def test_engines_over_one_drafter_share_what_they_learned(target):
     generate(target, PROMPTS[0], sampling=GREEDY, spec=spec, draft=drafter)
     again = Engine(target, drafter)
     assert first.goodput.host is again.goodput.host
-    assert again.goodput.host.other[False].w > 0  # the request's steps taught it
+    # The request's steps taught it: plain steps one line, drafted steps the other (which
+    # kind a step was depends on the times measured, so the test asks for either).
+    taught = again.goodput.host.other
+    assert taught[False].w + taught[True].w > 0
     other = Engine(target, build_drafter(spec, target))
     assert other.goodput.host is not first.goodput.host
     assert learned(drafter, DEAR) is not first.goodput.host  # another target's table
