@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from quickdraft.drafters.eagle.net import EagleNet
+from quickdraft.drafters.eagle.net import EagleNet, rotary
 from quickdraft.models.attention import SlotGroups
 from quickdraft.models.fused import Stack, usable
 from quickdraft.models.kv_cache import KVCache
@@ -89,18 +89,17 @@ class CompiledLayer:
         positions [B, T], ancestors [T, offset + T] (the scratch entries each sees; the
         committed ones always) -> the layer's outputs [B, T, d]; None where the cache or
         inputs are not what the call takes (the caller runs the PyTorch layer)."""
-        x = residual.float().contiguous().clone()  # the call adds into it in place
+        # The call adds into x in place: one copy, contiguous.
+        x = residual.float().clone(memory_format=torch.contiguous_format)
         if not usable(cache, x):
             return None
         lengths = cache.lengths
         write = lengths.unsqueeze(1) + offset + torch.arange(x.shape[1])  # [B, T]
-        angles = positions.unsqueeze(-1).float() * self.inv_freq  # [B, T, D/2]
-        angles = torch.cat([angles, angles], dim=-1)
+        cos, sin = rotary(positions, self.inv_freq)  # [B, 1, T, D]
         flat = attn_input.float().reshape(-1, attn_input.shape[-1]).contiguous()
-        groups = tree_slots(lengths, ancestors.to(lengths.device))
         out, _ = self.stack.run(
-            x, angles.cos(), angles.sin(), cache, write, groups, self.heads, self.eps, (),
-            attn_input=flat,
+            x, cos.squeeze(1), sin.squeeze(1), cache, write, tree_slots(lengths, ancestors),
+            self.heads, self.eps, (), attn_input=flat,
         )  # fmt: skip
         return out
 
