@@ -21,6 +21,7 @@ from quickdraft.drafters.eagle.drafter import EagleDrafter
 from quickdraft.drafters.eagle.io import load_eagle, save_eagle
 from quickdraft.drafters.eagle.net import EagleConfig, EagleNet
 from quickdraft.drafters.eagle.tree import DEFAULT_TREES, DynamicTree, EagleTree
+from quickdraft.drafters.ngram import NGramDrafter
 from quickdraft.drafters.registry import make_spec
 from quickdraft.models.llama import LlamaRunner
 
@@ -133,7 +134,8 @@ def test_grafted_lookup_follows_the_tree_then_branches_off(targets):
         pairs = list(zip(parents, row, strict=True))
         assert len(set(pairs)) == len(pairs)
         assert all(parent < node for node, parent in enumerate(parents))
-        continuation = drafter.lookup._lookup(tokens)
+        lookup = NGramDrafter(target.vocab_size, 4)
+        continuation = lookup.propose(Batch.from_rows([tokens.tolist()])).tokens[0].tolist()
         node = -1
         for token in continuation:  # walk the continuation down the draft
             node = pairs.index((node, token))

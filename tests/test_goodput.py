@@ -469,3 +469,36 @@ def test_a_model_is_fingerprinted_once_per_process(target, tmp_path, monkeypatch
     for _ in range(3):
         Engine.from_spec(target, make_spec("ngram", 3))
     assert len(calls) == 1
+
+
+class _Scored:
+    """A drafter of scored chains (as prompt lookup's): each propose returns the next draft
+    of ``drafts``, whole."""
+
+    def __init__(self, drafts: list[Draft]):
+        self.needs = Needs(4, 4, shortens=True, scored=True)
+        self.drafts = iter(drafts)
+        self.asked = 0
+
+    def propose(self, batch: Batch) -> Draft:
+        self.asked += 1
+        assert batch.limit is None  # asked for its whole draft
+        return next(self.drafts)
+
+
+def test_a_scored_drafter_is_asked_every_step_and_each_draft_judged_by_its_scores():
+    """Drafts that promise little are verified as plain steps and no run of them makes the
+    rule rest: the next draft that promises much is kept, to the depth its scores pay for."""
+    tokens = torch.arange(4).unsqueeze(0)
+    weak = Draft(tokens, scores=torch.tensor([[0.15, 0.1, 0.05, 0.02]]))
+    strong = Draft(tokens, scores=torch.tensor([[0.95, 0.9, 0.85, 0.1]]))
+    drafter = _Scored([weak] * 20 + [strong])
+    rule = GoodputRule(drafter.needs, 1, MIDDLING)
+    batch = Batch.from_rows([[1, 2, 3]])
+    for _ in range(20):
+        draft = rule.propose(drafter, batch)
+        assert draft.depth == 0 and not rule.proposed
+        rule.update([0], draft, [0], 0.0001, MIDDLING(1), 0.0005)
+    draft = rule.propose(drafter, batch)
+    assert drafter.asked == 21 and rule.proposed
+    assert draft.tokens.tolist() == [[0, 1, 2]]  # the fourth token's 0.1 does not pay

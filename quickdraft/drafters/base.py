@@ -44,6 +44,11 @@ class Needs:
     side_tokens: the most side-branch tokens (``SideBranch``) it sends a step.
     shortens:    whether it honours ``Batch.limit`` (a draft of at most that many tokens),
                  so the engine may choose each step's k (adaptive k).
+    scored:      whether its drafts carry scores (``Draft.scores``) from what each draft rests
+                 on and cost little beside a verify step (a lookup): draft sizing then asks
+                 for its whole draft every step and keeps what each one's scores say pays,
+                 where for one that only ``shortens`` it chooses k beforehand from the
+                 request's running acceptance.
     caps_depth:  whether it honours ``Batch.max_depth`` (no node deeper than that), so the
                  engine may spare a tree drafter the levels it would cut from its drafts.
     resumes:     for a drafter that reads features (``hidden``, ``taps``): whether it keeps,
@@ -65,6 +70,7 @@ class Needs:
     taps: tuple[int, ...] = ()
     side_tokens: int = 0
     shortens: bool = False
+    scored: bool = False
     caps_depth: bool = False
     resumes: bool = False
     pooled: bool = False

@@ -198,6 +198,8 @@ class EagleDrafter:
         if self.shortlist_context is not None:
             self.shortlist_context.reserve(rows, self.device)
         self._fresh = [[] for _ in range(rows)]
+        if self.lookup is not None:
+            self.lookup.reserve(rows, capacity)
 
     def resumable(self) -> torch.Tensor:
         """[slots] entries each slot holds of its last text (``Needs.resumes``), those made and
@@ -223,6 +225,8 @@ class EagleDrafter:
             self._fresh[slot] = _first_rows(self._fresh[slot], keep[b] - made[b]) + fresh
         if self.shortlist_context is not None:
             self.shortlist_context.begin(start.batch)
+        if self.lookup is not None:
+            self.lookup.begin(start)
 
     def release(self, slot: int, completed: bool) -> None:
         """Nothing to do: the slot's next ``begin`` overwrites its state."""
@@ -431,7 +435,7 @@ class EagleDrafter:
     def _graft(self, batch: Batch, draft: Draft) -> Draft:
         """Prompt lookup's continuation as one more branch of the tree (``graft.graft``)."""
         assert self.lookup is not None
-        continuation = self.lookup.propose(batch).tokens.to(draft.tokens.device)  # [B, L]
+        continuation = self.lookup.propose(batch)
         if batch.max_depth is not None:  # no node deeper than asked, the branch's either
-            continuation = continuation[:, : batch.max_depth]
+            continuation = continuation.cut(batch.max_depth)
         return graft(draft, continuation)

@@ -7,18 +7,17 @@ import torch
 
 from quickdraft.drafters.base import Draft
 
-# The chance a prompt-lookup token lands, before a request shows its own: the sizing of drafts
-# (``engine.goodput``) scales every score by what the request's drafts really landed.
-LOOKUP_PRIOR = 0.5
 
-
-def graft(draft: Draft, continuation: torch.Tensor) -> Draft:
-    """``draft`` with prompt lookup's ``continuation`` ([B, L] tokens) as one more branch,
-    after the drafter's nodes. With one row it follows the tree's nodes as long as they hold
-    its tokens and branches off where they stop (no node is verified twice); in a batch, whose
-    rows share one shape, it is a branch of its own from the root, each row's continuation
-    padded like ``NGramDrafter``'s. Its tokens are point masses like the tree's, so the tree
-    rules stay exact; a duplicate of a sibling's token is simply rejected."""
+def graft(draft: Draft, lookup: Draft) -> Draft:
+    """``draft`` with prompt lookup's continuation (``lookup``: a chain of [B, L] tokens and
+    their scores) as one more branch, after the drafter's nodes. With one row it follows the
+    tree's nodes as long as they hold its tokens and branches off where they stop (no node is
+    verified twice); in a batch, whose rows share one shape, it is a branch of its own from the
+    root, each row's continuation padded like ``NGramDrafter``'s. Its tokens are point masses
+    like the tree's, so the tree rules stay exact; a duplicate of a sibling's token is simply
+    rejected. A branch node's score is its anchor's (the tree node it hangs from; 1 for the
+    root) times the lookup's chance of the tokens from there to it."""
+    continuation = lookup.tokens.to(draft.tokens.device)
     if continuation.shape[1] == 0:
         return draft
     parents = draft.parents.tolist()
@@ -39,15 +38,13 @@ def graft(draft: Draft, continuation: torch.Tensor) -> Draft:
     size = len(parents)
     extra = [attach, *range(size, size + branch.shape[1] - 1)]
     scores = None
-    if draft.scores is not None:  # the branch's: its anchor's, times LOOKUP_PRIOR a token
-        rows = draft.tokens.shape[0]
-        anchor = (
-            torch.ones(rows, 1, dtype=draft.scores.dtype, device=draft.scores.device)
-            if attach < 0
-            else draft.scores[:, attach : attach + 1]
-        )
-        steps = torch.arange(1, branch.shape[1] + 1, device=draft.scores.device)
-        scores = torch.cat([draft.scores, anchor * LOOKUP_PRIOR**steps], 1)
+    if draft.scores is not None and lookup.scores is not None:
+        chances = lookup.scores.to(draft.scores)
+        if attach < 0:
+            scores = torch.cat([draft.scores, chances], 1)
+        else:  # the lookup's chance from its anchor on, given the anchor
+            given = chances[:, start:] / chances[:, start - 1 : start].clamp_min(1e-12)
+            scores = torch.cat([draft.scores, draft.scores[:, attach : attach + 1] * given], 1)
     tokens = torch.cat([draft.tokens, branch], 1)
     return Draft.from_parents(tokens, parents + extra, scores=scores)
 
