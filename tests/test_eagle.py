@@ -1,6 +1,7 @@
 """EAGLE drafters: token identity with plain decoding, the draft cache against training's
 unrolled passes, save/load, export, and the training pipeline on a tiny model."""
 
+import dataclasses
 import os
 import signal
 
@@ -1063,3 +1064,18 @@ def test_the_held_out_split_is_fixed_by_its_seed_and_covers_every_sequence():
     assert len(held) == 10 and sorted(train + held) == list(range(100))
     assert split_held_out(100, 0.1, seed=1)[1] != held
     assert len(split_held_out(3, 0.01, seed=0)[1]) == 1  # at least one held out
+
+
+def test_asked_for_a_text_draft_eagle_drafts_its_lookup_alone(targets):
+    """``Batch.text_only`` (its network resting): the grafted lookup's scored chain, no tree;
+    a drafter without a lookup declares no text draft."""
+    target = targets["llama-untied"]
+    drafter = EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 2, 5), lookup=3)
+    assert drafter.needs.text_draft
+    drafter.reserve(1, 64)
+    rows = [[1, 2, 3, 4, 1, 2, 3]]
+    draft = drafter.propose(dataclasses.replace(Batch.from_rows(rows), text_only=True))
+    assert draft.tree is None and draft.tokens.tolist() == [[4, 1, 2]]
+    assert draft.scores is not None and draft.scores[0, 0] > draft.scores[0, 2] > 0
+    plain = EagleDrafter(target, random_net(target, "eagle3"), DynamicTree(3, 2, 5))
+    assert not plain.needs.text_draft

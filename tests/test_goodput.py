@@ -502,3 +502,34 @@ def test_a_scored_drafter_is_asked_every_step_and_each_draft_judged_by_its_score
     draft = rule.propose(drafter, batch)
     assert drafter.asked == 21 and rule.proposed
     assert draft.tokens.tolist() == [[0, 1, 2]]  # the fourth token's 0.1 does not pay
+
+
+class _Resting:
+    """A drafter whose own drafts (a 4-node chain) never land and which drafts from the text
+    alone when asked (``Needs.text_draft``): a scored 2-token chain that does."""
+
+    def __init__(self):
+        self.needs = Needs(4, 4, text_draft=True)
+        self.asked: list[bool] = []
+
+    def propose(self, batch: Batch) -> Draft:
+        self.asked.append(batch.text_only)
+        tokens = torch.arange(2 if batch.text_only else 4).unsqueeze(0)
+        if batch.text_only:
+            return Draft(tokens, scores=torch.tensor([[0.95, 0.9]]))
+        return Draft(tokens, scores=torch.tensor([[0.01, 0.01, 0.01, 0.01]]))
+
+
+def test_while_its_own_drafts_rest_a_drafter_drafts_from_the_text():
+    """Once its own drafts stop paying, the rule asks a ``text_draft`` drafter for its text
+    draft each step and keeps what pays; those steps leave the drafter resting (its probes
+    come on their schedule)."""
+    drafter = _Resting()
+    rule = GoodputRule(drafter.needs, 1, MIDDLING)
+    batch = Batch.from_rows([[1, 2, 3]])
+    rule.host.drafting, rule.host.wait = False, 100  # its own drafts were found not to pay
+    for _ in range(3):
+        draft = rule.propose(drafter, batch)
+        assert draft.tokens.tolist() == [[0, 1]] and not rule.proposed
+        rule.update([0], draft, [2], 0.0001, MIDDLING(3), 0.0005)
+    assert drafter.asked == [True, True, True] and rule.host.idle == 3

@@ -49,6 +49,10 @@ class Needs:
                  for its whole draft every step and keeps what each one's scores say pays,
                  where for one that only ``shortens`` it chooses k beforehand from the
                  request's running acceptance.
+    text_draft:  whether, asked with ``Batch.text_only``, it drafts from the text alone: a
+                 scored chain at a lookup's cost (EAGLE's grafted prompt lookup without its
+                 network). Draft sizing asks for one, judged by its scores, on steps where
+                 the drafter's own drafts rest for not paying.
     caps_depth:  whether it honours ``Batch.max_depth`` (no node deeper than that), so the
                  engine may spare a tree drafter the levels it would cut from its drafts.
     resumes:     for a drafter that reads features (``hidden``, ``taps``): whether it keeps,
@@ -71,6 +75,7 @@ class Needs:
     side_tokens: int = 0
     shortens: bool = False
     scored: bool = False
+    text_draft: bool = False
     caps_depth: bool = False
     resumes: bool = False
     pooled: bool = False
@@ -102,6 +107,8 @@ class Batch:
     max_depth:  draft no node deeper than this (depth 1: the pending token's children; None:
                 the drafter's own depth); only drafters that declare ``Needs.caps_depth``
                 are handed one.
+    text_only:  draft from the text alone (``Needs.text_draft``): only drafters that declare
+                it are asked so.
     matchers:   each row's grammar matcher (``constraints.Matcher``) when a request asks for
                 structured output, else None (empty: no row does). A drafter that samples may
                 draw from its own distribution masked to ``allowed()`` along its draft
@@ -117,6 +124,7 @@ class Batch:
     generator: torch.Generator
     limit: int | None = None
     max_depth: int | None = None
+    text_only: bool = False
     matchers: tuple[Any, ...] = ()
 
     @staticmethod

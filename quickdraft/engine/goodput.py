@@ -22,7 +22,9 @@ best goodput (``Batch.limit``); k = 0 drafts nothing. A drafter whose drafts car
 what each rests on and cost little (``Needs.scored``: prompt lookup, by the match a draft came
 from) is asked every step and each draft judged by its own scores: a lookup's acceptance
 swings from draft to draft (about 0.2 to 0.9 for its first token on SmolLM2-135M) far more
-than a request's running mean follows. Other drafts are kept in their best
+than a request's running mean follows. Where a drafter's own drafts rest, one that can draft
+from the text alone (``Needs.text_draft``: EAGLE's grafted lookup without its network) has
+that draft judged so. Other drafts are kept in their best
 prefix by p (a node's p never exceeds its parent's, so the prefix is a tree) where the verify
 judges each node alone (point-mass drafts, chains) and whole otherwise; a tree drafter that
 caps its depth (``Needs.caps_depth``: EAGLE) then drafts one level past the deepest node the
@@ -117,6 +119,7 @@ class GoodputRule:
         self.max_k = needs.depth
         self.shortens = needs.shortens
         self.scored = needs.scored
+        self.text_draft = needs.text_draft
         self.caps_depth = needs.caps_depth
         self.costs = costs
         self.host = Learned(costs) if host is None else host
@@ -196,9 +199,7 @@ class GoodputRule:
         if not sized:
             return drafter.propose(batch)
         if self.scored:  # every draft judged by its own scores: no resting, no probes
-            draft = drafter.propose(batch)
-            if draft.depth > 0:
-                draft = self.trim(draft, slots)
+            draft = self.judge(drafter.propose(batch), slots, drafted=True)
             self.proposed = draft.depth > 0  # a step with nothing kept is a plain one
             return draft
         if self.shortens:
@@ -208,7 +209,10 @@ class GoodputRule:
                 return Draft.empty(batch.size, batch.tokens.device)
             return drafter.propose(dataclasses.replace(batch, limit=k)).cut(k)
         if not self.host.drafting and self.host.idle < self.host.wait:
-            self.proposed = False
+            self.proposed = False  # the drafter's own draft rests; its text draft may not
+            if self.text_draft:
+                text = drafter.propose(dataclasses.replace(batch, text_only=True))
+                return self.judge(text, slots, drafted=False)
             return Draft.empty(batch.size, batch.tokens.device)
         self.probing = not self.host.drafting
         # A probe (drafting found not to pay) drafts PROBE_K levels, as a chain's probe does:
@@ -305,29 +309,11 @@ class GoodputRule:
         elif draft.side is not None or (draft.tree is not None and draft.probs is not None):
             kept, gained = nodes + side, sum(by_node)
         else:
-            depth = (torch.arange(nodes) if draft.tree is None else draft.tree.depth).tolist()
-            order = sorted(range(nodes), key=lambda i: (-by_node[i], depth[i], i))
             # A node pays when its tokens come faster than drafting gives them anyway (plain
-            # decoding's rate, or drafting's where that is higher). Nodes go in by falling p
-            # while each one's tokens over its verify time stay above that rate.
+            # decoding's rate, or drafting's where that is higher).
             rate = plain * max(MARGIN, self.host.advantage)
-            kept, gained = 0, 0.0
-            for i in order:
-                tokens = by_node[i]
-                extra = self.verify(rows * (kept + 2)) - self.verify(rows * (kept + 1))
-                if tokens < rate * (extra + tokens * catch_up):
-                    break
-                kept, gained = kept + 1, gained + tokens
-            keep = torch.zeros(nodes, dtype=torch.bool)
-            keep[order[:kept]] = True
-            draft = draft.keep(_closed(keep, draft))
+            draft, kept, gained = self._paying(draft, by_node, rows, rate, catch_up)
             self.kept_depth = draft.depth or None  # none kept: the next draft whole
-            if self.scored and kept:
-                # Its draft is spent whatever is kept: what is kept must beat a plain step,
-                # a drafted step's own bookkeeping included (committing a path, observing).
-                spent = self.other(True, 1 + gained / rows) + self.verify(rows * (kept + 1))
-                if (rows + gained) / (spent * self.host.bias) < plain * MARGIN:
-                    draft, kept, gained = Draft.empty(rows, draft.tokens.device), 0, 0.0
         # The step's expected rate against plain decoding's, averaged over recent drafts.
         seconds = self.other(True, 1 + gained / rows) + expand + self.verify(rows * (kept + 1))
         self.predicted = seconds + catch_up * self.since  # this step's, the catch-up in it
@@ -339,6 +325,44 @@ class GoodputRule:
             self.host.wait = self.host.backoff = PROBE_EVERY
         elif not was:  # a probe that found drafting still does not pay
             self.host.wait = self.next_wait(rows)
+        return draft
+
+    def _paying(
+        self, draft: Draft, by_node: list[float], rows: int, rate: float, catch_up: float
+    ) -> tuple[Draft, int, float]:
+        """``draft`` cut to its nodes that pay, their count and expected tokens: nodes go in
+        by falling p while each one's tokens (``by_node``) over its verify time, the drafter's
+        catching up with them included, stay above ``rate``."""
+        nodes = draft.tokens.shape[1]
+        depth = (torch.arange(nodes) if draft.tree is None else draft.tree.depth).tolist()
+        order = sorted(range(nodes), key=lambda i: (-by_node[i], depth[i], i))
+        kept, gained = 0, 0.0
+        for i in order:
+            tokens = by_node[i]
+            extra = self.verify(rows * (kept + 2)) - self.verify(rows * (kept + 1))
+            if tokens < rate * (extra + tokens * catch_up):
+                break
+            kept, gained = kept + 1, gained + tokens
+        keep = torch.zeros(nodes, dtype=torch.bool)
+        keep[order[:kept]] = True
+        return draft.keep(_closed(keep, draft)), kept, gained
+
+    def judge(self, draft: Draft, slots: list[int], drafted: bool) -> Draft:
+        """A scored draft judged alone (prompt lookup's; EAGLE's lookup while its network
+        rests): its nodes whose tokens come faster than plain decoding's, kept only if the
+        step beats a plain one, its bookkeeping included (committing a path; a ``drafted``
+        step's is learned apart, the drafter observing what it drafted). The draft's cost is
+        spent whatever is kept, and the verdict decides nothing for the steps after."""
+        if draft.depth == 0:
+            return draft
+        rows = len(slots)
+        by_node = self.acceptance(draft, slots).sum(0).tolist()  # host sync: decided here
+        plain = rows / (self.other(False) + self.verify(rows, False))
+        draft, kept, gained = self._paying(draft, by_node, rows, plain * MARGIN, 0.0)
+        if kept:
+            spent = self.other(drafted, 1 + gained / rows) + self.verify(rows * (kept + 1))
+            if (rows + gained) / spent < plain * MARGIN:
+                return Draft.empty(rows, draft.tokens.device)
         return draft
 
     def update(

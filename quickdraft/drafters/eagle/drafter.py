@@ -138,6 +138,7 @@ class EagleDrafter:
             taps=taps,
             caps_depth=True,
             resumes=True,
+            text_draft=lookup > 0,
         )
         self.embed = target.embed
         self.shortlist = shortlist
@@ -250,6 +251,9 @@ class EagleDrafter:
     @torch.inference_mode()
     def propose(self, batch: Batch) -> Draft:
         assert self.cache is not None, "reserve() first"
+        if batch.text_only:  # the network rests: prompt lookup's draft alone
+            assert self.lookup is not None, "Needs.text_draft only with a grafted lookup"
+            return self.lookup.propose(batch)
         cache = self.cache.select(batch.slots)
         self._flush(cache, batch)
         if self.shortlist_context is not None:
