@@ -51,7 +51,8 @@ class TreeShape:
 
     @property
     def max_depth(self) -> int:
-        return int(self.depth.max()) if self.num_nodes else 0
+        # The paths' width (read on every step: no tensor reduction each time).
+        return self.paths.shape[1] if self.num_nodes else 0
 
     @property
     def is_chain(self) -> bool:
@@ -125,7 +126,8 @@ class TreeShape:
         return TreeShape.from_parents(range(-1, num_nodes - 1))
 
 
-@functools.lru_cache(maxsize=64)
+# Suffix decoding's trees take many shapes (a few hundred over a long run).
+@functools.lru_cache(maxsize=512)
 def _build(parents: tuple[int, ...]) -> TreeShape:
     """The buffers of one shape; cached, so a drafter that repeats its shape builds them once."""
     num = len(parents)

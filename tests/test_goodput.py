@@ -12,6 +12,7 @@ from quickdraft.drafters.registry import build_drafter, make_spec
 from quickdraft.engine import costs as verify_costs
 from quickdraft.engine.costs import VerifyCosts
 from quickdraft.engine.goodput import (
+    JUDGE_PROBE,
     PROBE_BURST,
     PROBE_K,
     PROBE_MAX,
@@ -533,3 +534,17 @@ def test_while_its_own_drafts_rest_a_drafter_drafts_from_the_text():
         assert draft.tokens.tolist() == [[0, 1]] and not rule.proposed
         rule.update([0], draft, [2], 0.0001, MIDDLING(3), 0.0005)
     assert drafter.asked == [True, True, True] and rule.host.idle == 3
+
+
+def test_judged_drafts_refused_long_enough_send_one_token_to_be_verified():
+    """What a drafted step costs is learned from drafted steps only: after ``JUDGE_PROBE``
+    refusals in a row the next draft's likeliest first token goes alone, then refusals
+    count afresh."""
+    tokens = torch.arange(4).unsqueeze(0)
+    weak = Draft.from_parents(tokens, [-1, -1, 0, 1], scores=torch.tensor([[0.1, 0.2, 0.05, 0.1]]))
+    drafter = _Scored([weak] * (2 * JUDGE_PROBE))
+    rule = GoodputRule(drafter.needs, 1, MIDDLING)
+    batch = Batch.from_rows([[1, 2, 3]])
+    kept = [rule.propose(drafter, batch).tokens.tolist() for _ in range(2 * JUDGE_PROBE)]
+    probes = [i for i, found in enumerate(kept) if found != [[]]]
+    assert probes == [JUDGE_PROBE - 1, 2 * JUDGE_PROBE - 1] and kept[probes[0]] == [[1]]

@@ -2,13 +2,15 @@
 (the distribution rows are in ``quickdraft.conformance``'s grid)."""
 
 import pytest
+import torch
 from conftest import FAMILIES, tiny_runners
 
 from quickdraft import Engine, SamplingParams, generate, generate_batch
+from quickdraft.drafters.base import Batch, StepResult
 from quickdraft.drafters.registry import build_drafter, make_spec
-from quickdraft.drafters.suffix.drafter import SuffixDrafter
+from quickdraft.drafters.suffix.drafter import LATER, MATCHED, SuffixDrafter, chances
 from quickdraft.drafters.suffix.options import SuffixOptions
-from quickdraft.drafters.suffix.trie import SuffixTrie, chain, grow
+from quickdraft.drafters.suffix.trie import Proposal, SuffixTrie, chain, grow, longest
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=40)
 REPEATING = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]
@@ -55,6 +57,7 @@ def test_trees_grow_best_first_above_the_floor():
     # was drafted), 6 (when 5 was)
     assert tree.tokens == (2, 3, 5, 4, 6) and tree.parents == (-1, 0, -1, 0, 2)
     assert tree.score == pytest.approx(0.75 + 0.5 + 0.25 + 0.25 + 0.25)
+    assert tree.probs == pytest.approx((0.75, 0.5, 0.25, 0.25, 0.25))  # each node's path
     path = chain(node, budget=8, min_prob=0.0)
     assert path.tokens == (2, 3) and path.parents == (-1, 0)
     assert path.score == pytest.approx(0.75 + 0.5)
@@ -70,7 +73,8 @@ def test_suffix_trees_and_chains_are_token_identical_to_plain_decoding(targets, 
     drafter = build_drafter(spec, target)
     for prompt, want in zip(PROMPTS, expected, strict=True):  # one row: trees
         assert generate(target, prompt, sampling=GREEDY, draft=drafter).token_ids == want
-    assert sum(generate(target, REPEATING, sampling=GREEDY, draft=drafter).stats.accepted_drafts)
+    whole = make_spec(method="suffix", suffix_spec_factor=2.0, adaptive_k=False)
+    assert sum(generate(target, REPEATING, sampling=GREEDY, spec=whole).stats.accepted_drafts)
     batch = generate_batch(target, PROMPTS, sampling=GREEDY, spec=spec)  # rows: chains
     assert batch.token_ids == expected
 
@@ -205,3 +209,34 @@ def test_suffix_first_is_an_option_of_eagle_and_draft_model():
         make_spec("draft_model", suffix_first="yes")
     with pytest.raises(ValueError):
         make_spec("ngram", suffix_first=True)
+
+
+def test_suffix_drafts_are_scored_by_their_match_and_counts():
+    """A node's score is its path's chance: the first token's by the match's length, each
+    later one's LATER, times the square of its share of its parent's count."""
+    agreed = Proposal((4, 5), (-1, 0), 2.0, (1.0, 1.0), matched=2)
+    assert chances(agreed) == pytest.approx([MATCHED[1], MATCHED[1] * LATER])
+    split = Proposal((4, 5, 6), (-1, 0, -1), 1.5, (0.5, 0.5, 0.5), matched=9)
+    assert chances(split) == pytest.approx(
+        [MATCHED[-1] * 0.25, MATCHED[-1] * 0.25 * LATER, MATCHED[-1] * 0.25]
+    )
+    drafter = SuffixDrafter(vocab_size=20, num_tokens=4)
+    drafter.reserve(1, 64)
+    rows = [[1, 2, 3, 7, 1, 2, 3]]
+    drafter.begin(StepResult(Batch.from_rows(rows), torch.zeros(1)))
+    draft = drafter.propose(Batch.from_rows(rows))
+    assert draft.tokens.tolist() == [[7, 1, 2]]  # a match of 3 drafts 3
+    assert draft.scores[0, 0].item() == pytest.approx(MATCHED[2])
+
+
+def test_the_cursor_finds_the_match_a_walk_of_the_trie_finds():
+    """Once the own trie read a text, its cursor's nodes are the text's suffixes: the
+    longest with a continuation is the one ``match`` walks to, at any room."""
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        text = torch.randint(0, 4, (int(torch.randint(1, 40, (1,), generator=generator)),),
+                             generator=generator).tolist()  # fmt: skip
+        trie = SuffixTrie(8)
+        cursor = trie.extend(trie.cursor(), text)
+        for room in (1, 3, 7):
+            assert longest(cursor, 8 - room) == trie.match(text, room), (text, room)

@@ -148,17 +148,19 @@ class NGramDrafter:
             index.extend(batch.tokens[b, len(index.text) : lengths[b]].tolist())
             found.append(index.lookup(most))
         width = max(len(match.tokens) for match in found)
-        tokens = torch.zeros(batch.size, width, dtype=torch.long)
-        scores = torch.zeros(batch.size, width)
+        device = batch.tokens.device
+        if width == 0:
+            return Draft.empty(batch.size, device)
+        rows, scores = [], []
         for b, match in enumerate(found):
-            row = match.tokens
+            row, pad = match.tokens, width - len(match.tokens)
             # Rows with a shorter match are padded by repeating their last known token: any
             # deterministic filler keeps the output exact; the target simply rejects it.
-            last = row[-1] if row else int(batch.tokens[b, lengths[b] - 1])
-            tokens[b] = torch.tensor(row + [last] * (width - len(row)), dtype=torch.long)
-            scores[b, : len(row)] = torch.tensor(match.scores())
-        device = batch.tokens.device
-        return Draft(tokens.to(device), scores=scores.to(device))
+            last = row[-1] if row else self.indexes[batch.slots.host[b]].text[-1]
+            rows.append(row + [last] * pad)
+            scores.append(match.scores() + [0.0] * pad)
+        tokens = torch.tensor(rows, dtype=torch.long, device=device)
+        return Draft(tokens, scores=torch.tensor(scores, device=device))
 
     def _index(self, batch: Batch, row: int, slot: int) -> TextIndex:
         """The slot's index. Driven by hand (no ``reserve``, so no ``begin`` either), a slot's

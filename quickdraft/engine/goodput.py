@@ -74,6 +74,10 @@ LANDED_DECAY = 0.7  # per probe: how fast the share of probes that paid follows
 JOIN_WORTH = 24.0
 JOIN_FREE = 1.0
 RESEARCH_EVERY = 32  # resting steps between a chain rule's searches (``choose``)
+# Judged drafts refused in a row before one is verified anyway, its likeliest first token
+# alone: what a drafted step costs (``Learned.drift``, ``other``) is learned from drafted
+# steps only, and an estimate a busy moment raised would otherwise never come down.
+JUDGE_PROBE = 64
 ADVANTAGE_DECAY = 0.6
 PROBE_K = 2
 PRIOR = 1.0  # pseudo-counts of accepted and rejected drafts a request starts with
@@ -135,6 +139,7 @@ class GoodputRule:
         self.since = 0.0  # tokens a row gained (mean over rows) since the drafter last drafted
         self.predicted = 0.0  # ``trim``'s seconds for the step it cut, before ``bias``
         self.probing = False  # whether this step's draft is a probe
+        self.refused = 0  # judged drafts refused in a row (``judge``)
         self.joined = False  # requests joined since the drafter last ran
         # (slots, acceptances) of the last step ``choose`` found no k paying for
         self.resting: tuple[list[int], list[float]] | None = None
@@ -279,25 +284,29 @@ class GoodputRule:
         self.host.backoff = backoff
         return backoff
 
-    def acceptance(self, draft: Draft, slots: list[int]) -> torch.Tensor:
-        """[B, N] each node's chance of acceptance for each row (module docstring)."""
-        if draft.scores is not None:
-            scale = torch.tensor([self.landed[s] / self.promised[s] for s in slots])
-            scores = _clean(draft.scores)
-            return (scale.double().unsqueeze(1) * scores).clamp(max=1.0)
+    def acceptance(self, draft: Draft, slots: list[int]) -> list[float]:
+        """[N] each node's chance of acceptance (module docstring), summed over the rows:
+        the tokens it is expected to give. On the host: the sizing is decided there."""
         nodes = draft.tokens.shape[1]
-        depth = torch.arange(1, nodes + 1) if draft.tree is None else draft.tree.depth.cpu()
-        depth = depth.double()
-        alphas = torch.tensor([self.alpha(s) for s in slots], dtype=torch.double)
-        return alphas.unsqueeze(1) ** depth.unsqueeze(0)
+        if draft.scores is not None:
+            found = [0.0] * nodes
+            table = draft.scores.tolist()  # host sync
+            for slot, row in zip(slots, table, strict=True):
+                scale = self.landed[slot] / self.promised[slot]
+                for i, score in enumerate(row):
+                    if score > 0.0:  # NaN (an overflow) and below: 0
+                        found[i] += min(scale * min(score, 1.0), 1.0)
+            return found
+        depth = range(1, nodes + 1) if draft.tree is None else draft.tree.depth.tolist()
+        alphas = [self.alpha(slot) for slot in slots]
+        return [sum(alpha**d for alpha in alphas) for d in depth]
 
     def trim(self, draft: Draft, slots: list[int]) -> Draft:
         """The prefix of ``draft`` (nodes by falling p) worth verifying; the whole draft where
         nodes cannot be dropped alone (a side branch, a sampled tree). Decides whether
         drafting pays on the next steps."""
         nodes = draft.tokens.shape[1]
-        p = self.acceptance(draft, slots)  # [B, N]
-        by_node = p.sum(0).tolist()  # host sync: the sizing is decided on the host
+        by_node = self.acceptance(draft, slots)
         rows = len(slots)
         side = 0 if draft.side is None else draft.side.tokens.shape[1]
         # Per step: the bookkeeping and the draft; per token: the drafter catching up.
@@ -312,7 +321,8 @@ class GoodputRule:
             # A node pays when its tokens come faster than drafting gives them anyway (plain
             # decoding's rate, or drafting's where that is higher).
             rate = plain * max(MARGIN, self.host.advantage)
-            draft, kept, gained = self._paying(draft, by_node, rows, rate, catch_up)
+            paying, gained = self._paying(draft, by_node, rows, rate, catch_up)
+            draft, kept = self._kept(draft, paying), len(paying)
             self.kept_depth = draft.depth or None  # none kept: the next draft whole
         # The step's expected rate against plain decoding's, averaged over recent drafts.
         seconds = self.other(True, 1 + gained / rows) + expand + self.verify(rows * (kept + 1))
@@ -329,23 +339,35 @@ class GoodputRule:
 
     def _paying(
         self, draft: Draft, by_node: list[float], rows: int, rate: float, catch_up: float
-    ) -> tuple[Draft, int, float]:
-        """``draft`` cut to its nodes that pay, their count and expected tokens: nodes go in
-        by falling p while each one's tokens (``by_node``) over its verify time, the drafter's
-        catching up with them included, stay above ``rate``."""
+    ) -> tuple[list[int], float]:
+        """The nodes of ``draft`` that pay and their expected tokens: nodes go in by falling
+        p while each one's tokens (``by_node``) over its verify time, the drafter's catching
+        up with them included, stay above ``rate``."""
         nodes = draft.tokens.shape[1]
-        depth = (torch.arange(nodes) if draft.tree is None else draft.tree.depth).tolist()
-        order = sorted(range(nodes), key=lambda i: (-by_node[i], depth[i], i))
+        if draft.tree is None:  # a chain's p falls with depth: its order is its own
+            order: list[int] | range = range(nodes)
+        else:
+            depth = draft.tree.depth.tolist()
+            order = sorted(range(nodes), key=lambda i: (-by_node[i], depth[i], i))
         kept, gained = 0, 0.0
+        below = self.verify(rows)
         for i in order:
             tokens = by_node[i]
-            extra = self.verify(rows * (kept + 2)) - self.verify(rows * (kept + 1))
-            if tokens < rate * (extra + tokens * catch_up):
+            above = self.verify(rows * (kept + 2))
+            if tokens < rate * (above - below + tokens * catch_up):
                 break
-            kept, gained = kept + 1, gained + tokens
-        keep = torch.zeros(nodes, dtype=torch.bool)
-        keep[order[:kept]] = True
-        return draft.keep(_closed(keep, draft)), kept, gained
+            kept, gained, below = kept + 1, gained + tokens, above
+        return list(order[:kept]), gained
+
+    @staticmethod
+    def _kept(draft: Draft, nodes: list[int]) -> Draft:
+        """``draft`` with only ``nodes`` (and their ancestors' closure, ``_closed``)."""
+        if draft.tree is None and draft.side is None:  # a chain keeps a prefix
+            rows, device = draft.tokens.shape[0], draft.tokens.device
+            return draft.cut(len(nodes)) if nodes else Draft.empty(rows, device)
+        keep = torch.zeros(draft.tokens.shape[1], dtype=torch.bool)
+        keep[nodes] = True
+        return draft.keep(_closed(keep, draft))
 
     def judge(self, draft: Draft, slots: list[int], drafted: bool) -> Draft:
         """A scored draft judged alone (prompt lookup's; EAGLE's lookup while its network
@@ -356,14 +378,21 @@ class GoodputRule:
         if draft.depth == 0:
             return draft
         rows = len(slots)
-        by_node = self.acceptance(draft, slots).sum(0).tolist()  # host sync: decided here
+        by_node = self.acceptance(draft, slots)
         plain = rows / (self.other(False) + self.verify(rows, False))
-        draft, kept, gained = self._paying(draft, by_node, rows, plain * MARGIN, 0.0)
-        if kept:
+        nodes, gained = self._paying(draft, by_node, rows, plain * MARGIN, 0.0)
+        if nodes:
+            kept = len(nodes)
             spent = self.other(drafted, 1 + gained / rows) + self.verify(rows * (kept + 1))
-            if (rows + gained) / spent < plain * MARGIN:
-                return Draft.empty(rows, draft.tokens.device)
-        return draft
+            if (rows + gained) / spent >= plain * MARGIN:
+                self.refused = 0
+                return self._kept(draft, nodes)
+        self.refused += 1
+        if self.refused < JUDGE_PROBE:
+            return Draft.empty(rows, draft.tokens.device)
+        self.refused = 0  # a probe: the likeliest of the first tokens alone
+        first = [i for i, parent in enumerate(draft.parents.tolist()) if parent < 0]
+        return self._kept(draft, [max(first, key=lambda i: by_node[i])])
 
     def update(
         self,

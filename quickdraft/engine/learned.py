@@ -6,6 +6,7 @@ long-lived engine's next request does."""
 
 from __future__ import annotations
 
+import bisect
 import weakref
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ PROBE_EVERY = 8  # plain steps before the first probe, once drafting stopped pay
 
 def bucket(tokens: float) -> int:
     """The index in ``BUCKETS`` of a verify pass over ``tokens`` tokens."""
-    return max(i for i, low in enumerate(BUCKETS) if tokens >= low or i == 0)
+    return max(bisect.bisect_right(BUCKETS, tokens) - 1, 0)
 
 
 @dataclass(slots=True)

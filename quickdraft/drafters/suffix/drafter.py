@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 import torch
@@ -10,7 +11,26 @@ import torch
 from quickdraft.config import SpecConfig, check_range
 from quickdraft.drafters.base import Batch, BuildContext, Draft, Needs, StepResult
 from quickdraft.drafters.suffix.options import SuffixOptions
-from quickdraft.drafters.suffix.trie import Node, Proposal, SuffixTrie, chain, grow
+from quickdraft.drafters.suffix.trie import Node, Proposal, SuffixTrie, chain, grow, longest
+
+# A suffix draft's chance to land: its first token's by the length of the match it grew from
+# (1 .. 6 or more), each later token's given its parent LATER, where the text went on that way
+# every time; times the square of the node's share of its parent's count where it did not
+# (those land a quarter to a third as often). Measured on SmolLM2-135M's greedy text for
+# held-out prompts (benchmarks/lookup_odds.py, benchmarks/results/lookup_odds.md); draft
+# sizing scales them by what a request's drafts land.
+MATCHED = (0.34, 0.61, 0.72, 0.75, 0.87, 0.92)
+LATER = 0.92
+
+
+def chances(proposal: Proposal) -> list[float]:
+    """Each node's chance to land with its path (``Draft.scores``), as ``MATCHED`` says."""
+    first = MATCHED[min(max(proposal.matched, 1), len(MATCHED)) - 1]
+    found: list[float] = []
+    for parent, prob in zip(proposal.parents, proposal.probs, strict=True):
+        above, share = (1.0, prob) if parent < 0 else (found[parent], prob / proposal.probs[parent])
+        found.append(above * (first if parent < 0 else LATER) * share * share)
+    return found
 
 
 class SuffixDrafter:
@@ -27,7 +47,9 @@ class SuffixDrafter:
         self.vocab_size = vocab_size
         self.num_tokens = num_tokens
         self.options = options
-        self.needs = Needs(tokens=num_tokens, depth=num_tokens, shortens=True, pooled=True)
+        self.needs = Needs(
+            tokens=num_tokens, depth=num_tokens, shortens=True, scored=True, pooled=True
+        )
         self.shared: dict[str | None, SuffixTrie] = {}  # tenant -> its global trie
         # (tenant, output) of requests that left, oldest first
         self.retired: deque[tuple[str | None, list[int]]] = deque()
@@ -134,19 +156,38 @@ class SuffixDrafter:
         return sum(trie.tokens for trie in self.shared.values())
 
     def proposal(
-        self, slot: int, text: list[int], tree: bool = True, limit: int | None = None
+        self,
+        slot: int,
+        text: list[int],
+        tree: bool = True,
+        limit: int | None = None,
+        whole: int | None = None,
     ) -> Proposal:
-        """The better of the request's and the shared trie's drafts for a row's text: a
-        tree, or (``tree=False``) the most probable chain; of at most ``limit`` tokens."""
+        """The better of the request's and the shared trie's drafts for a row's text (its
+        last tokens; ``whole``: the length of all of it, where known): a tree, or
+        (``tree=False``) the most probable chain; of at most ``limit`` tokens."""
         options = self.options
         best = Proposal()
         trie = self.own[slot]
         most = min(self.num_tokens, limit or self.num_tokens)
         room = min(most, options.suffix_max_depth - 1)
-        for source in (trie, self.shared.get(self.tenant[slot])):
+        # Once the tries read all of the text (``observe``), their cursors hold the nodes of
+        # its suffixes: a match is a walk down a cursor, not a walk of a trie per length. The
+        # shared trie's has read the output only: it serves once every suffix a match may
+        # take lies in the output.
+        top = options.suffix_max_depth - room
+        read = whole is not None and self.seen[slot] == whole
+        cursors = (
+            self.own_cursor[slot] if read else None,
+            self.shared_cursor[slot] if read and len(self.output[slot]) >= top else None,
+        )
+        for source, cursor in zip((trie, self.shared.get(self.tenant[slot])), cursors, strict=True):
             if source is None:
                 continue
-            node, length = source.match(text, room)
+            if cursor is not None:
+                node, length = longest(cursor, top)
+            else:
+                node, length = source.match(text, room)
             if node is None:
                 continue
             budget = min(most, int(options.suffix_spec_factor * length))
@@ -154,7 +195,7 @@ class SuffixDrafter:
                 continue
             found = (grow if tree else chain)(node, budget, options.suffix_min_prob)
             if found.score > best.score:
-                best = found
+                best = dataclasses.replace(found, matched=length)
         return best
 
     def proposals(self, batch: Batch) -> list[Proposal]:
@@ -170,6 +211,7 @@ class SuffixDrafter:
                 texts[b, max(0, lengths[b] - depth - lo) : lengths[b] - lo].tolist(),
                 tree=batch.size == 1,
                 limit=batch.limit,
+                whole=lengths[b],
             )
             for b, slot in enumerate(batch.slots.host)
         ]
@@ -182,25 +224,28 @@ class SuffixDrafter:
 
     @staticmethod
     def draft(batch: Batch, found: list[Proposal]) -> Draft:
-        """The batch's draft from its rows' proposals."""
+        """The batch's draft from its rows' proposals, scored (``chances``)."""
         device = batch.tokens.device
         if batch.size == 1:
             tree = found[0]
             if not tree.tokens:
                 return Draft.empty(1, device)
             tokens = torch.tensor([tree.tokens], dtype=torch.long, device=device)
-            return Draft.from_parents(tokens, list(tree.parents))
+            scores = torch.tensor([chances(tree)], device=device)
+            return Draft.from_parents(tokens, list(tree.parents), scores=scores)
         paths = [list(p.tokens) for p in found]  # chains
         width = max(map(len, paths))
         if width == 0:
             return Draft.empty(batch.size, device)
-        rows = []
+        rows, scores = [], torch.zeros(batch.size, width)
         lengths = batch.lengths.tolist()
         for b, path in enumerate(paths):
             # Any deterministic filler keeps the output exact; the target rejects it.
             last = path[-1] if path else int(batch.tokens[b, lengths[b] - 1])
             rows.append(path + [last] * (width - len(path)))
-        return Draft.chain(torch.tensor(rows, dtype=torch.long, device=device))
+            scores[b, : len(path)] = torch.tensor(chances(found[b]))
+        tokens = torch.tensor(rows, dtype=torch.long, device=device)
+        return Draft(tokens, scores=scores.to(device))
 
     def gauges(self) -> dict[str, float]:
         """For a server's metrics: the shared trie's size, and the rows' lookups so far and

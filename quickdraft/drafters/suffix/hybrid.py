@@ -75,6 +75,8 @@ class SuffixFirst:
         self.suffix.begin(start)
 
     def propose(self, batch: Batch) -> Draft:
+        if batch.text_only:  # the model's text draft (EAGLE's lookup: Needs.text_draft)
+            return self.model.propose(batch)
         found = self.suffix.proposals(batch)
         if all(p.tokens and p.score * self.calibration >= self.expected for p in found):
             self._last = "suffix"

@@ -79,22 +79,35 @@ class SuffixTrie:
         return None, 0
 
 
+def longest(cursor: list[Node], top: int) -> tuple[Node | None, int]:
+    """``SuffixTrie.match`` from a cursor that stands at the text's end: the node of its
+    longest suffix of at most ``top`` tokens that has a continuation, and its length."""
+    for length in range(min(top, len(cursor) - 1), 0, -1):
+        node = cursor[length]
+        if node.children:
+            return node, length
+    return None, 0
+
+
 @dataclass(frozen=True, slots=True)
 class Proposal:
-    """A draft tree: tokens and parents (-1: the pending token's children), best first, and
-    the sum of the nodes' probabilities (the expected accepted length, if the counts were
-    the target's probabilities)."""
+    """A draft tree: tokens and parents (-1: the pending token's children), best first, each
+    node's probability by the counts (its path's), their sum (the expected accepted length,
+    if the counts were the target's probabilities), and the length of the match it grew from
+    (set by the drafter)."""
 
     tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
     score: float = 0.0
+    probs: tuple[float, ...] = ()
+    matched: int = 0
 
 
 def chain(node: Node, budget: int, min_prob: float) -> Proposal:
     """The most probable continuation of ``node``, a token at a time, up to ``budget`` tokens
     and while its probability stays at least ``min_prob``."""
     tokens: list[int] = []
-    score = 0.0
+    probs: list[float] = []
     prob = 1.0
     while node.children and len(tokens) < budget:
         total = sum(child.count for child in node.children.values())
@@ -103,9 +116,10 @@ def chain(node: Node, budget: int, min_prob: float) -> Proposal:
         if prob < min_prob:
             break
         tokens.append(token)
-        score += prob
+        probs.append(prob)
         node = child
-    return Proposal(tuple(tokens), tuple(range(-1, len(tokens) - 1)), score)
+    parents = tuple(range(-1, len(tokens) - 1))
+    return Proposal(tuple(tokens), parents, sum(probs), tuple(probs))
 
 
 def grow(node: Node, budget: int, min_prob: float) -> Proposal:
@@ -113,7 +127,7 @@ def grow(node: Node, budget: int, min_prob: float) -> Proposal:
     ``min_prob``; parents before children."""
     tokens: list[int] = []
     parents: list[int] = []
-    score = 0.0
+    probs: list[float] = []
     heap: list[tuple[float, int, int, int, Node]] = []
     order = 0  # ties: the earlier pushed first, so equal counts keep insertion order
 
@@ -131,6 +145,6 @@ def grow(node: Node, budget: int, min_prob: float) -> Proposal:
         neg, _, parent, token, child = heapq.heappop(heap)
         tokens.append(token)
         parents.append(parent)
-        score -= neg
+        probs.append(-neg)
         push(child, len(tokens) - 1, -neg)
-    return Proposal(tuple(tokens), tuple(parents), score)
+    return Proposal(tuple(tokens), tuple(parents), sum(probs), tuple(probs))
