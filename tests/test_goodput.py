@@ -480,9 +480,11 @@ class _Scored:
         self.needs = Needs(4, 4, shortens=True, scored=True)
         self.drafts = iter(drafts)
         self.asked = 0
+        self.floors: list[float] = []
 
     def propose(self, batch: Batch) -> Draft:
         self.asked += 1
+        self.floors.append(batch.floor)
         assert batch.limit is None  # asked for its whole draft
         return next(self.drafts)
 
@@ -538,13 +540,14 @@ def test_while_its_own_drafts_rest_a_drafter_drafts_from_the_text():
 
 def test_judged_drafts_refused_long_enough_send_one_token_to_be_verified():
     """What a drafted step costs is learned from drafted steps only: after ``JUDGE_PROBE``
-    refusals in a row the next draft's likeliest first token goes alone, then refusals
-    count afresh."""
+    refusals in a row the next draft is asked for with no floor and its likeliest first
+    token goes alone, then refusals count afresh."""
     tokens = torch.arange(4).unsqueeze(0)
     weak = Draft.from_parents(tokens, [-1, -1, 0, 1], scores=torch.tensor([[0.1, 0.2, 0.05, 0.1]]))
-    drafter = _Scored([weak] * (2 * JUDGE_PROBE))
+    drafter = _Scored([weak] * (2 * JUDGE_PROBE + 2))
     rule = GoodputRule(drafter.needs, 1, MIDDLING)
     batch = Batch.from_rows([[1, 2, 3]])
-    kept = [rule.propose(drafter, batch).tokens.tolist() for _ in range(2 * JUDGE_PROBE)]
+    kept = [rule.propose(drafter, batch).tokens.tolist() for _ in range(2 * JUDGE_PROBE + 2)]
     probes = [i for i, found in enumerate(kept) if found != [[]]]
-    assert probes == [JUDGE_PROBE - 1, 2 * JUDGE_PROBE - 1] and kept[probes[0]] == [[1]]
+    assert probes == [JUDGE_PROBE, 2 * JUDGE_PROBE + 1] and kept[probes[0]] == [[1]]
+    assert drafter.floors[0] > 0.2 and drafter.floors[JUDGE_PROBE] == 0.0  # a probe's: any

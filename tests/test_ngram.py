@@ -93,3 +93,14 @@ def test_a_draft_is_scored_by_the_match_it_came_from():
     assert one.scores[0, 0].item() == pytest.approx(FIRST[0])
     padded = drafter.propose(state_for([[7, 8, 9, 1, 2, 3, 0, 7, 8, 9], [9, 9, 1, 2, 1]]))
     assert padded.scores[1].tolist() == pytest.approx([FIRST[0], FIRST[0] * LATER[0], 0.0])
+
+
+def test_a_match_below_the_floor_drafts_nothing():
+    """``Batch.floor``: a first token that scores below it would be refused; the drafter
+    leaves the row empty without building its draft."""
+    drafter = NGramDrafter(vocab_size=50, num_tokens=3, min_n=1, max_n=3)
+    rows = [[5, 1, 2, 3, 5]]  # a 1-gram match: FIRST[0]
+    low = dataclasses.replace(state_for(rows), floor=FIRST[0] - 0.01)
+    high = dataclasses.replace(state_for(rows), floor=FIRST[0] + 0.01)
+    assert drafter.propose(low).tokens.tolist() == [[1, 2, 3]]
+    assert drafter.propose(high).tokens.shape == (1, 0)

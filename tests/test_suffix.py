@@ -1,6 +1,8 @@
 """Suffix decoding: the count tries, the trees they grow, and exactness through the engine
 (the distribution rows are in ``quickdraft.conformance``'s grid)."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import FAMILIES, tiny_runners
@@ -240,3 +242,13 @@ def test_the_cursor_finds_the_match_a_walk_of_the_trie_finds():
         cursor = trie.extend(trie.cursor(), text)
         for room in (1, 3, 7):
             assert longest(cursor, 8 - room) == trie.match(text, room), (text, room)
+
+
+def test_a_match_whose_best_first_token_is_below_the_floor_drafts_nothing():
+    drafter = SuffixDrafter(vocab_size=20, num_tokens=4)
+    drafter.reserve(1, 64)
+    rows = [[1, 2, 3, 7, 1, 2, 3]]  # a match of 3, one continuation: MATCHED[2]
+    drafter.begin(StepResult(Batch.from_rows(rows), torch.zeros(1)))
+    for floor, width in ((MATCHED[2] - 0.01, 3), (MATCHED[2] + 0.01, 0)):
+        batch = dataclasses.replace(Batch.from_rows(rows), floor=floor)
+        assert drafter.propose(batch).tokens.shape == (1, width)

@@ -107,6 +107,9 @@ class Batch:
     max_depth:  draft no node deeper than this (depth 1: the pending token's children; None:
                 the drafter's own depth); only drafters that declare ``Needs.caps_depth``
                 are handed one.
+    floor:      the least score (``Draft.scores``) a lone row's first token needs to be worth
+                verifying (draft sizing's estimate; 0: any). A scored drafter may leave out
+                what scores below it, sparing itself building a draft that would be refused.
     text_only:  draft from the text alone (``Needs.text_draft``): only drafters that declare
                 it are asked so.
     matchers:   each row's grammar matcher (``constraints.Matcher``) when a request asks for
@@ -124,6 +127,7 @@ class Batch:
     generator: torch.Generator
     limit: int | None = None
     max_depth: int | None = None
+    floor: float = 0.0
     text_only: bool = False
     matchers: tuple[Any, ...] = ()
 

@@ -60,14 +60,19 @@ class Match:
     n: int = 0
     agreed: bool = True
 
+    def first(self) -> float:
+        """The chance the first token lands (0 without one)."""
+        if not self.tokens:
+            return 0.0
+        return FIRST[min(self.n, len(FIRST)) - 1] * (1.0 if self.agreed else SPLIT)
+
     def scores(self) -> list[float]:
         """The chance each token lands (its path: every token before it too)."""
-        index = min(self.n, len(FIRST)) - 1
-        chance = FIRST[index] * (1.0 if self.agreed else SPLIT)
+        chance, later = self.first(), LATER[min(self.n, len(LATER)) - 1]
         found = []
         for _ in self.tokens:
             found.append(chance)
-            chance *= LATER[index]
+            chance *= later
         return found
 
 
@@ -146,7 +151,8 @@ class NGramDrafter:
         for b, slot in enumerate(batch.slots.host):
             index = self._index(batch, b, slot)
             index.extend(batch.tokens[b, len(index.text) : lengths[b]].tolist())
-            found.append(index.lookup(most))
+            match = index.lookup(most)
+            found.append(match if match.first() >= batch.floor else Match([]))
         width = max(len(match.tokens) for match in found)
         device = batch.tokens.device
         if width == 0:

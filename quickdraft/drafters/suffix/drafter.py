@@ -23,6 +23,14 @@ MATCHED = (0.34, 0.61, 0.72, 0.75, 0.87, 0.92)
 LATER = 0.92
 
 
+def best_first(node: Node, matched: int) -> float:
+    """The chance of the likeliest first token a match of ``matched`` tokens at ``node``
+    drafts (``chances``'s first node), without drafting it."""
+    counts = [child.count for child in node.children.values()]
+    share = max(counts) / sum(counts)
+    return MATCHED[min(max(matched, 1), len(MATCHED)) - 1] * share * share
+
+
 def chances(proposal: Proposal) -> list[float]:
     """Each node's chance to land with its path (``Draft.scores``), as ``MATCHED`` says."""
     first = MATCHED[min(max(proposal.matched, 1), len(MATCHED)) - 1]
@@ -162,10 +170,12 @@ class SuffixDrafter:
         tree: bool = True,
         limit: int | None = None,
         whole: int | None = None,
+        floor: float = 0.0,
     ) -> Proposal:
         """The better of the request's and the shared trie's drafts for a row's text (its
         last tokens; ``whole``: the length of all of it, where known): a tree, or
-        (``tree=False``) the most probable chain; of at most ``limit`` tokens."""
+        (``tree=False``) the most probable chain; of at most ``limit`` tokens, none whose
+        first token's chance falls below ``floor`` (``Batch.floor``)."""
         options = self.options
         best = Proposal()
         trie = self.own[slot]
@@ -191,7 +201,7 @@ class SuffixDrafter:
             if node is None:
                 continue
             budget = min(most, int(options.suffix_spec_factor * length))
-            if budget < 1:
+            if budget < 1 or best_first(node, length) < floor:
                 continue
             found = (grow if tree else chain)(node, budget, options.suffix_min_prob)
             if found.score > best.score:
@@ -212,6 +222,7 @@ class SuffixDrafter:
                 tree=batch.size == 1,
                 limit=batch.limit,
                 whole=lengths[b],
+                floor=batch.floor,
             )
             for b, slot in enumerate(batch.slots.host)
         ]
