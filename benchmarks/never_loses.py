@@ -52,6 +52,16 @@ def prompts(tokenizer, code: int, chat: int) -> list[tuple[str, list[int]]]:
     return found
 
 
+def number(text: str) -> int | float | str:
+    """A command-line value as the number it spells, else as given."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def interval(ratios: list[float], seed: int = 0) -> tuple[float, float]:
     """A bootstrap 90% interval of the median."""
     rng = random.Random(seed)
@@ -69,6 +79,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--also", action="append", default=[], metavar="NAME=FIELD=VALUE,...",
+        help="a further configuration to compare beside the defaults (an A/B of a setting), "
+        "e.g. 'suffix f4=method=suffix,num_speculative_tokens=8,suffix_spec_factor=4'",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, tokenizer = load_model(args.target, quant=args.quant)
@@ -81,6 +96,10 @@ def main() -> None:
     if (EAGLE_ARTIFACTS / args.target).is_dir():
         specs["EAGLE"] = SpecConfig(method="eagle")
         specs["EAGLE, network alone"] = make_spec(method="eagle", eagle_lookup=0)
+    for also in args.also:
+        name, _, fields = also.partition("=")
+        pairs = dict(field.split("=", 1) for field in fields.split(","))
+        specs[name] = make_spec(**{key: number(value) for key, value in pairs.items()})
     sampling = SamplingParams(temperature=0, max_new_tokens=args.max_new_tokens,
                               stop_token_ids=tokenizer.eos_token_ids)  # fmt: skip
     work = prompts(tokenizer, args.code, args.chat)

@@ -551,3 +551,50 @@ def test_judged_drafts_refused_long_enough_send_one_token_to_be_verified():
     probes = [i for i, found in enumerate(kept) if found != [[]]]
     assert probes == [JUDGE_PROBE, 2 * JUDGE_PROBE + 1] and kept[probes[0]] == [[1]]
     assert drafter.floors[0] > 0.2 and drafter.floors[JUDGE_PROBE] == 0.0  # a probe's: any
+
+
+# A host whose second verified token costs most of a decode step and the ones after it little
+# (SmolLM2-135M's AVX2 kernel: 2 tokens about 1.4x the cost of 1, 16 about 5x).
+STEEP_START = VerifyCosts((1, 2, 16), (0.010, 0.016, 0.020))
+
+
+def test_a_first_token_that_does_not_pay_alone_is_kept_with_the_tokens_after_it():
+    """Where a pass's cost does not grow evenly with its width, a draft is kept in the prefix
+    of the largest surplus, not node by node: a first token at 0.45 does not pay for the
+    second token's 6 ms alone, the four together do."""
+    tokens = torch.arange(4).unsqueeze(0)
+    even = Draft(tokens, scores=torch.tensor([[0.45, 0.45, 0.45, 0.45]]))
+    drafter = _Scored([even])
+    rule = GoodputRule(drafter.needs, 1, STEEP_START)
+    draft = rule.propose(drafter, Batch.from_rows([[1, 2, 3]]))
+    assert draft.tokens.tolist() == [[0, 1, 2, 3]] and rule.proposed
+    # The floor is a bound no paying draft falls under: below 0.45, above what one free
+    # token more would ask.
+    assert 0.1 < drafter.floors[0] < 0.45
+
+
+def test_a_refused_draft_learns_from_the_text_what_it_would_have_landed():
+    """A request whose drafts missed (scale 0.25) has a strong draft refused; the text then
+    goes on as the draft said, and the request's scale rises as if it had been verified. A
+    draft the text leaves at its second token counts one token, once the text says so."""
+    tokens = torch.tensor([[10, 11, 12, 13]])
+    strong = Draft(tokens, scores=torch.tensor([[0.9, 0.85, 0.8, 0.75]]))
+    drafter = _Scored([strong, strong, strong])
+    rule = GoodputRule(drafter.needs, 1, MIDDLING)
+    rule.landed[0], rule.promised[0] = 0.5, 2.0
+    assert rule.propose(drafter, Batch.from_rows([[1, 2, 3]])).depth == 0  # refused
+    assert rule.shadows[0] is not None
+    rule.propose(drafter, Batch.from_rows([[1, 2, 3, 10]]))  # too short to tell: it waits
+    assert rule.landed[0] == 0.5
+    rule.propose(drafter, Batch.from_rows([[1, 2, 3, 10, 11, 12, 13]]))
+    assert rule.landed[0] == pytest.approx(0.5 * 0.9 + 4)
+    assert rule.promised[0] == pytest.approx(2.0 * 0.9 + 3.3)
+
+    rule = GoodputRule(drafter.needs, 1, MIDDLING)
+    drafter = _Scored([strong, strong])
+    rule.landed[0], rule.promised[0] = 0.5, 2.0
+    rule.propose(drafter, Batch.from_rows([[1, 2, 3]]))
+    rule.propose(drafter, Batch.from_rows([[1, 2, 3, 10, 99]]))
+    assert rule.landed[0] == pytest.approx(0.5 * 0.9 + 1)
+    rule.begin([0])  # a new request in the slot: nothing of the last one's
+    assert rule.shadows[0] is None and rule.landed[0] == 1.0

@@ -114,6 +114,34 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+@dataclasses.dataclass(slots=True)
+class Shadow:
+    """A refused draft's row (``GoodputRule._shadow``): its first token's position in the
+    row's text, its nodes' indices in the draft and (token, parent index) pairs, and the
+    tokens its scores promised."""
+
+    start: int
+    index: list[int]
+    nodes: list[tuple[int, int]]
+    promised: float
+
+    def landed(self, text: list[int]) -> int | None:
+        """The draft's accepted length had ``text`` (the tokens from ``start`` on) been the
+        target's, or None while the text is too short to tell."""
+        at, depth = -1, 0  # the node reached (-1: the root), its depth
+        for token in text:
+            children = [
+                self.index[j] for j, (t, parent) in enumerate(self.nodes)
+                if parent == at and t == token
+            ]  # fmt: skip
+            if not children:
+                return depth
+            at, depth = children[0], depth + 1
+            if not any(parent == at for _, parent in self.nodes):
+                return depth
+        return None
+
+
 class GoodputRule:
     """Sizes each step's draft for the requests in its slots (module docstring); ``update``
     after the step with what it drafted, accepted and cost. Per-request evidence lives here;
@@ -131,6 +159,9 @@ class GoodputRule:
         self.rejected = [PRIOR] * rows
         self.landed = [PRIOR] * rows  # tokens scored drafts landed ...
         self.promised = [PRIOR] * rows  # ... against what their scores promised
+        # Per slot, a refused judged draft waiting for the text to say what it would have
+        # landed (``_shadow``): (its first token's position, tokens, parents, scores' sum).
+        self.shadows: list[Shadow | None] = [None] * rows
         self.proposed = False  # whether the drafter ran this step
         # The deepest node the last trimmed draft kept (None: it kept the draft whole): a
         # drafter that caps its depth drafts one level past it, a level a step deeper while
@@ -149,6 +180,7 @@ class GoodputRule:
         for slot in slots:
             self.accepted[slot] = self.rejected[slot] = PRIOR
             self.landed[slot] = self.promised[slot] = PRIOR
+            self.shadows[slot] = None
         self.joined = True  # the next draft also reads their prompts: not a draft's cost
         # Whether their text suits drafting is unknown: while drafting rests, they get a probe
         # as soon as one after a failed probe would come, not at the end of a long wait that
@@ -204,8 +236,9 @@ class GoodputRule:
         if not sized:
             return drafter.propose(batch)
         if self.scored:  # every draft judged by its own scores: no resting, no probes
+            self._resolve(batch, slots)
             batch = dataclasses.replace(batch, floor=self.floor(slots, drafted=True))
-            draft = self.judge(drafter.propose(batch), slots, drafted=True)
+            draft = self._judged(drafter.propose(batch), batch, slots, drafted=True)
             self.proposed = draft.depth > 0  # a step with nothing kept is a plain one
             return draft
         if self.shortens:
@@ -217,9 +250,11 @@ class GoodputRule:
         if not self.host.drafting and self.host.idle < self.host.wait:
             self.proposed = False  # the drafter's own draft rests; its text draft may not
             if self.text_draft:
-                floor = self.floor(slots, drafted=False)
-                text = drafter.propose(dataclasses.replace(batch, text_only=True, floor=floor))
-                return self.judge(text, slots, drafted=False)
+                self._resolve(batch, slots)
+                batch = dataclasses.replace(
+                    batch, text_only=True, floor=self.floor(slots, drafted=False)
+                )
+                return self._judged(drafter.propose(batch), batch, slots, drafted=False)
             return Draft.empty(batch.size, batch.tokens.device)
         self.probing = not self.host.drafting
         # A probe (drafting found not to pay) drafts PROBE_K levels, as a chain's probe does:
@@ -348,24 +383,34 @@ class GoodputRule:
         catch_up: float,
         drafted: bool = True,
     ) -> tuple[list[int], float]:
-        """The nodes of ``draft`` that pay and their expected tokens: nodes go in by falling
-        p while each one's tokens (``by_node``) over its verify time (after the drafter ran,
-        or not), the drafter's catching up with them included, stay above ``rate``."""
+        """The nodes of ``draft`` that pay and their expected tokens: the prefix, nodes taken
+        by falling p, of the largest surplus, its tokens (``by_node``) less what its verify
+        time (after the drafter ran, or not; the drafter's catching up with them included)
+        gives at ``rate``; none where no prefix's is above 0. Not a node at a time: a pass's
+        cost need not grow evenly with its width (SmolLM2-135M's AVX2 kernel: 2 tokens 1.4x
+        the cost of 1, then under 0.2x a token more), and a first token that does not pay
+        alone may pay with the ones after it."""
         nodes = draft.tokens.shape[1]
         if draft.tree is None:  # a chain's p falls with depth: its order is its own
             order: list[int] | range = range(nodes)
         else:
             depth = draft.tree.depth.tolist()
             order = sorted(range(nodes), key=lambda i: (-by_node[i], depth[i], i))
-        kept, gained = 0, 0.0
-        below = self.verify(rows, drafted)
-        for i in order:
+        base = self.verify(rows, drafted)
+        net = max(1.0 - rate * catch_up, 0.0)  # a token's worth, less its catching up
+        best, kept, gained, best_gained = 0.0, 0, 0.0, 0.0
+        for n, i in enumerate(order, start=1):
             tokens = by_node[i]
-            above = self.verify(rows * (kept + 2), drafted)
-            if tokens < rate * (above - below + tokens * catch_up):
+            verify = rate * (self.verify(rows * (n + 1), drafted) - base)
+            # Every prefix from here on costs at least ``verify`` and gains at most this
+            # node's p for each node left (p falls along ``order``): stop where that is no
+            # better than the best.
+            if (gained + tokens * (nodes - n + 1)) * net - verify <= best:
                 break
-            kept, gained, below = kept + 1, gained + tokens, above
-        return list(order[:kept]), gained
+            gained += tokens
+            if gained * net - verify > best:
+                best, kept, best_gained = gained * net - verify, n, gained
+        return list(order[:kept]), best_gained
 
     @staticmethod
     def _kept(draft: Draft, nodes: list[int]) -> Draft:
@@ -378,18 +423,25 @@ class GoodputRule:
         return draft.keep(_closed(keep, draft))
 
     def floor(self, slots: list[int], drafted: bool) -> float:
-        """The least score a lone row's first token needs to be worth verifying by the
-        tokens it gives over its verify time (``judge`` asks more of the draft), for a scored
-        drafter to skip building drafts that would be refused (``Batch.floor``); 0 for a batch
-        of rows (their chances add up) and before a probe. (Asking of the first token that a
-        step verifying it alone beat a plain one skipped drafts whose later tokens paid for
-        it: prompt lookup on SmolLM2 chat went from 1.74 to 1.48 tokens a forward.)"""
+        """The least score a lone row's first token needs for its draft to be worth
+        verifying, for a scored drafter to skip building drafts that would be refused
+        (``Batch.floor``); 0 for a batch of rows (their chances add up) and before a probe.
+        A bound, not an estimate: a draft of n tokens gains at most n times its first
+        token's chance (a later token's is no higher), so one whose first token is below
+        ``rate * (verify(n + 1) - verify(1)) / n`` for every n cannot pay. (Asking that the
+        first token pay alone skipped drafts whose later tokens paid for it: prompt lookup
+        on SmolLM2 chat went from 1.74 to 1.48 tokens a forward.)"""
         if len(slots) != 1 or self.refused >= JUDGE_PROBE:
             return 0.0
         slot = slots[0]
         rate = MARGIN / (self.other(False) + self.verify(1, False))
-        extra = self.verify(2, drafted) - self.verify(1, drafted)
-        return rate * extra * self.promised[slot] / self.landed[slot]
+        base = self.verify(1, drafted)
+        least = min((self.verify(n + 1, drafted) - base) / n for n in range(1, self.max_k + 1))
+        # Not raised where the request's drafts land less than their scores promise: the
+        # drafts built are judged at that scale all the same, and those refused still teach
+        # it (``_shadow``); a floor raised with it would build none, and a request whose
+        # first drafts missed would never draft again.
+        return rate * least * min(self.promised[slot] / self.landed[slot], 1.0)
 
     def judge(self, draft: Draft, slots: list[int], drafted: bool) -> Draft:
         """A scored draft judged alone (prompt lookup's; EAGLE's lookup while its network
@@ -417,6 +469,54 @@ class GoodputRule:
         self.refused = 0  # a probe: the likeliest of the first tokens alone
         first = [i for i, parent in enumerate(draft.parents.tolist()) if parent < 0]
         return self._kept(draft, [max(first, key=lambda i: by_node[i])])
+
+    def _judged(self, draft: Draft, batch: Batch, slots: list[int], drafted: bool) -> Draft:
+        """``judge``'s verdict on ``draft``; a draft refused whole is kept as each row's shadow."""
+        kept = self.judge(draft, slots, drafted)
+        if kept.depth == 0 and draft.depth > 0:
+            self._shadow(draft, batch, slots)
+        return kept
+
+    def _shadow(self, draft: Draft, batch: Batch, slots: list[int]) -> None:
+        """Keep a refused draft's rows (a row's real nodes: those scored above 0) to learn what
+        they would have landed from the tokens that come next (``_resolve``). Without it a
+        request whose first drafts missed stays refused: refused drafts are never verified,
+        so what its drafts land would never rise again (suffix decoding on SmolLM2's code
+        drafted 5% of its steps, 1.06 tokens a forward, after one miss took the request's
+        scale to 0.43). A slot's older shadow, still waiting, stays."""
+        scores = _clean(draft.scores).tolist() if draft.scores is not None else None
+        if scores is None:
+            return
+        tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
+        starts = batch.lengths.tolist()
+        for b, slot in enumerate(slots):
+            if self.shadows[slot] is not None:
+                continue
+            real = [i for i, score in enumerate(scores[b]) if score > 0.0]
+            if real:
+                promised = sum(scores[b][i] for i in real)
+                nodes = [(tokens[b][i], parents[i]) for i in real]
+                self.shadows[slot] = Shadow(starts[b], real, nodes, promised)
+
+    def _resolve(self, batch: Batch, slots: list[int]) -> None:
+        """Each shadow whose fate the text now tells (a token off its tree, or a leaf
+        reached) counts as a verified draft would: the tokens it would have landed against
+        its scores. Unbiased where a draft's tokens are point masses (lookup, suffix
+        decoding): the target accepts such a token with its probability, which is the chance
+        the text goes on with it."""
+        if not any(self.shadows[slot] is not None for slot in slots):
+            return
+        lengths = batch.lengths.tolist()
+        for b, slot in enumerate(slots):
+            shadow = self.shadows[slot]
+            if shadow is None or lengths[b] <= shadow.start:
+                continue
+            text = batch.tokens[b, shadow.start : lengths[b]].tolist()
+            landed = shadow.landed(text)
+            if landed is not None:
+                self.shadows[slot] = None
+                self.landed[slot] = self.landed[slot] * DECAY + landed
+                self.promised[slot] = self.promised[slot] * DECAY + shadow.promised
 
     def update(
         self,
