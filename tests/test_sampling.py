@@ -1,7 +1,7 @@
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.sampling import make_generator, probs_from_logits, sample
+from quickdraft.sampling import argmax, make_generator, probs_from_logits, sample
 
 
 def probs(logits, **kwargs):
@@ -95,3 +95,18 @@ def test_one_hot_rows_skip_the_generator_and_mixed_batches_still_sample():
     draws = sample(mixed.repeat(2000, 1), make_generator(0)).view(2000, 2)
     assert (draws[:, 0] == 1).all()
     assert set(draws[:, 1].tolist()) == {0, 2}
+
+
+def test_argmax_is_torchs_first_maximum_on_every_path():
+    """NumPy's reduction on CPU float32 and torch's elsewhere agree with ``torch.argmax``:
+    the first of tied maxima, a NaN where a row holds one, any leading shape."""
+    values = torch.randn(3, 4, 1000)
+    values[0, 1, 10] = values[0, 1, 20] = 50.0  # a tie: the lower index
+    values[1, 2, 7] = float("nan")
+    values[2, 3, 999] = float("inf")
+    expected = values.argmax(dim=-1)
+    assert torch.equal(argmax(values), expected)
+    assert argmax(values).dtype == torch.long
+    assert torch.equal(argmax(values[:, 1]), expected[:, 1])  # a strided view
+    assert torch.equal(argmax(values.to(torch.bfloat16)), values.to(torch.bfloat16).argmax(-1))
+    assert torch.equal(argmax(values.requires_grad_()), expected)
