@@ -24,10 +24,12 @@ from) is asked every step and each draft judged by its own scores: a lookup's ac
 swings from draft to draft (about 0.2 to 0.9 for its first token on SmolLM2-135M) far more
 than a request's running mean follows. Where a drafter's own drafts rest, one that can draft
 from the text alone (``Needs.text_draft``: EAGLE's grafted lookup without its network) has
-that draft judged so. Other drafts are kept in their best
-prefix by p (a node's p never exceeds its parent's, so the prefix is a tree) where the verify
-judges each node alone (point-mass drafts, chains) and whole otherwise; a tree drafter that
-caps its depth (``Needs.caps_depth``: EAGLE) then drafts one level past the deepest node the
+that draft judged so; a judged draft refused whole waits for the text to say what it would
+have landed (``Shadow``), which counts as a verified draft's landing does. Other drafts are
+kept in their best prefix by p (a node's p never exceeds its parent's, so the prefix is a
+tree; the best: the largest gain over what its verify time gives at the going rate) where the
+verify judges each node alone (point-mass drafts, chains) and whole otherwise; a tree drafter
+that caps its depth (``Needs.caps_depth``: EAGLE) then drafts one level past the deepest node the
 last cut kept, so it spends no network passes on levels the cut would drop (a probe,
 ``PROBE_K`` levels, as a chain's). A draft must
 promise ``MARGIN`` more than a plain step. When no draft beats a plain decode step, the next
