@@ -162,7 +162,7 @@ class GoodputRule:
         self.landed = [PRIOR] * rows  # tokens scored drafts landed ...
         self.promised = [PRIOR] * rows  # ... against what their scores promised
         # Per slot, a refused judged draft waiting for the text to say what it would have
-        # landed (``_shadow``): (its first token's position, tokens, parents, scores' sum).
+        # landed (``_shadow``).
         self.shadows: list[Shadow | None] = [None] * rows
         self.proposed = False  # whether the drafter ran this step
         # The deepest node the last trimmed draft kept (None: it kept the draft whole): a
