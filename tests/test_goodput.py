@@ -1,6 +1,8 @@
 """Draft sizing by goodput: the rule's choices from known costs, cut drafts, the measured cost
 table, and token identity with plain decoding for every method at its default (sized)."""
 
+import random
+
 import pytest
 import torch
 from conftest import tiny_runners
@@ -598,3 +600,25 @@ def test_a_refused_draft_learns_from_the_text_what_it_would_have_landed():
     assert rule.landed[0] == pytest.approx(0.5 * 0.9 + 1)
     rule.begin([0])  # a new request in the slot: nothing of the last one's
     assert rule.shadows[0] is None and rule.landed[0] == 1.0
+
+
+def test_a_draft_keeps_the_prefix_of_the_largest_surplus_whatever_the_drift():
+    """The prefix ``_paying`` keeps is the best of all prefixes, also where a wider bucket's
+    drift has fallen below a narrower one's (the early stop's bound must hold there too)."""
+    rng = random.Random(5)
+    for _ in range(3000):
+        rule = GoodputRule(Needs(8, 8, shortens=True, scored=True), 1, STEEP_START)
+        buckets = len(rule.host.drift[True])
+        rule.host.drift[True] = [rng.uniform(0.6, 1.6) for _ in range(buckets)]
+        p = sorted((rng.random() for _ in range(8)), reverse=True)
+        by_node = [p[0]]
+        for value in p[1:]:
+            by_node.append(by_node[-1] * value)  # a chain's p falls with depth
+        draft = Draft.chain(torch.arange(8).unsqueeze(0))
+        rate = rng.uniform(50, 200)
+        kept, _ = rule._paying(draft, by_node, 1, rate, 0.0)
+        base = rule.verify(1)
+        surplus = [0.0] + [
+            sum(by_node[:k]) - rate * (rule.verify(k + 1) - base) for k in range(1, 9)
+        ]
+        assert surplus[len(kept)] == pytest.approx(max(surplus))

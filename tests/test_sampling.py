@@ -110,3 +110,7 @@ def test_argmax_is_torchs_first_maximum_on_every_path():
     assert torch.equal(argmax(values[:, 1]), expected[:, 1])  # a strided view
     assert torch.equal(argmax(values.to(torch.bfloat16)), values.to(torch.bfloat16).argmax(-1))
     assert torch.equal(argmax(values.requires_grad_()), expected)
+    row = values[0, 1].detach()  # one row: a 0-d index, as torch's
+    assert argmax(row).shape == () and argmax(row).item() == 10
+    one_hot = probs([1.0, 3.0, 3.0], temperature=0)
+    assert torch.equal(one_hot, torch.tensor([0.0, 1, 0]))

@@ -49,6 +49,7 @@ the drafter's whole draft (greedy requests are the same tokens at any size).
 from __future__ import annotations
 
 import dataclasses
+from itertools import accumulate
 
 import torch
 
@@ -400,14 +401,19 @@ class GoodputRule:
             order = sorted(range(nodes), key=lambda i: (-by_node[i], depth[i], i))
         base = self.verify(rows, drafted)
         net = max(1.0 - rate * catch_up, 0.0)  # a token's worth, less its catching up
+        # The least drift of each width bucket and those wider: the table never falls with
+        # width (``VerifyCosts.monotone``) but a bucket's drift may be below a narrower one's.
+        least_drift = list(accumulate(reversed(self.host.drift[drafted]), min))[::-1]
         best, kept, gained, best_gained = 0.0, 0, 0.0, 0.0
         for n, i in enumerate(order, start=1):
             tokens = by_node[i]
-            verify = rate * (self.verify(rows * (n + 1), drafted) - base)
-            # Every prefix from here on costs at least ``verify`` and gains at most this
+            width = rows * (n + 1)
+            verify = rate * (self.verify(width, drafted) - base)
+            # Every prefix from here on costs at least ``least`` and gains at most this
             # node's p for each node left (p falls along ``order``): stop where that is no
             # better than the best.
-            if (gained + tokens * (nodes - n + 1)) * net - verify <= best:
+            least = rate * (self.costs(width) * least_drift[bucket(width)] - base)
+            if (gained + tokens * (nodes - n + 1)) * net - least <= best:
                 break
             gained += tokens
             if gained * net - verify > best:
