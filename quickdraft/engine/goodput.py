@@ -403,18 +403,20 @@ class GoodputRule:
         net = max(1.0 - rate * catch_up, 0.0)  # a token's worth, less its catching up
         # The least drift of each width bucket and those wider: the table never falls with
         # width (``VerifyCosts.monotone``) but a bucket's drift may be below a narrower one's.
-        least_drift = list(accumulate(reversed(self.host.drift[drafted]), min))[::-1]
+        drift = self.host.drift[drafted]
+        least_drift = list(accumulate(reversed(drift), min))[::-1]
         best, kept, gained, best_gained = 0.0, 0, 0.0, 0.0
         for n, i in enumerate(order, start=1):
             tokens = by_node[i]
             width = rows * (n + 1)
-            verify = rate * (self.verify(width, drafted) - base)
+            cost, at = self.costs(width), bucket(width)
             # Every prefix from here on costs at least ``least`` and gains at most this
             # node's p for each node left (p falls along ``order``): stop where that is no
             # better than the best.
-            least = rate * (self.costs(width) * least_drift[bucket(width)] - base)
+            least = rate * (cost * least_drift[at] - base)
             if (gained + tokens * (nodes - n + 1)) * net - least <= best:
                 break
+            verify = rate * (cost * drift[at] - base)  # as self.verify(width, drafted)
             gained += tokens
             if gained * net - verify > best:
                 best, kept, best_gained = gained * net - verify, n, gained
