@@ -52,7 +52,7 @@ def test_the_rule_drafts_long_when_drafts_land_and_verifying_is_cheap():
     rule = _chain_rule(CHEAP)
     for _ in range(5):
         _drafted(rule, [0], 8, 8, CHEAP(9))
-    assert rule.alpha(0) > 0.9 and rule.choose([0]) == 8
+    assert rule.requests.alpha(0) > 0.9 and rule.choose([0]) == 8
 
 
 def test_the_rule_drafts_nothing_where_verifying_costs_and_drafts_fail_then_probes():
@@ -65,7 +65,7 @@ def test_the_rule_drafts_nothing_where_verifying_costs_and_drafts_fail_then_prob
     assert rule.choose([0, 1]) == PROBE_K  # a short draft checks whether it pays again
     assert rule.host.wait == 2 * PROBE_EVERY  # and the next wait is longer
     rule.begin([1])  # a new request in slot 1 starts from the prior
-    assert rule.alpha(1) == pytest.approx(0.5)
+    assert rule.requests.alpha(1) == pytest.approx(0.5)
 
 
 def test_a_drafted_steps_other_work_is_learned_apart_and_weighs_on_the_choice():
@@ -583,23 +583,23 @@ def test_a_refused_draft_learns_from_the_text_what_it_would_have_landed():
     strong = Draft(tokens, scores=torch.tensor([[0.9, 0.85, 0.8, 0.75]]))
     drafter = _Scored([strong, strong, strong])
     rule = GoodputRule(drafter.needs, 1, MIDDLING)
-    rule.landed[0], rule.promised[0] = 0.5, 2.0
+    rule.requests.landed[0], rule.requests.promised[0] = 0.5, 2.0
     assert rule.propose(drafter, Batch.from_rows([[1, 2, 3]])).depth == 0  # refused
-    assert rule.shadows[0] is not None
+    assert rule.requests.shadows[0] is not None
     rule.propose(drafter, Batch.from_rows([[1, 2, 3, 10]]))  # too short to tell: it waits
-    assert rule.landed[0] == 0.5
+    assert rule.requests.landed[0] == 0.5
     rule.propose(drafter, Batch.from_rows([[1, 2, 3, 10, 11, 12, 13]]))
-    assert rule.landed[0] == pytest.approx(0.5 * 0.9 + 4)
-    assert rule.promised[0] == pytest.approx(2.0 * 0.9 + 3.3)
+    assert rule.requests.landed[0] == pytest.approx(0.5 * 0.9 + 4)
+    assert rule.requests.promised[0] == pytest.approx(2.0 * 0.9 + 3.3)
 
     rule = GoodputRule(drafter.needs, 1, MIDDLING)
     drafter = _Scored([strong, strong])
-    rule.landed[0], rule.promised[0] = 0.5, 2.0
+    rule.requests.landed[0], rule.requests.promised[0] = 0.5, 2.0
     rule.propose(drafter, Batch.from_rows([[1, 2, 3]]))
     rule.propose(drafter, Batch.from_rows([[1, 2, 3, 10, 99]]))
-    assert rule.landed[0] == pytest.approx(0.5 * 0.9 + 1)
+    assert rule.requests.landed[0] == pytest.approx(0.5 * 0.9 + 1)
     rule.begin([0])  # a new request in the slot: nothing of the last one's
-    assert rule.shadows[0] is None and rule.landed[0] == 1.0
+    assert rule.requests.shadows[0] is None and rule.requests.landed[0] == 1.0
 
 
 def test_a_draft_keeps_the_prefix_of_the_largest_surplus_whatever_the_drift():

@@ -10,7 +10,7 @@ a step spends besides (committing, the drafter's observing), learned against the
 gains, apart for steps the drafter ran and plain ones. What drafted steps really cost against
 what this model of their parts gave them (``Learned.bias``) scales a drafted step's seconds.
 
-p_ri comes from one of two models:
+p_ri comes from one of two models, each request's evidence (``engine.evidence``):
 
 - a drafter's own scores (``Draft.scores``: EAGLE's path probabilities), scaled per request by
   how many tokens its drafts really landed against how many the scores promised;
@@ -20,25 +20,24 @@ p_ri comes from one of two models:
 Chain drafters that can be cut before drafting (``Needs.shortens``) are given the k with the
 best goodput (``Batch.limit``); k = 0 drafts nothing. A drafter whose drafts carry scores from
 what each rests on and cost little (``Needs.scored``: prompt lookup, by the match a draft came
-from) is asked every step and each draft judged by its own scores: a lookup's acceptance
-swings from draft to draft (about 0.2 to 0.9 for its first token on SmolLM2-135M) far more
-than a request's running mean follows. Where a drafter's own drafts rest, one that can draft
-from the text alone (``Needs.text_draft``: EAGLE's grafted lookup without its network) has
-that draft judged so; a judged draft refused whole waits for the text to say what it would
-have landed (``Shadow``), which counts as a verified draft's landing does. Other drafts are
-kept in their best prefix by p (a node's p never exceeds its parent's, so the prefix is a
-tree; the best: the largest gain over what its verify time gives at the going rate) where the
-verify judges each node alone (point-mass drafts, chains) and whole otherwise; a tree drafter
-that caps its depth (``Needs.caps_depth``: EAGLE) then drafts one level past the deepest node the
+from) is asked every step and each draft judged by its own scores: a lookup's acceptance swings
+from draft to draft (about 0.2 to 0.9 for its first token on SmolLM2-135M) far more than a
+request's running mean follows. Where a drafter's own drafts rest, one that can draft from the
+text alone (``Needs.text_draft``: EAGLE's grafted lookup without its network) has that draft
+judged so; a judged draft refused whole waits for the text to say what it would have landed
+(``evidence.Shadow``), which counts as a verified draft's landing does. Other drafts are kept
+in their best prefix by p (a node's p never exceeds its parent's, so the prefix is a tree; the
+best: the largest gain over what its verify time gives at the going rate) where the verify
+judges each node alone (point-mass drafts, chains) and whole otherwise; a tree drafter that
+caps its depth (``Needs.caps_depth``: EAGLE) then drafts one level past the deepest node the
 last cut kept, so it spends no network passes on levels the cut would drop (a probe,
-``PROBE_K`` levels, as a chain's). A draft must
-promise ``MARGIN`` more than a plain step. When no draft beats a plain decode step, the next
-steps decode plainly, and after ``PROBE_EVERY`` of them one draft checks whether drafting pays
-again; each probe that finds it does not doubles the wait, up to ``PROBE_MAX`` steps (more for
-a drafter whose probes cost several plain steps, whose waits also start longer: ``PROBE_SHARE``,
-``PROBE_BURST``), so text where drafts never land costs few drafts. What holds for the host
-rather than a request (``Learned``, ``engine.learned``) carries over to the next engine over
-the same drafter object.
+``PROBE_K`` levels, as a chain's). A draft must promise ``MARGIN`` more than a plain step. When
+no draft beats a plain decode step, the next steps decode plainly, and after ``PROBE_EVERY`` of
+them one draft checks whether drafting pays again; each probe that finds it does not doubles
+the wait, up to ``PROBE_MAX`` steps (more for a drafter whose probes cost several plain steps,
+whose waits also start longer: ``PROBE_SHARE``, ``PROBE_BURST``), so text where drafts never
+land costs few drafts. What holds for the host rather than a request (``Learned``,
+``engine.learned``) carries over to the next engine over the same drafter object.
 
 Exactness does not depend on the size chosen: any prefix of a draft is a draft. Sizing follows
 measured times, so it is left out where the tokens must be reproducible: a step whose batch
@@ -55,9 +54,9 @@ import torch
 
 from quickdraft.drafters.base import Batch, Draft, Drafter, Needs
 from quickdraft.engine.costs import VerifyCosts
+from quickdraft.engine.evidence import RequestEvidence
 from quickdraft.engine.learned import PROBE_EVERY, Learned, bucket
 
-DECAY = 0.9  # per step a request drafts: its older evidence weighs less
 PROBE_MAX = 128
 # Probes that find drafting does not pay should spend about this share of the time: a drafter
 # whose probe costs c plain steps (beyond the tokens it gives) waits up to c / PROBE_SHARE
@@ -83,7 +82,6 @@ RESEARCH_EVERY = 32  # resting steps between a chain rule's searches (``choose``
 JUDGE_PROBE = 64
 ADVANTAGE_DECAY = 0.6
 PROBE_K = 2
-PRIOR = 1.0  # pseudo-counts of accepted and rejected drafts a request starts with
 # What a draft must promise over a plain step (expected tokens a second) to be drafted: the
 # estimates behind it (acceptance, the drafter's and the verify's seconds on a shared host) are
 # off by about this much, and a draft that promises less gains little when right and loses
@@ -92,11 +90,6 @@ MARGIN = 1.03
 DRIFT_DECAY = 0.8  # per step of a width: how fast the table's correction follows
 BIAS_DECAY = 0.8  # per drafted step: how fast the drafted steps' correction follows
 BIAS_RANGE = (0.5, 2.0)
-
-
-def _clean(scores: torch.Tensor) -> torch.Tensor:
-    """A drafter's scores as probabilities on the host: NaN (an overflow) as 0, within [0, 1]."""
-    return torch.nan_to_num(scores.detach().double().cpu(), nan=0.0).clamp(0.0, 1.0)
 
 
 def _closed(keep: torch.Tensor, draft: Draft) -> torch.Tensor:
@@ -117,38 +110,11 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-@dataclasses.dataclass(slots=True)
-class Shadow:
-    """A refused draft's row (``GoodputRule._shadow``): its first token's position in the
-    row's text, its nodes' indices in the draft and (token, parent index) pairs, and the
-    tokens its scores promised."""
-
-    start: int
-    index: list[int]
-    nodes: list[tuple[int, int]]
-    promised: float
-
-    def landed(self, text: list[int]) -> int | None:
-        """The draft's accepted length had ``text`` (the tokens from ``start`` on) been the
-        target's, or None while the text is too short to tell."""
-        at, depth = -1, 0  # the node reached (-1: the root), its depth
-        for token in text:
-            children = [
-                self.index[j] for j, (t, parent) in enumerate(self.nodes)
-                if parent == at and t == token
-            ]  # fmt: skip
-            if not children:
-                return depth
-            at, depth = children[0], depth + 1
-            if not any(parent == at for _, parent in self.nodes):
-                return depth
-        return None
-
-
 class GoodputRule:
     """Sizes each step's draft for the requests in its slots (module docstring); ``update``
-    after the step with what it drafted, accepted and cost. Per-request evidence lives here;
-    what holds for the host and drafter in ``host`` (``Learned``)."""
+    after the step with what it drafted, accepted and cost. What each request's drafts landed
+    lives in ``requests`` (``RequestEvidence``), what holds for the host and drafter in
+    ``host`` (``Learned``)."""
 
     def __init__(self, needs: Needs, rows: int, costs: VerifyCosts, host: Learned | None = None):
         self.max_k = needs.depth
@@ -158,13 +124,7 @@ class GoodputRule:
         self.caps_depth = needs.caps_depth
         self.costs = costs
         self.host = Learned(costs) if host is None else host
-        self.accepted = [PRIOR] * rows
-        self.rejected = [PRIOR] * rows
-        self.landed = [PRIOR] * rows  # tokens scored drafts landed ...
-        self.promised = [PRIOR] * rows  # ... against what their scores promised
-        # Per slot, a refused judged draft waiting for the text to say what it would have
-        # landed (``_shadow``).
-        self.shadows: list[Shadow | None] = [None] * rows
+        self.requests = RequestEvidence(rows)
         self.proposed = False  # whether the drafter ran this step
         # The deepest node the last trimmed draft kept (None: it kept the draft whole): a
         # drafter that caps its depth drafts one level past it, a level a step deeper while
@@ -180,10 +140,7 @@ class GoodputRule:
 
     def begin(self, slots: list[int]) -> None:
         """New requests took these slots: they start from the prior."""
-        for slot in slots:
-            self.accepted[slot] = self.rejected[slot] = PRIOR
-            self.landed[slot] = self.promised[slot] = PRIOR
-            self.shadows[slot] = None
+        self.requests.begin(slots)
         self.joined = True  # the next draft also reads their prompts: not a draft's cost
         # Whether their text suits drafting is unknown: while drafting rests, they get a probe
         # as soon as one after a failed probe would come, not at the end of a long wait that
@@ -205,10 +162,6 @@ class GoodputRule:
         pays; a request is 30-130 steps there, so a probe each took 2-3% of the time."""
         cost = self.probe_steps(rows)
         return cost <= JOIN_FREE or self.host.landed * JOIN_WORTH >= cost
-
-    def alpha(self, slot: int) -> float:
-        accepted = self.accepted[slot]
-        return accepted / (accepted + self.rejected[slot])
 
     def other(self, drafted: bool, gained: float = 1.0) -> float:
         """Expected seconds of a step's work besides drafting and verifying, its rows
@@ -239,7 +192,7 @@ class GoodputRule:
         if not sized:
             return drafter.propose(batch)
         if self.scored:  # every draft judged by its own scores: no resting, no probes
-            self._resolve(batch, slots)
+            self.requests.resolve(batch, slots)
             batch = dataclasses.replace(batch, floor=self.floor(slots, drafted=True))
             draft = self._judged(drafter.propose(batch), batch, slots, drafted=True)
             self.proposed = draft.depth > 0  # a step with nothing kept is a plain one
@@ -253,7 +206,7 @@ class GoodputRule:
         if not self.host.drafting and self.host.idle < self.host.wait:
             self.proposed = False  # the drafter's own draft rests; its text draft may not
             if self.text_draft:
-                self._resolve(batch, slots)
+                self.requests.resolve(batch, slots)
                 batch = dataclasses.replace(
                     batch, text_only=True, floor=self.floor(slots, drafted=False)
                 )
@@ -271,7 +224,7 @@ class GoodputRule:
         """The k (0 .. max_k) of the most expected goodput for a chain; a probe while plain
         decoding has won for PROBE_EVERY steps."""
         rows = len(slots)
-        alphas = [self.alpha(slot) for slot in slots]
+        alphas = [self.requests.alpha(slot) for slot in slots]
         # Resting, with the same rows at the same acceptance as the step that found no k
         # paying (nothing drafted or joined since): the same answer but for the costs' drift,
         # so the search (40 us a step, 1% of a SmolLM2 step on AVX2) runs every
@@ -324,29 +277,12 @@ class GoodputRule:
         self.host.backoff = backoff
         return backoff
 
-    def acceptance(self, draft: Draft, slots: list[int]) -> list[float]:
-        """[N] each node's chance of acceptance (module docstring), summed over the rows:
-        the tokens it is expected to give. On the host: the sizing is decided there."""
-        nodes = draft.tokens.shape[1]
-        if draft.scores is not None:
-            found = [0.0] * nodes
-            table = draft.scores.tolist()  # host sync
-            for slot, row in zip(slots, table, strict=True):
-                scale = self.landed[slot] / self.promised[slot]
-                for i, score in enumerate(row):
-                    if score > 0.0:  # NaN (an overflow) and below: 0
-                        found[i] += min(scale * min(score, 1.0), 1.0)
-            return found
-        depth = range(1, nodes + 1) if draft.tree is None else draft.tree.depth.tolist()
-        alphas = [self.alpha(slot) for slot in slots]
-        return [sum(alpha**d for alpha in alphas) for d in depth]
-
     def trim(self, draft: Draft, slots: list[int]) -> Draft:
         """The prefix of ``draft`` (nodes by falling p) worth verifying; the whole draft where
         nodes cannot be dropped alone (a side branch, a sampled tree). Decides whether
         drafting pays on the next steps."""
         nodes = draft.tokens.shape[1]
-        by_node = self.acceptance(draft, slots)
+        by_node = self.requests.acceptance(draft, slots)
         rows = len(slots)
         side = 0 if draft.side is None else draft.side.tokens.shape[1]
         # Per step: the bookkeeping and the draft; per token: the drafter catching up.
@@ -449,9 +385,10 @@ class GoodputRule:
         least = min((self.verify(n + 1, drafted) - base) / n for n in range(1, self.max_k + 1))
         # Not raised where the request's drafts land less than their scores promise: the
         # drafts built are judged at that scale all the same, and those refused still teach
-        # it (``_shadow``); a floor raised with it would build none, and a request whose
-        # first drafts missed would never draft again.
-        return rate * least * min(self.promised[slot] / self.landed[slot], 1.0)
+        # it (``RequestEvidence.shadow``); a floor raised with it would build none, and a
+        # request whose first drafts missed would never draft again.
+        requests = self.requests
+        return rate * least * min(requests.promised[slot] / requests.landed[slot], 1.0)
 
     def judge(self, draft: Draft, slots: list[int], drafted: bool) -> Draft:
         """A scored draft judged alone (prompt lookup's; EAGLE's lookup while its network
@@ -463,7 +400,7 @@ class GoodputRule:
         if draft.depth == 0:
             self.refused += 1
             return draft
-        by_node = self.acceptance(draft, slots)
+        by_node = self.requests.acceptance(draft, slots)
         plain = rows / (self.other(False) + self.verify(rows, False))
         nodes, gained = self._paying(draft, by_node, rows, plain * MARGIN, 0.0, drafted)
         if nodes:
@@ -484,49 +421,8 @@ class GoodputRule:
         """``judge``'s verdict on ``draft``; a draft refused whole is kept as each row's shadow."""
         kept = self.judge(draft, slots, drafted)
         if kept.depth == 0 and draft.depth > 0:
-            self._shadow(draft, batch, slots)
+            self.requests.shadow(draft, batch, slots)
         return kept
-
-    def _shadow(self, draft: Draft, batch: Batch, slots: list[int]) -> None:
-        """Keep a refused draft's rows (a row's real nodes: those scored above 0) to learn what
-        they would have landed from the tokens that come next (``_resolve``). Without it a
-        request whose first drafts missed stays refused: refused drafts are never verified,
-        so what its drafts land would never rise again (suffix decoding on SmolLM2's code
-        drafted 5% of its steps, 1.06 tokens a forward, after one miss took the request's
-        scale to 0.43). A slot's older shadow, still waiting, stays."""
-        scores = _clean(draft.scores).tolist() if draft.scores is not None else None
-        if scores is None:
-            return
-        tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
-        starts = batch.lengths.tolist()
-        for b, slot in enumerate(slots):
-            if self.shadows[slot] is not None:
-                continue
-            real = [i for i, score in enumerate(scores[b]) if score > 0.0]
-            if real:
-                promised = sum(scores[b][i] for i in real)
-                nodes = [(tokens[b][i], parents[i]) for i in real]
-                self.shadows[slot] = Shadow(starts[b], real, nodes, promised)
-
-    def _resolve(self, batch: Batch, slots: list[int]) -> None:
-        """Each shadow whose fate the text now tells (a token off its tree, or a leaf
-        reached) counts as a verified draft would: the tokens it would have landed against
-        its scores. Unbiased where a draft's tokens are point masses (lookup, suffix
-        decoding): the target accepts such a token with its probability, which is the chance
-        the text goes on with it."""
-        if not any(self.shadows[slot] is not None for slot in slots):
-            return
-        lengths = batch.lengths.tolist()
-        for b, slot in enumerate(slots):
-            shadow = self.shadows[slot]
-            if shadow is None or lengths[b] <= shadow.start:
-                continue
-            text = batch.tokens[b, shadow.start : lengths[b]].tolist()
-            landed = shadow.landed(text)
-            if landed is not None:
-                self.shadows[slot] = None
-                self.landed[slot] = self.landed[slot] * DECAY + landed
-                self.promised[slot] = self.promised[slot] * DECAY + shadow.promised
 
     def update(
         self,
@@ -580,18 +476,8 @@ class GoodputRule:
             self.since, self.joined = 0.0, False
         self.since += gained
         self.proposed = False
-        depth = draft.depth
-        if depth == 0:
-            return
-        promised = None
-        if draft.scores is not None:
-            promised = _clean(draft.scores).sum(1).tolist()
-        for b, (slot, count) in enumerate(zip(slots, accepted, strict=True)):
-            self.accepted[slot] = self.accepted[slot] * DECAY + count
-            self.rejected[slot] = self.rejected[slot] * DECAY + (count < depth)
-            if promised is not None:
-                self.landed[slot] = self.landed[slot] * DECAY + count
-                self.promised[slot] = self.promised[slot] * DECAY + promised[b]
+        if draft.depth > 0:
+            self.requests.observe(slots, draft, accepted)
 
     def __repr__(self) -> str:
         drift = ", ".join(f"{d:.2f}" for d in self.host.drift[True])
