@@ -63,13 +63,15 @@ def test_window_attention_reads_each_column_as_one_continuation():
 
 def test_pool_carries_over_to_the_next_request(targets):
     """One drafter across requests: the second run of a prompt starts with the first run's
-    n-grams and accepts at least as much."""
+    n-grams and accepts at least as much. Whole drafts: sizing follows measured times, and
+    a draft it trims in one run and not the other would measure the host, not the pool."""
     target = targets["llama-tied"]
     drafter = LookaheadDrafter(target.vocab_size, LookaheadConfig(window=3, ngram=4))
+    whole = make_spec("lookahead", adaptive_k=False)
     prompt = [5, 17, 3, 99, 42, 5, 17]
-    first = generate(target, prompt, sampling=GREEDY, draft=drafter)
+    first = generate(target, prompt, sampling=GREEDY, spec=whole, draft=drafter)
     entries = sum(len(e) for e in drafter.pool.values())
-    second = generate(target, prompt, sampling=GREEDY, draft=drafter)
+    second = generate(target, prompt, sampling=GREEDY, spec=whole, draft=drafter)
     assert first.token_ids == second.token_ids
     assert entries > 0
     assert second.stats.mean_accepted_length >= first.stats.mean_accepted_length
